@@ -1,0 +1,62 @@
+"""Engine configuration: frozen dataclasses, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    """When generated frames are handed to the decoder (and audio emitted), in frames.
+
+    The first chunk is small for time-to-first-packet; later chunks ramp up to ``steady_frames``
+    so the decoder runs fewer, larger calls. Separate from the decode window: a stateful decoder
+    needs no re-decoded context, whatever the chunk size.
+    """
+
+    first_frames: int = 1
+    ramp_frames: tuple[int, ...] = (2, 4, 8)
+    steady_frames: int = 12
+
+    def __post_init__(self) -> None:
+        sizes = (self.first_frames, *self.ramp_frames, self.steady_frames)
+        if any(s < 1 for s in sizes):
+            raise ValueError(f"chunk sizes must be >= 1 frame, got {sizes}")
+
+    def frames_for(self, chunk_index: int, first_override: int | None = None) -> int:
+        """Frames that make chunk number ``chunk_index`` (0-based) due."""
+        if chunk_index == 0:
+            return first_override if first_override is not None else self.first_frames
+        i = chunk_index - 1
+        return self.ramp_frames[i] if i < len(self.ramp_frames) else self.steady_frames
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """Text feeding for clause-granularity models (the embedded voice)."""
+
+    first_fragment_min_chars: int = 6  # the first clause of a turn may be released this short
+    first_fragment_max_words: int = 12  # ...and is forced out at a word boundary after this many words
+    clause_min_chars: int = 24  # later clauses are merged up to this length for prosody
+    max_clause_chars: int = 300  # a clause with no punctuation is cut at a word boundary here
+
+
+@dataclass(frozen=True)
+class LevelConfig:
+    """Output level and lead-in handling."""
+
+    target_peak_dbfs: float = -3.0  # the embedded voice peaks near -9 dBFS: fixed gain to here
+    onset_threshold_dbfs: float = -45.0  # a 10 ms window above this is audible
+    first_preroll_ms: float = 10.0  # kept before the first audible window of a turn
+    clause_gap_ms: float = 90.0  # silence kept before later clauses (natural pause)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "hibari"  # "hibari" | "qwen3-tts"
+    model_options: dict[str, object] = field(default_factory=dict)
+    chunks: ChunkSchedule = field(default_factory=ChunkSchedule)
+    text: TextConfig = field(default_factory=TextConfig)
+    level: LevelConfig = field(default_factory=LevelConfig)
+    max_streams: int = 256  # streams open at once (engine-wide)
+    max_buffered_text_chars: int = 20_000  # per stream, not yet spoken

@@ -1,0 +1,119 @@
+"""The contract between the engine and a TTS model.
+
+A model turns text into audio in two stages, driven by the engine's worker thread:
+
+1. ``generate``: one step of stage 1 for a batch of slots. Each ready slot yields zero or more
+   *frames* (codec frames for Qwen3-TTS: 80 ms, 16 codes; spectral frames for the embedded voice).
+   The payload is the model's own business; the engine only counts frames and hands them back.
+2. ``decode``: stage 2, frames -> 24 kHz float32 PCM, for a batch of chunks due this tick.
+
+Text reaches a slot through ``add_text`` at the granularity the model declares (``ModelInfo``):
+whole clauses for a model that needs phrases, or word pieces for a model that reads streaming text
+token by token. A slot is *ready* when a generate step would make progress; a slot waiting for text
+is not ready and costs nothing.
+
+Slots are small integers owned by the engine (``0 <= slot < max_slots``); a model keeps per-slot
+state (KV cache, decoder state, text queue) indexed by slot and frees it in ``close_slot``.
+Every method runs on the engine's worker thread only: no locking is needed inside a model.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class TextGranularity(enum.Enum):
+    """How a model wants its text."""
+
+    CLAUSE = "clause"  # whole clauses/sentences (non-autoregressive voices)
+    WORD = "word"  # complete words as they arrive; the model tokenizes (streaming-text LMs)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    sample_rate_hz: int  # output PCM rate
+    frame_samples: int  # PCM samples per stage-1 frame (Qwen3-TTS-12Hz: 1920; hibari: 300)
+    text_granularity: TextGranularity
+    max_batch_size: int  # most slots one generate() call takes
+    max_slots: int  # most streams the model holds at once
+    voices: tuple[str, ...]  # accepted voice names; the first is the default
+
+
+@dataclass(frozen=True)
+class StreamParams:
+    """Per-stream request options, validated by the engine before a slot is opened."""
+
+    voice: str = ""  # "" = the model's default voice
+    speed: float = 1.0  # 0.5 .. 2.0
+    seed: int | None = None  # fixes sampling noise; None = random
+    greedy: bool = False  # argmax sampling (models that sample)
+    forced_frames: int | None = None  # random-weight models: frames per utterance instead of a stop token
+    first_chunk_frames: int | None = None  # override of the engine's chunk schedule for the first chunk
+    language: str = ""  # models with languages; "" = auto/default
+    extra: dict[str, object] = field(default_factory=dict)  # model-specific options
+
+
+@dataclass
+class GenerateResult:
+    """What one generate step produced for one slot."""
+
+    slot: int
+    frames: object | None  # model payload for ``n_frames`` frames, or None
+    n_frames: int
+    finished: bool  # True when the slot will produce no more frames (stop token / text exhausted)
+    text_spoken: str = ""  # the text these frames speak, when the model knows it (for barge-in truncation)
+
+
+@dataclass
+class DecodeWork:
+    slot: int
+    frames: list[object]  # payloads from generate(), oldest first
+    n_frames: int
+    final: bool  # the last chunk of this slot: flush any held-back samples
+
+
+class Model(ABC):
+    """A TTS model served by the engine. See the module docstring for the life of a slot."""
+
+    info: ModelInfo
+
+    @abstractmethod
+    def open_slot(self, slot: int, params: StreamParams) -> None:
+        """Allocate per-stream state for a new utterance."""
+
+    @abstractmethod
+    def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
+        """Append text pieces (at ``info.text_granularity``); ``final`` = no more text will come."""
+
+    @abstractmethod
+    def ready(self, slot: int) -> bool:
+        """True when ``generate`` would make progress for this slot now."""
+
+    @abstractmethod
+    def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
+        """One stage-1 step for these ready slots (len <= max_batch_size); one result per slot, same order."""
+
+    @abstractmethod
+    def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
+        """Stage 2: frames -> float32 mono PCM at ``info.sample_rate_hz``, one array per work item."""
+
+    @abstractmethod
+    def close_slot(self, slot: int) -> None:
+        """Free everything the slot holds (finished or cancelled)."""
+
+    def warmup(self) -> None:  # noqa: B027 - optional hook
+        """Run once at start so the first request pays no lazy-init cost."""
+
+
+class ModelError(Exception):
+    """A model failed on one slot; the engine ends that stream with an error and keeps the others."""
+
+    def __init__(self, slot: int, message: str) -> None:
+        super().__init__(message)
+        self.slot = slot
