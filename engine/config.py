@@ -45,10 +45,9 @@ class TextConfig:
 class LevelConfig:
     """Output level and lead-in handling."""
 
-    target_peak_dbfs: float = -3.0  # the embedded voice peaks near -9 dBFS: fixed gain to here
     onset_threshold_dbfs: float = -45.0  # a 10 ms window above this is audible
     first_preroll_ms: float = 10.0  # kept before the first audible window of a turn
-    clause_gap_ms: float = 90.0  # silence kept before later clauses (natural pause)
+    max_trim_ms: float = 1000.0  # never hold back more than this waiting for the first audible sound
 
 
 @dataclass(frozen=True)

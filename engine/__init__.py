@@ -1,0 +1,37 @@
+"""voicewire engine: streaming TTS behind one async API.
+
+    engine = Engine(EngineConfig(model="hibari")).start()
+    stream = engine.open_stream()            # on a running asyncio loop
+    stream.push_text("Hello, "); stream.push_text("world."); stream.end()
+    async for chunk in stream: ...           # AudioChunk: float32 PCM, 24 kHz, offsets, final marker
+
+Imports nothing from realtime/ and no transport package (aiohttp, aiortc, av, websockets).
+"""
+
+from .config import ChunkSchedule, EngineConfig, LevelConfig, TextConfig
+from .engine import Engine, EngineBusy, EngineStats
+from .model import GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
+from .models import MODEL_NAMES, load_model
+from .stream import AudioChunk, Stream, StreamError, StreamMetrics
+
+__all__ = [
+    "MODEL_NAMES",
+    "AudioChunk",
+    "ChunkSchedule",
+    "Engine",
+    "EngineBusy",
+    "EngineConfig",
+    "EngineStats",
+    "GenerateResult",
+    "LevelConfig",
+    "Model",
+    "ModelError",
+    "ModelInfo",
+    "Stream",
+    "StreamError",
+    "StreamMetrics",
+    "StreamParams",
+    "TextConfig",
+    "TextGranularity",
+    "load_model",
+]

@@ -1,0 +1,342 @@
+"""The engine: one worker thread that owns the model and runs every stream's work.
+
+Model work never runs on the asyncio loop. Callers (on the loop) open streams and push text; the
+commands reach the worker through a thread-safe queue. The worker's step is three verbs:
+
+    schedule (which slots generate) -> run (model.generate, then model.decode of due chunks)
+    -> postprocess (lead-in trim, hand chunks back to each stream's loop)
+
+Audio flows back with ``loop.call_soon_threadsafe``. Cancel frees a stream's slot on the worker's
+next pass, between two steps (a step is a few ms for the embedded voice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .config import EngineConfig
+from .level import LeadInTrimmer
+from .model import DecodeWork, Model, ModelError, StreamParams, TextGranularity
+from .scheduler import ChunkDue, Request, Scheduler, StepPlan
+from .stream import AudioChunk, Stream, StreamError
+from .text_feeder import ClauseFeeder, WordFeeder
+
+log = logging.getLogger("voicewire.engine")
+
+IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
+
+
+class EngineBusy(Exception):
+    """No capacity for another stream (``max_streams`` or model slots)."""
+
+
+@dataclass
+class EngineStats:
+    """Counters read by metrics endpoints and benchmarks (written by the worker only)."""
+
+    steps: int = 0
+    generate_s: float = 0.0
+    decode_s: float = 0.0
+    frames_generated: int = 0
+    streams_opened: int = 0
+    streams_failed: int = 0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    last_step_s: float = 0.0
+
+
+@dataclass
+class _Live:
+    """Worker-side bundle of one stream."""
+
+    stream: Stream
+    loop: asyncio.AbstractEventLoop
+    request: Request
+    feeder: ClauseFeeder | WordFeeder
+    trimmer: LeadInTrimmer
+    buffered_chars: int = 0
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, model: Model | None = None) -> None:
+        self.config = config or EngineConfig()
+        self._model = model
+        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count(1)
+        self._live: dict[int, _Live] = {}
+        self._free_slots: list[int] = []
+        self._open_count = 0  # streams opened and not yet finished, counted on the caller side
+        self._open_lock = threading.Lock()
+        self._stopping = False
+        self.stats = EngineStats()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    @property
+    def model(self) -> Model:
+        if self._model is None:
+            raise RuntimeError("engine not started")
+        return self._model
+
+    def start(self) -> Engine:
+        if self._thread is not None:
+            return self
+        if self._model is None:
+            from .models import load_model
+
+            self._model = load_model(self.config.model, self.config.model_options)
+        self._model.warmup()
+        self._free_slots = list(range(self._model.info.max_slots))[::-1]
+        self._scheduler = Scheduler(self.config.chunks, self._model.info.max_batch_size)
+        self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread is None:
+            return
+        self._commands.put(("stop",))
+        self._thread.join(timeout=10)
+        self._thread = None
+
+    async def __aenter__(self) -> Engine:
+        await asyncio.get_running_loop().run_in_executor(None, self.start)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    # --- public API (event loop side) ----------------------------------------------------------
+    def open_stream(self, params: StreamParams | None = None, **kwargs: Any) -> Stream:
+        """A new stream on the running loop. Raises ValueError for bad params, EngineBusy when full."""
+        if self._thread is None:
+            raise RuntimeError("engine not started")
+        params = params or StreamParams(**kwargs)
+        self._validate(params)
+        with self._open_lock:
+            if self._open_count >= min(self.config.max_streams, self.model.info.max_slots):
+                raise EngineBusy(f"engine is at its limit of {self._open_count} streams")
+            self._open_count += 1
+        stream = Stream(next(self._ids), asyncio.get_running_loop(), self._commands.put)
+        self._commands.put(("open", stream, params))
+        return stream
+
+    def active_streams(self) -> int:
+        """Streams the engine still holds (opened, not yet finished or freed)."""
+        return self._open_count
+
+    def _validate(self, params: StreamParams) -> None:
+        info = self.model.info
+        if params.voice and params.voice not in info.voices:
+            raise ValueError(f"unknown voice {params.voice!r}; this model has {', '.join(info.voices)}")
+        if not 0.5 <= params.speed <= 2.0:
+            raise ValueError(f"speed must be within 0.5..2.0, got {params.speed}")
+        if params.first_chunk_frames is not None and not 1 <= params.first_chunk_frames <= 64:
+            raise ValueError("first_chunk_frames must be within 1..64")
+        if params.forced_frames is not None and params.forced_frames < 1:
+            raise ValueError("forced_frames must be >= 1")
+
+    # --- worker ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            ready = self._ready()
+            idle = not ready and not self._decode_pending()
+            self._drain(block=idle)
+            if self._stopping:
+                break
+            self._step(self._ready())
+        for live in list(self._live.values()):
+            self._fail(live, StreamError("engine_closed", "the engine is shutting down"))
+
+    def _ready(self) -> set[int]:
+        model = self.model
+        return {
+            sid
+            for sid, lv in self._live.items()
+            if not lv.request.generation_done and model.ready(lv.request.slot)
+        }
+
+    def _decode_pending(self) -> bool:
+        return any(lv.request.generation_done and not lv.request.final_sent for lv in self._live.values())
+
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, cmd: tuple[Any, ...]) -> None:
+        kind = cmd[0]
+        if kind == "stop":
+            self._stopping = True
+            return
+        if kind == "open":
+            self._open(cmd[1], cmd[2])
+            return
+        live = self._live.get(cmd[1])
+        if live is None:
+            return  # finished or cancelled already
+        try:
+            if kind == "text":
+                live.buffered_chars += len(cmd[2])
+                if (
+                    live.buffered_chars - len(live.stream.metrics.text_spoken)
+                    > self.config.max_buffered_text_chars
+                ):
+                    raise StreamError("text_overflow", "too much text buffered for this stream")
+                self._give_text(live, live.feeder.feed(cmd[2]), final=False)
+            elif kind == "flush":
+                self._give_text(live, live.feeder.flush(), final=False)
+            elif kind == "end":
+                self._give_text(live, live.feeder.flush(), final=True)
+            elif kind == "cancel":
+                self._release(live)
+        except StreamError as err:
+            self._fail(live, err)
+        except ModelError as err:
+            self._fail(live, StreamError("model_error", str(err)))
+
+    def _give_text(self, live: _Live, pieces: list[str], final: bool) -> None:
+        if pieces or final:
+            self.model.add_text(live.request.slot, pieces, final)
+        if live.request.t_first_emit is None and pieces:
+            live.request.t_arrival = min(live.request.t_arrival, time.perf_counter())
+
+    def _open(self, stream: Stream, params: StreamParams) -> None:
+        model = self.model
+        slot = self._free_slots.pop()
+        request = Request(
+            stream_id=stream.id,
+            slot=slot,
+            t_arrival=time.perf_counter(),
+            first_chunk_frames=params.first_chunk_frames,
+            sample_rate_hz=model.info.sample_rate_hz,
+        )
+        lvl = self.config.level
+        live = _Live(
+            stream=stream,
+            loop=stream._loop,
+            request=request,
+            feeder=(
+                ClauseFeeder(self.config.text)
+                if model.info.text_granularity is TextGranularity.CLAUSE
+                else WordFeeder()
+            ),
+            trimmer=LeadInTrimmer(
+                model.info.sample_rate_hz, lvl.onset_threshold_dbfs, lvl.first_preroll_ms, lvl.max_trim_ms
+            ),
+        )
+        try:
+            model.open_slot(slot, params)
+        except Exception as err:  # a bad request must not take the worker down
+            self._free_slots.append(slot)
+            self._finish_count()
+            live.loop.call_soon_threadsafe(stream._fail, StreamError("bad_request", str(err)))
+            return
+        self._live[stream.id] = live
+        self._scheduler.add(request)
+        self.stats.streams_opened += 1
+
+    def _step(self, ready: set[int]) -> None:
+        plan = self._scheduler.plan_generate(ready)
+        t0 = time.perf_counter()
+        if not plan.empty:
+            self._generate(plan)
+        t1 = time.perf_counter()
+        due = self._scheduler.plan_decode()
+        if due:
+            self._decode(due)
+        t2 = time.perf_counter()
+        if plan.empty and not due:
+            return
+        st = self.stats
+        st.steps += 1
+        st.generate_s += t1 - t0
+        st.decode_s += t2 - t1
+        st.last_step_s = t2 - t0
+        st.batch_sizes[len(plan.generate_slots)] += 1
+
+    def _generate(self, plan: StepPlan) -> None:
+        try:
+            results = self.model.generate(plan.generate_slots)
+        except ModelError as err:
+            self._fail_slot(err.slot, str(err))
+            return
+        except Exception as err:
+            log.exception("generate failed for streams %s", plan.generate_streams)
+            for sid in plan.generate_streams:
+                if sid in self._live:
+                    self._fail(self._live[sid], StreamError("model_error", f"model failed: {err}"))
+            return
+        self._scheduler.record(plan, results)
+        self.stats.frames_generated += sum(r.n_frames for r in results)
+
+    def _decode(self, due: list[ChunkDue]) -> None:
+        work = [DecodeWork(d.slot, d.frames, d.n_frames, d.final) for d in due if d.n_frames]
+        try:
+            pcms = iter(self.model.decode(work) if work else [])
+        except Exception as err:
+            log.exception("decode failed")
+            for d in due:
+                if d.stream_id in self._live:
+                    self._fail(self._live[d.stream_id], StreamError("model_error", f"decoder failed: {err}"))
+            return
+        for d in due:
+            live = self._live.get(d.stream_id)
+            pcm = next(pcms) if d.n_frames else np.zeros(0, np.float32)
+            if live is None:
+                continue
+            self._emit(live, pcm, d.final, d.text)
+
+    def _emit(self, live: _Live, pcm: np.ndarray, final: bool, text: str) -> None:
+        req = live.request
+        out = live.trimmer.push(np.asarray(pcm, np.float32), final)
+        if out.size or final:
+            chunk = AudioChunk(out, req.sample_rate_hz, req.samples_emitted, final=final, text=text)
+            if out.size and req.t_first_emit is None:
+                req.t_first_emit = time.perf_counter()
+                live.stream.metrics.trimmed_samples = live.trimmer.trimmed_samples
+            req.samples_emitted += out.size
+            live.loop.call_soon_threadsafe(live.stream._deliver, chunk)
+        if final:
+            self._release(live)
+
+    def _fail_slot(self, slot: int, message: str) -> None:
+        for live in list(self._live.values()):
+            if live.request.slot == slot:
+                self._fail(live, StreamError("model_error", message))
+
+    def _fail(self, live: _Live, err: StreamError) -> None:
+        self.stats.streams_failed += 1
+        live.loop.call_soon_threadsafe(live.stream._fail, err)
+        self._release(live)
+
+    def _release(self, live: _Live) -> None:
+        sid = live.stream.id
+        if self._live.pop(sid, None) is None:
+            return
+        self._scheduler.remove(sid)
+        try:
+            self.model.close_slot(live.request.slot)
+        finally:
+            self._free_slots.append(live.request.slot)
+            self._finish_count()
+
+    def _finish_count(self) -> None:
+        with self._open_lock:
+            self._open_count -= 1

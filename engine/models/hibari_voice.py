@@ -1,0 +1,138 @@
+"""The embedded voice: ``hibari-tts`` (Apache-2.0, an 8 MB int8 ONNX model inside its wheel).
+
+Stage 1 (``generate``): one clause per step -> G2P -> the ONNX network, which predicts a spectrum
+per 12.5 ms frame (300 samples). Stage 2 (``decode``): hibari's numpy pulse+noise inverse STFT turns
+those frames into 24 kHz PCM. The network is not autoregressive, so it needs whole phrases: the
+model declares CLAUSE granularity and the engine's clause feeder releases a short first fragment.
+
+Only the bundled default voice ("heart") is offered: every other hibari voice downloads on first
+use, and a server must never reach out to a model hub at run time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..level import apply_gain, first_audible_sample
+from ..model import DecodeWork, GenerateResult, Model, ModelInfo, StreamParams, TextGranularity
+
+SAMPLE_RATE_HZ = 24_000
+FRAME_SAMPLES = 300  # hibari's STFT hop: 12.5 ms
+GAIN_DB = 8.0  # raw output sits near -27 dBFS RMS, peaks near -9 dBFS
+CLAUSE_GAP_MS = 100.0  # silence kept before a later clause (hibari puts 200-300 ms there)
+ONSET_DBFS = -45.0
+DEFAULT_VOICE = "heart"
+
+
+@dataclass
+class _Slot:
+    clauses: deque[str] = field(default_factory=deque)
+    text_final: bool = False
+    finished: bool = False
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    speed: float = 1.0
+    clauses_done: int = 0
+
+
+@dataclass(frozen=True)
+class _Frames:
+    """Network output for one clause: five (601, F) spectral parts and F0 (F,)."""
+
+    parts: tuple[np.ndarray, ...]
+    first_clause: bool
+
+
+class HibariModel(Model):
+    def __init__(self, threads: int = 1, max_slots: int = 1024) -> None:
+        from hibari import Hibari
+
+        self._tts = Hibari(threads=threads)  # default voice: inside the wheel, no download
+        self._slots: dict[int, _Slot] = {}
+        self.info = ModelInfo(
+            name="hibari",
+            sample_rate_hz=SAMPLE_RATE_HZ,
+            frame_samples=FRAME_SAMPLES,
+            text_granularity=TextGranularity.CLAUSE,
+            max_batch_size=1,  # the ONNX graph takes one utterance; one clause per step keeps ticks short
+            max_slots=max_slots,
+            voices=(DEFAULT_VOICE,),
+        )
+
+    def warmup(self) -> None:
+        self._tts("Warm up.", seed=0)
+
+    def open_slot(self, slot: int, params: StreamParams) -> None:
+        self._slots[slot] = _Slot(rng=np.random.default_rng(params.seed), speed=params.speed)
+
+    def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
+        s = self._slots[slot]
+        s.clauses.extend(p for p in pieces if p.strip())
+        s.text_final = s.text_final or final
+
+    def ready(self, slot: int) -> bool:
+        s = self._slots[slot]
+        return bool(s.clauses) or (s.text_final and not s.finished)
+
+    def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
+        return [self._generate_one(slot) for slot in slots]
+
+    def _generate_one(self, slot: int) -> GenerateResult:
+        s = self._slots[slot]
+        if not s.clauses:
+            s.finished = s.text_final
+            return GenerateResult(slot, None, 0, finished=s.finished)
+        clause = s.clauses.popleft()
+        outputs: list[np.ndarray] = []
+        for phonemes in self._tts.phonemize(clause):
+            ids = self._tts.ids(phonemes)
+            if len(ids) < 3:
+                continue
+            out = self._tts.sess.run(
+                None,
+                {"ids": np.asarray([ids], np.int64), "speed": np.asarray([s.speed], np.float32)},
+            )
+            outputs.append(tuple(o[0] for o in out))  # type: ignore[arg-type]
+        s.finished = s.text_final and not s.clauses
+        first = s.clauses_done == 0
+        s.clauses_done += 1
+        if not outputs:
+            return GenerateResult(slot, None, 0, finished=s.finished)
+        frames = [_Frames(parts, first and i == 0) for i, parts in enumerate(outputs)]
+        n_frames = sum(f.parts[0].shape[1] for f in frames)
+        return GenerateResult(slot, frames, n_frames, finished=s.finished, text_spoken=clause)
+
+    def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
+        from hibari import dsp
+
+        out: list[np.ndarray] = []
+        for item in work:
+            rng = self._slots[item.slot].rng
+            pieces: list[np.ndarray] = []
+            for payload in item.frames:
+                for fr in payload:  # type: ignore[attr-defined]
+                    pcm = dsp.synth(*fr.parts, rng)
+                    if not fr.first_clause:
+                        pcm = _shorten_lead_in(pcm)
+                    pieces.append(apply_gain(pcm, GAIN_DB))
+            out.append(np.concatenate(pieces) if pieces else np.zeros(0, np.float32))
+        return out
+
+    def close_slot(self, slot: int) -> None:
+        self._slots.pop(slot, None)
+
+    @property
+    def open_slots(self) -> int:
+        return len(self._slots)
+
+
+def _shorten_lead_in(pcm: np.ndarray) -> np.ndarray:
+    """Keep a natural pause before a later clause instead of hibari's 200-300 ms lead-in."""
+    onset = first_audible_sample(pcm, SAMPLE_RATE_HZ, ONSET_DBFS)
+    if onset is None:
+        return pcm
+    keep = int(SAMPLE_RATE_HZ * CLAUSE_GAP_MS / 1000)
+    return pcm[max(0, onset - keep) :]

@@ -1,0 +1,125 @@
+"""Which streams generate and which chunks decode, each tick. Plain Python: no model, no torch.
+
+Policy: deadline first. A stream's deadline is the moment its listener would run dry if playback
+started when its first audio left the engine (a stream with no audio yet is due since its first
+text arrived, so new turns go first, oldest first). Generate batches are filled in deadline
+order up to the model's batch size; a stream's frames are handed to the decoder when its chunk
+schedule says the next chunk is complete, or when it has finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import ChunkSchedule
+from .model import GenerateResult
+
+
+@dataclass
+class Request:
+    """Worker-side state of one stream. Owned by the worker thread."""
+
+    stream_id: int
+    slot: int
+    t_arrival: float  # perf_counter of the first text (or of the open, until text comes)
+    first_chunk_frames: int | None = None
+    sample_rate_hz: int = 24_000
+    pending: list[object] = field(default_factory=list)  # frame payloads not yet decoded
+    pending_frames: int = 0
+    pending_text: list[str] = field(default_factory=list)  # text spoken by the pending frames
+    chunks_decoded: int = 0
+    generation_done: bool = False  # the model will produce no more frames
+    final_sent: bool = False
+    t_first_emit: float | None = None  # perf_counter when the first audio left the engine
+    samples_emitted: int = 0
+
+    def deadline(self) -> float:
+        if self.t_first_emit is None:
+            return self.t_arrival
+        return self.t_first_emit + self.samples_emitted / self.sample_rate_hz
+
+
+@dataclass(frozen=True)
+class ChunkDue:
+    stream_id: int
+    slot: int
+    frames: list[object]  # payloads, oldest first
+    n_frames: int
+    final: bool  # nothing will follow: flush
+    text: str  # text these frames speak, where known
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Stage-1 work of one tick: the slots that run one generate step, most urgent first."""
+
+    generate_slots: list[int]
+    generate_streams: list[int]  # stream ids, same order
+
+    @property
+    def empty(self) -> bool:
+        return not self.generate_slots
+
+
+class Scheduler:
+    def __init__(self, chunks: ChunkSchedule, max_batch_size: int) -> None:
+        self._chunks = chunks
+        self._max_batch = max_batch_size
+        self.requests: dict[int, Request] = {}
+
+    def add(self, request: Request) -> None:
+        self.requests[request.stream_id] = request
+
+    def remove(self, stream_id: int) -> Request | None:
+        return self.requests.pop(stream_id, None)
+
+    def plan_generate(self, ready: set[int]) -> StepPlan:
+        """``ready``: stream ids whose model slot can make progress now."""
+        candidates = [r for r in self.requests.values() if r.stream_id in ready and not r.generation_done]
+        candidates.sort(key=Request.deadline)
+        chosen = candidates[: self._max_batch]
+        return StepPlan([r.slot for r in chosen], [r.stream_id for r in chosen])
+
+    def record(self, plan: StepPlan, results: list[GenerateResult]) -> None:
+        for stream_id, res in zip(plan.generate_streams, results, strict=True):
+            req = self.requests.get(stream_id)
+            if req is None:
+                continue
+            if res.n_frames:
+                req.pending.append(res.frames)
+                req.pending_frames += res.n_frames
+                if res.text_spoken:
+                    req.pending_text.append(res.text_spoken)
+            if res.finished:
+                req.generation_done = True
+
+    def plan_decode(self) -> list[ChunkDue]:
+        """Chunks complete now, per the chunk schedule (or flushed because generation finished)."""
+        due: list[ChunkDue] = []
+        for req in sorted(self.requests.values(), key=Request.deadline):
+            if req.final_sent:
+                continue
+            need = self._chunks.frames_for(req.chunks_decoded, req.first_chunk_frames)
+            if req.pending_frames >= need or (
+                req.generation_done and (req.pending_frames or not req.final_sent)
+            ):
+                due.append(
+                    ChunkDue(
+                        stream_id=req.stream_id,
+                        slot=req.slot,
+                        frames=req.pending,
+                        n_frames=req.pending_frames,
+                        final=req.generation_done,
+                        text=" ".join(req.pending_text),
+                    )
+                )
+                req.pending = []
+                req.pending_frames = 0
+                req.pending_text = []
+                req.chunks_decoded += 1
+                if req.generation_done:
+                    req.final_sent = True
+        return due
+
+    def has_ready_work(self, ready: set[int]) -> bool:
+        return any(sid in ready and not r.generation_done for sid, r in self.requests.items())
