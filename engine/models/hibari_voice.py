@@ -86,7 +86,7 @@ class HibariModel(Model):
             s.finished = s.text_final
             return GenerateResult(slot, None, 0, finished=s.finished)
         clause = s.clauses.popleft()
-        outputs: list[np.ndarray] = []
+        outputs: list[tuple[np.ndarray, ...]] = []
         for phonemes in self._tts.phonemize(clause):
             ids = self._tts.ids(phonemes)
             if len(ids) < 3:
@@ -95,7 +95,7 @@ class HibariModel(Model):
                 None,
                 {"ids": np.asarray([ids], np.int64), "speed": np.asarray([s.speed], np.float32)},
             )
-            outputs.append(tuple(o[0] for o in out))  # type: ignore[arg-type]
+            outputs.append(tuple(np.asarray(o)[0] for o in out))
         s.finished = s.text_final and not s.clauses
         first = s.clauses_done == 0
         s.clauses_done += 1

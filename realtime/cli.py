@@ -1,0 +1,97 @@
+"""``voicewire`` command line: ``serve`` the gateway, ``say`` a sentence to a WAV file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import wave
+
+import numpy as np
+
+from engine import MODEL_NAMES, Engine, EngineConfig
+
+from .audio import pcm16_bytes
+from .config import GatewayConfig
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    options: dict[str, object] = {}
+    if args.model == "qwen3-tts":
+        options = {"checkpoint": args.checkpoint, "size": args.qwen_size, "device": args.device}
+    elif args.checkpoint:
+        raise SystemExit("--checkpoint applies to --model qwen3-tts only")
+    return EngineConfig(model=args.model, model_options=options)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        choices=MODEL_NAMES,
+        default="hibari",
+        help="hibari: the embedded English voice (default); qwen3-tts: Qwen3-TTS-12Hz",
+    )
+    p.add_argument("--checkpoint", help="qwen3-tts: a local checkpoint directory in the Hugging Face layout")
+    p.add_argument(
+        "--qwen-size",
+        default="tiny",
+        choices=("tiny", "0.6b", "1.7b"),
+        help="qwen3-tts without --checkpoint: random weights of this shape",
+    )
+    p.add_argument("--device", default="cpu", help="qwen3-tts: torch device (cpu, cuda)")
+
+
+async def _say(engine_config: EngineConfig, text: str, out_path: str, speed: float) -> float:
+    async with Engine(engine_config) as engine:
+        stream = engine.open_stream(speed=speed)
+        stream.push_text(text)
+        stream.end()
+        pcm = [chunk.pcm async for chunk in stream]
+        rate = engine.model.info.sample_rate_hz
+    audio = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+    with wave.open(out_path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm16_bytes(audio))
+    return audio.size / rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="voicewire", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway (WebSocket, HTTP, WebRTC, demo page)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--log-level", default="info")
+    _add_model_args(serve)
+    say = sub.add_parser("say", help="synthesize text to a WAV file")
+    say.add_argument("text")
+    say.add_argument("-o", "--output", default="out.wav")
+    say.add_argument("--speed", type=float, default=1.0)
+    _add_model_args(say)
+    args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        logging.basicConfig(
+            level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        from .server import serve as run_server
+
+        config = GatewayConfig(host=args.host, port=args.port, engine=_engine_config(args))
+        try:
+            asyncio.run(run_server(config))
+        except KeyboardInterrupt:
+            pass
+        return 0
+    if not args.text.strip():
+        print("voicewire say: text is empty", file=sys.stderr)
+        return 2
+    seconds = asyncio.run(_say(_engine_config(args), args.text, args.output, args.speed))
+    print(f"wrote {args.output} ({seconds:.2f} s of audio)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Protocol v1: the JSON control messages shared by the WebSocket and the WebRTC data channel.
+
+Client -> server (one JSON object per text message):
+    session.update  {"format": "pcm16"|"opus", "sample_rate": 24000|48000, "voice": str}   all optional
+    text.delta      {"turn_id": T, "text": str}
+    text.flush      {"turn_id": T}
+    text.end        {"turn_id": T}
+    turn.cancel     {"turn_id": T}
+Server -> client:
+    session.created {"session_id", "protocol": 1, "audio": {...}, "limits": {...}}
+    session.updated {"audio": {...}}
+    turn.started    {"turn_id"}
+    turn.done       {"turn_id", "reason": "completed"|"cancelled"|"error", "audio_ms", "played_ms",
+                     "text_spoken", "metrics": {...}}
+    error           {"code", "message", "turn_id"?}
+T is a string or an integer, echoed back as given. Parsing is pure: bad input raises
+``ProtocolError`` with a stable code, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 64 * 1024  # one client message; larger closes the WebSocket with 1009
+MAX_TEXT_CHARS = 8_192  # one text.delta
+MAX_TURN_ID_CHARS = 128
+AUDIO_FORMATS = ("pcm16", "opus")
+SAMPLE_RATES_HZ = (24_000, 48_000)
+
+TurnId = str | int
+
+
+class ProtocolError(Exception):
+    """Bad client input. ``code`` is stable and documented; ``message`` is for humans."""
+
+    def __init__(self, code: str, message: str, turn_id: TurnId | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.turn_id = turn_id
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    format: str | None = None
+    sample_rate: int | None = None
+    voice: str | None = None
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    turn_id: TurnId
+    text: str
+
+
+@dataclass(frozen=True)
+class TextFlush:
+    turn_id: TurnId
+
+
+@dataclass(frozen=True)
+class TextEnd:
+    turn_id: TurnId
+
+
+@dataclass(frozen=True)
+class TurnCancel:
+    turn_id: TurnId
+
+
+ClientMessage = SessionUpdate | TextDelta | TextFlush | TextEnd | TurnCancel
+
+
+def _turn_id(msg: dict[str, Any]) -> TurnId:
+    if "turn_id" not in msg:
+        raise ProtocolError("missing_field", "turn_id is required")
+    tid = msg["turn_id"]
+    if isinstance(tid, bool) or not isinstance(tid, (str, int)):
+        raise ProtocolError("invalid_field", "turn_id must be a string or an integer")
+    if isinstance(tid, str) and not 0 < len(tid) <= MAX_TURN_ID_CHARS:
+        raise ProtocolError("invalid_field", f"turn_id must be 1..{MAX_TURN_ID_CHARS} characters")
+    return tid
+
+
+def _optional(msg: dict[str, Any], key: str, kind: type, turn_id: TurnId | None = None) -> Any:
+    if key not in msg or msg[key] is None:
+        return None
+    value = msg[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ProtocolError("invalid_field", f"{key} must be a {kind.__name__}", turn_id)
+    return value
+
+
+def parse_client_message(raw: str | bytes) -> ClientMessage:
+    """One client text message -> a typed message. Raises ProtocolError."""
+    if isinstance(raw, bytes):
+        raise ProtocolError("binary_not_supported", "clients send JSON text messages only")
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
+    try:
+        msg = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ProtocolError("invalid_json", f"not valid JSON: {err}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("invalid_message", "a message must be a JSON object")
+    kind = msg.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("missing_field", "type is required and must be a string")
+    if kind == "session.update":
+        fmt = _optional(msg, "format", str)
+        if fmt is not None and fmt not in AUDIO_FORMATS:
+            raise ProtocolError("invalid_field", f"format must be one of {', '.join(AUDIO_FORMATS)}")
+        rate = _optional(msg, "sample_rate", int)
+        if rate is not None and rate not in SAMPLE_RATES_HZ:
+            raise ProtocolError("invalid_field", "sample_rate must be 24000 or 48000")
+        return SessionUpdate(fmt, rate, _optional(msg, "voice", str))
+    if kind == "text.delta":
+        tid = _turn_id(msg)
+        if "text" not in msg:
+            raise ProtocolError("missing_field", "text is required", tid)
+        text = _optional(msg, "text", str, tid)
+        if text is None:
+            raise ProtocolError("invalid_field", "text must be a str", tid)
+        if len(text) > MAX_TEXT_CHARS:
+            raise ProtocolError(
+                "text_too_long", f"one text.delta holds at most {MAX_TEXT_CHARS} characters", tid
+            )
+        return TextDelta(tid, text)
+    if kind == "text.flush":
+        return TextFlush(_turn_id(msg))
+    if kind == "text.end":
+        return TextEnd(_turn_id(msg))
+    if kind == "turn.cancel":
+        return TurnCancel(_turn_id(msg))
+    raise ProtocolError("unknown_type", f"unknown message type {kind[:64]!r}")
+
+
+def error_message(code: str, message: str, turn_id: TurnId | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    if turn_id is not None:
+        out["turn_id"] = turn_id
+    return out
+
+
+def dumps(msg: dict[str, Any]) -> str:
+    return json.dumps(msg, separators=(",", ":"))

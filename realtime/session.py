@@ -1,0 +1,282 @@
+"""The transport-agnostic session core: protocol v1 messages in, turns spoken in order.
+
+A ``Session`` owns a client's turns. Text deltas open an engine stream per turn at once (so a
+later turn's audio is generated while an earlier one plays), but audio leaves strictly in turn
+order through one pump task. Transports (WebSocket, WebRTC data channel + audio track) are thin
+``SessionSink`` adapters: they send JSON, turn PCM into their wire format, and report how much of
+a turn the client has been given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine import AudioChunk, Engine, EngineBusy, Stream, StreamError
+
+from .protocol import (
+    MAX_MESSAGE_BYTES,
+    MAX_TEXT_CHARS,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    SessionUpdate,
+    TextDelta,
+    TextEnd,
+    TextFlush,
+    TurnCancel,
+    TurnId,
+    error_message,
+    parse_client_message,
+)
+
+log = logging.getLogger("voicewire.session")
+
+MAX_QUEUED_TURNS = 8  # turns waiting behind the one playing
+MAX_REMEMBERED_TURNS = 256  # finished turn ids kept to reject late text for them
+
+
+@dataclass
+class AudioSettings:
+    format: str = "pcm16"
+    sample_rate: int = 24_000
+    voice: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        return {"format": self.format, "sample_rate": self.sample_rate, "channels": 1}
+
+
+@dataclass
+class Turn:
+    turn_id: TurnId
+    stream: Stream
+    audio: AudioSettings  # settings in force when the turn started
+    t_first_text: float = field(default_factory=time.perf_counter)
+    t_first_audio_sent: float | None = None
+    samples_sent: int = 0  # engine-rate samples handed to the transport
+    text_sent: list[str] = field(default_factory=list)
+    ended: bool = False
+    cancelled: bool = False
+
+    @property
+    def finished_input(self) -> bool:
+        return self.ended or self.cancelled
+
+
+class SessionSink(Protocol):
+    """What a transport provides to a session."""
+
+    async def send_json(self, msg: dict[str, Any]) -> None: ...
+
+    async def start_turn(self, turn: Turn) -> None: ...
+
+    async def send_audio(self, turn: Turn, chunk: AudioChunk) -> None: ...
+
+    async def end_turn(self, turn: Turn, cancelled: bool) -> float:
+        """Flush (or, cancelled, drop) the turn's queued audio; returns ms the client was given."""
+        ...
+
+
+class Session:
+    def __init__(self, engine: Engine, sink: SessionSink, session_id: str) -> None:
+        self.engine = engine
+        self.sink = sink
+        self.session_id = session_id
+        self.audio = AudioSettings()
+        self._turns: dict[TurnId, Turn] = {}
+        self._order: deque[Turn] = deque()
+        self._finished: deque[TurnId] = deque()
+        self._finished_set: set[TurnId] = set()
+        self._wake = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
+        self._closed = False
+        self.turns_completed = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.sink.send_json(
+            {
+                "type": "session.created",
+                "session_id": self.session_id,
+                "protocol": PROTOCOL_VERSION,
+                "audio": self.audio.describe(),
+                "voices": list(self.engine.model.info.voices),
+                "limits": {
+                    "max_message_bytes": MAX_MESSAGE_BYTES,
+                    "max_text_chars": MAX_TEXT_CHARS,
+                    "max_queued_turns": MAX_QUEUED_TURNS,
+                },
+            }
+        )
+        self._pump = asyncio.create_task(self._run_pump(), name=f"pump-{self.session_id}")
+
+    async def close(self) -> None:
+        """Client gone: cancel every turn and free its engine streams now."""
+        if self._closed:
+            return
+        self._closed = True
+        for turn in self._turns.values():
+            turn.stream.cancel()
+        if self._pump is not None:
+            self._pump.cancel()
+            try:
+                await self._pump
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    @property
+    def open_turns(self) -> int:
+        return len(self._turns)
+
+    # --- input -------------------------------------------------------------------------------------
+    async def receive(self, raw: str | bytes) -> None:
+        """One client message. Bad input is answered with an error message; nothing is raised."""
+        try:
+            msg = parse_client_message(raw)
+            self._dispatch(msg)
+        except ProtocolError as err:
+            await self.sink.send_json(error_message(err.code, err.message, err.turn_id))
+            return
+        if isinstance(msg, SessionUpdate):
+            await self.sink.send_json({"type": "session.updated", "audio": self.audio.describe()})
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, SessionUpdate):
+            self._update(msg)
+        elif isinstance(msg, TextDelta):
+            turn = self._turn_for_text(msg.turn_id)
+            turn.stream.push_text(msg.text)
+        elif isinstance(msg, TextFlush):
+            self._open_turn(msg.turn_id).stream.flush()
+        elif isinstance(msg, TextEnd):
+            turn = self._open_turn(msg.turn_id)
+            turn.ended = True
+            turn.stream.end()
+        elif isinstance(msg, TurnCancel):
+            self._cancel(msg.turn_id)
+
+    def _update(self, msg: SessionUpdate) -> None:
+        if msg.voice is not None and msg.voice and msg.voice not in self.engine.model.info.voices:
+            raise ProtocolError("invalid_voice", f"unknown voice {msg.voice!r}")
+        if msg.format is not None:
+            self.audio.format = msg.format
+        if msg.sample_rate is not None:
+            self.audio.sample_rate = msg.sample_rate
+        if msg.voice is not None:
+            self.audio.voice = msg.voice
+
+    def _turn_for_text(self, turn_id: TurnId) -> Turn:
+        turn = self._turns.get(turn_id)
+        if turn is not None:
+            if turn.finished_input:
+                raise ProtocolError("turn_ended", "this turn has ended; start a new turn_id", turn_id)
+            return turn
+        if turn_id in self._finished_set:
+            raise ProtocolError("turn_ended", "this turn has ended; start a new turn_id", turn_id)
+        if len(self._order) > MAX_QUEUED_TURNS:
+            raise ProtocolError("too_many_turns", f"at most {MAX_QUEUED_TURNS} turns may wait", turn_id)
+        try:
+            stream = self.engine.open_stream(voice=self.audio.voice)
+        except EngineBusy as err:
+            raise ProtocolError("server_busy", str(err), turn_id) from None
+        except ValueError as err:
+            raise ProtocolError("invalid_field", str(err), turn_id) from None
+        turn = Turn(
+            turn_id, stream, AudioSettings(self.audio.format, self.audio.sample_rate, self.audio.voice)
+        )
+        self._turns[turn_id] = turn
+        self._order.append(turn)
+        self._wake.set()
+        return turn
+
+    def _open_turn(self, turn_id: TurnId) -> Turn:
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            if turn_id in self._finished_set:
+                raise ProtocolError("turn_ended", "this turn has ended", turn_id)
+            raise ProtocolError("unknown_turn", "no text was sent for this turn_id", turn_id)
+        if turn.finished_input:
+            raise ProtocolError("turn_ended", "this turn has ended", turn_id)
+        return turn
+
+    def _cancel(self, turn_id: TurnId) -> None:
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            if turn_id in self._finished_set:
+                return  # a cancel racing the turn's natural end: nothing left to stop
+            raise ProtocolError("unknown_turn", "no text was sent for this turn_id", turn_id)
+        turn.cancelled = True
+        turn.stream.cancel()
+
+    # --- output ------------------------------------------------------------------------------------
+    async def _run_pump(self) -> None:
+        while True:
+            while not self._order:
+                self._wake.clear()
+                await self._wake.wait()
+            turn = self._order[0]
+            try:
+                await self._play(turn)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("session %s: turn %r failed in the transport", self.session_id, turn.turn_id)
+                turn.stream.cancel()
+            finally:
+                self._order.popleft()
+                self._forget(turn)
+
+    async def _play(self, turn: Turn) -> None:
+        error: StreamError | None = None
+        if not turn.cancelled:
+            await self.sink.start_turn(turn)
+            await self.sink.send_json({"type": "turn.started", "turn_id": turn.turn_id})
+            try:
+                async for chunk in turn.stream:
+                    if turn.cancelled:
+                        break
+                    if chunk.pcm.size:
+                        if turn.t_first_audio_sent is None:
+                            turn.t_first_audio_sent = time.perf_counter()
+                        turn.samples_sent += chunk.pcm.size
+                        if chunk.text:
+                            turn.text_sent.append(chunk.text)
+                    await self.sink.send_audio(turn, chunk)
+            except StreamError as err:
+                error = err
+        cancelled = turn.cancelled or turn.stream.cancelled
+        played_ms = await self.sink.end_turn(turn, cancelled) if not cancelled or turn.samples_sent else 0.0
+        if error is not None:
+            await self.sink.send_json(error_message(error.code, str(error), turn.turn_id))
+        reason = "cancelled" if cancelled else ("error" if error else "completed")
+        self.turns_completed += 1
+        await self.sink.send_json(self._done_message(turn, reason, played_ms))
+
+    def _done_message(self, turn: Turn, reason: str, played_ms: float) -> dict[str, Any]:
+        m = turn.stream.metrics
+        rate = self.engine.model.info.sample_rate_hz
+        metrics: dict[str, Any] = {"trimmed_ms": round(m.trimmed_samples * 1000 / rate, 1)}
+        if turn.t_first_audio_sent is not None:
+            metrics["ttfp_ms"] = round((turn.t_first_audio_sent - turn.t_first_text) * 1000, 2)
+        if m.ttfp_s is not None:
+            metrics["engine_ttfp_ms"] = round(m.ttfp_s * 1000, 2)
+        return {
+            "type": "turn.done",
+            "turn_id": turn.turn_id,
+            "reason": reason,
+            "audio_ms": round(turn.samples_sent * 1000 / rate, 1),
+            "played_ms": round(played_ms, 1),
+            "text_spoken": " ".join(turn.text_sent),
+            "metrics": metrics,
+        }
+
+    def _forget(self, turn: Turn) -> None:
+        self._turns.pop(turn.turn_id, None)
+        turn.stream.cancel()  # no-op when finished; frees the engine slot otherwise
+        self._finished.append(turn.turn_id)
+        self._finished_set.add(turn.turn_id)
+        if len(self._finished) > MAX_REMEMBERED_TURNS:
+            self._finished_set.discard(self._finished.popleft())
