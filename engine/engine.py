@@ -312,9 +312,9 @@ class Engine:
                 req.t_first_emit = time.perf_counter()
                 live.stream.metrics.trimmed_samples = live.trimmer.trimmed_samples
             req.samples_emitted += out.size
+            if final:
+                self._release(live)  # freed before the caller can see the end of the stream
             live.loop.call_soon_threadsafe(live.stream._deliver, chunk)
-        if final:
-            self._release(live)
 
     def _fail_slot(self, slot: int, message: str) -> None:
         for live in list(self._live.values()):
@@ -323,8 +323,8 @@ class Engine:
 
     def _fail(self, live: _Live, err: StreamError) -> None:
         self.stats.streams_failed += 1
-        live.loop.call_soon_threadsafe(live.stream._fail, err)
         self._release(live)
+        live.loop.call_soon_threadsafe(live.stream._fail, err)
 
     def _release(self, live: _Live) -> None:
         sid = live.stream.id

@@ -24,7 +24,7 @@ def to_16k(pcm: np.ndarray, rate_hz: int) -> np.ndarray:
     pcm = np.asarray(pcm, np.float32)
     if rate_hz == SAMPLE_RATE_HZ:
         return pcm
-    n_out = int(round(pcm.size * SAMPLE_RATE_HZ / rate_hz))
+    n_out = round(pcm.size * SAMPLE_RATE_HZ / rate_hz)
     spec = np.fft.rfft(pcm)
     keep = n_out // 2 + 1
     out = np.fft.irfft(spec[:keep], n_out) * (n_out / pcm.size)

@@ -1,0 +1,132 @@
+"""The engine end to end with the real embedded voice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from engine import Engine, EngineBusy, EngineConfig, StreamError, StreamParams
+from engine.level import first_audible_sample
+from engine.model import GenerateResult
+from engine.models.hibari_voice import HibariModel
+
+
+async def _collect(stream) -> list:  # type: ignore[no-untyped-def]
+    return [c async for c in stream]
+
+
+async def _wait_idle(engine: Engine, timeout_s: float = 2.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if engine.active_streams() == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"engine still holds {engine.active_streams()} streams")
+
+
+async def test_concurrent_streams_have_contiguous_offsets_and_a_final_marker(engine: Engine) -> None:
+    texts = ["Good morning, everyone.", "The weather is nice today.", "Let us begin the meeting now."]
+    streams = []
+    for t in texts:
+        s = engine.open_stream(seed=1)
+        s.push_text(t)
+        s.end()
+        streams.append(s)
+    results = await asyncio.gather(*(_collect(s) for s in streams))
+    for chunks in results:
+        assert chunks[-1].final
+        offset = 0
+        for c in chunks:
+            assert c.sample_offset == offset and c.sample_rate_hz == 24_000
+            offset += c.pcm.size
+        assert offset > 24_000 * 0.8  # each sentence is about a second or more
+    await _wait_idle(engine)
+
+
+async def test_lead_in_silence_is_trimmed(engine: Engine) -> None:
+    s = engine.open_stream(seed=0)
+    s.push_text("Hello there.")
+    s.end()
+    chunks = await _collect(s)
+    pcm = np.concatenate([c.pcm for c in chunks])
+    onset = first_audible_sample(pcm, 24_000, -45.0)
+    assert onset is not None and onset <= 240 * 2  # within 20 ms of the start
+    assert s.metrics.trimmed_samples > 24_000 * 0.1  # hibari puts 200-300 ms of near-silence there
+
+
+async def test_cancel_frees_the_stream_and_drops_queued_audio(engine: Engine) -> None:
+    s = engine.open_stream()
+    s.push_text("This is a long turn that will be interrupted, " * 5)
+    first = await s.__aiter__().__anext__()
+    assert first.pcm.size
+    s.cancel()
+    assert [c async for c in s] == []
+    await _wait_idle(engine)
+    model = engine.model
+    assert isinstance(model, HibariModel) and model.open_slots == 0
+
+
+async def test_text_after_end_and_bad_params_are_refused(engine: Engine) -> None:
+    s = engine.open_stream()
+    s.push_text("Done.")
+    s.end()
+    with pytest.raises(StreamError):
+        s.push_text("more")
+    await _collect(s)
+    with pytest.raises(ValueError):
+        engine.open_stream(voice="fenrir")  # would download: not offered
+    with pytest.raises(ValueError):
+        engine.open_stream(speed=9.0)
+
+
+class _FaultyModel(HibariModel):
+    """Fault injection: slots opened with extra={"fail": True} raise inside generate."""
+
+    def __init__(self) -> None:
+        super().__init__(max_slots=8)
+        self.failing: set[int] = set()
+
+    def open_slot(self, slot: int, params: StreamParams) -> None:
+        super().open_slot(slot, params)
+        if params.extra.get("fail"):
+            self.failing.add(slot)
+
+    def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
+        if any(s in self.failing for s in slots):
+            raise RuntimeError("injected fault")
+        return super().generate(slots)
+
+    def close_slot(self, slot: int) -> None:
+        self.failing.discard(slot)
+        super().close_slot(slot)
+
+
+async def test_a_failing_stream_ends_with_an_error_and_others_complete() -> None:
+    eng = Engine(EngineConfig(max_streams=4), model=_FaultyModel()).start()
+    try:
+        good = eng.open_stream(seed=0)
+        bad = eng.open_stream(StreamParams(extra={"fail": True}))
+        for s in (good, bad):
+            s.push_text("Both of these turns start at the same time.")
+            s.end()
+        with pytest.raises(StreamError) as err:
+            await _collect(bad)
+        assert err.value.code == "model_error"
+        chunks = await _collect(good)
+        assert chunks[-1].final and sum(c.pcm.size for c in chunks) > 24_000
+        # the engine keeps working after the fault
+        again = eng.open_stream()
+        again.push_text("Still here.")
+        again.end()
+        assert sum(c.pcm.size for c in await _collect(again)) > 0
+        # and refuses streams beyond its limit
+        held = [eng.open_stream() for _ in range(4)]
+        with pytest.raises(EngineBusy):
+            eng.open_stream()
+        for h in held:
+            h.cancel()
+        await _wait_idle(eng)
+    finally:
+        eng.close()

@@ -1,0 +1,60 @@
+"""The scheduler is plain Python: tested with fake generate results, no model, no torch."""
+
+from engine.config import ChunkSchedule
+from engine.model import GenerateResult
+from engine.scheduler import Request, Scheduler
+
+
+def _req(sid: int, t: float) -> Request:
+    return Request(stream_id=sid, slot=sid + 100, t_arrival=t)
+
+
+def test_deadline_first_and_batch_limit() -> None:
+    s = Scheduler(ChunkSchedule(), max_batch_size=2)
+    playing = _req(1, t=0.0)
+    playing.t_first_emit, playing.samples_emitted = 0.0, 24_000 * 5  # 5 s buffered: runs dry at t=5
+    new = _req(2, t=1.0)  # no audio yet: due since its text arrived
+    newer = _req(3, t=2.0)
+    for r in (playing, new, newer):
+        s.add(r)
+    plan = s.plan_generate({1, 2, 3})
+    assert plan.generate_streams == [2, 3]
+    assert plan.generate_slots == [102, 103]
+    assert s.plan_generate({1}).generate_streams == [1]  # only ready streams
+
+
+def test_chunk_schedule_first_then_ramp_then_final_flush() -> None:
+    s = Scheduler(ChunkSchedule(first_frames=1, ramp_frames=(2,), steady_frames=3), max_batch_size=4)
+    r = _req(1, 0.0)
+    s.add(r)
+    sizes = []
+    for step in range(8):
+        plan = s.plan_generate({1})
+        finished = step == 7
+        s.record(plan, [GenerateResult(r.slot, f"f{step}", 1, finished, text_spoken="")])
+        sizes += [c.n_frames for c in s.plan_decode()]
+    # 8 frames: 1, 2, 3, then the final flush of the remaining 2
+    assert sizes == [1, 2, 3, 2]
+    assert r.final_sent
+
+
+def test_per_request_first_chunk_override() -> None:
+    s = Scheduler(ChunkSchedule(first_frames=1), max_batch_size=1)
+    r = _req(1, 0.0)
+    r.first_chunk_frames = 2
+    s.add(r)
+    s.record(s.plan_generate({1}), [GenerateResult(r.slot, "a", 1, False)])
+    assert s.plan_decode() == []
+    s.record(s.plan_generate({1}), [GenerateResult(r.slot, "b", 1, False)])
+    (chunk,) = s.plan_decode()
+    assert chunk.frames == ["a", "b"] and not chunk.final
+
+
+def test_finished_with_no_frames_still_sends_final() -> None:
+    s = Scheduler(ChunkSchedule(), max_batch_size=1)
+    r = _req(1, 0.0)
+    s.add(r)
+    s.record(s.plan_generate({1}), [GenerateResult(r.slot, None, 0, True)])
+    (chunk,) = s.plan_decode()
+    assert chunk.final and chunk.n_frames == 0
+    assert s.plan_decode() == []
