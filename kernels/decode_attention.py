@@ -1,0 +1,420 @@
+"""Decode attention for the Qwen3-TTS talker: one query token per sequence over a slot-contiguous KV cache.
+
+Shapes (talker, both 0.6B and 1.7B): 16 query heads, 8 KV heads (GQA group G = 2), head_dim 128.
+
+    q        (B, Hq, D)              one new token per row, any strides with stride(-1) == 1
+    k_cache  (num_slots, Hkv, L, D)  a stream owns one slot; keys of token t sit at [slot, :, t]
+    v_cache  (num_slots, Hkv, L, D)
+    slot_idx (B,) int32              which slot row b reads (any order, need not be contiguous)
+    lengths  (B,) int32              valid keys of row b, the current token included (0 = padding row)
+    out      (B, Hq, D)              softmax(q . K^T * scale) . V per query head; zeros for a length-0 row
+
+Algorithm (FlashDecoding with the GQA group packed into the M dimension of the matmuls):
+
+1. Grid (B, Hkv, S). Program (b, h, s) loads the G query rows of KV head h as one (BLOCK_H, D) tile,
+   BLOCK_H = max(16, next_pow2(G)) because tl.dot needs M >= 16; the padding rows are zeros and are
+   never stored. K and V of a (row, KV head) are thus read from HBM exactly once for all G query heads.
+2. The program walks its split's tokens [s * tokens_per_split, min(length, (s + 1) * tokens_per_split))
+   in BLOCK_N tiles: scores = tl.dot(q, K^T) in fp32, online softmax in fp32 in the log2 domain
+   (running max m, running sum l, accumulator acc rescaled by exp2(m_old - m_new)), acc += tl.dot(p, V).
+3. S == 1: the program writes acc / l straight to out. S > 1: it writes acc / l and the log-sum-exp
+   m + log2(l) per query head to an fp32 workspace, and a combine kernel with grid (B, Hq) merges the
+   S partials: out = sum_s 2^(lse_s - max) * o_s / sum_s 2^(lse_s - max). An empty split (length shorter
+   than the split start) writes lse = -inf and weighs nothing.
+
+The number of splits is chosen on the host from the batch size and an upper bound on the lengths that the
+caller already knows (no device->host sync): splits are only added while B * Hkv programs would leave the
+GPU's multiprocessors idle, and each split keeps at least MIN_TOKENS_PER_SPLIT tokens so the combine pass
+stays cheap. Plan once per step (`plan_decode_attention`) and reuse it for all 28 layers; a CUDA graph
+captured with a plan replays it for any lengths up to the plan's bound.
+
+Memory-bound by design: per (row, KV head) the kernel reads length * D * 2 (K and V) elements and
+nothing twice; the tl.dot FLOPs are ~G / bytes and never matter.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch_checks import check_index, check_same_device_unit_stride, check_values_in_range
+
+# Tile of keys per loop iteration: 64 tokens x 128 dims x 2 B = 16 KiB of K (and as much V) per stage;
+# with 3 pipeline stages that is 96 KiB of shared memory, so two programs fit on one H200 SM (228 KiB).
+DEFAULT_BLOCK_N = 64
+# fp32 doubles the tile bytes; 32 tokens keeps the same shared-memory footprint (CPU tests, debugging).
+FP32_BLOCK_N = 32
+DEFAULT_NUM_WARPS = 4
+DEFAULT_NUM_STAGES = 3
+# A split shorter than this costs more in the extra combine pass (write + read of fp32 partials and one
+# more launch, ~2 us) than it wins in parallelism.
+MIN_TOKENS_PER_SPLIT = 256
+# Upper bound on splits: the combine kernel holds all S partials of a head in one tile.
+MAX_SPLITS = 64
+# Aim for this many programs per multiprocessor before adding splits: a program that streams K/V with
+# 3 stages in flight keeps ~100 KiB outstanding; two per SM hide HBM latency at ~4 TB/s.
+TARGET_PROGRAMS_PER_SM = 2
+# Multiprocessor count assumed off-GPU (the CPU interpreter); it only shapes the split plan.
+CPU_FAKE_SM_COUNT = 8
+# tl.dot needs every matmul dimension >= 16.
+MIN_DOT_DIM = 16
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    len_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    qk_scale_log2,
+    tokens_per_split,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_kt,
+    stride_vs,
+    stride_vh,
+    stride_vt,
+    stride_ob,
+    stride_oh,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    length = tl.load(len_ptr + row)
+    # int64: a cache of 256 slots x 8 heads x 4096 tokens x 128 dims has 2^30 elements per tensor.
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    lo = split * tokens_per_split
+    hi = tl.minimum(length, lo + tokens_per_split)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + offs_h  # query heads of this KV head (GQA: head i reads KV head i // G)
+    head_mask = offs_h < GROUP
+
+    q = tl.load(
+        q_ptr + row.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=head_mask[:, None],
+        other=0.0,
+    )  # (BLOCK_H, D)
+    k_base = k_ptr + slot * stride_ks + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + slot * stride_vs + kv_head.to(tl.int64) * stride_vh
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    # Every iteration holds at least one valid token (start < hi), so m_new is finite from the first one on.
+    for start in range(lo, hi, BLOCK_N):
+        tokens = start + offs_n
+        token_mask = tokens < hi
+        # Masked-off rows read 0, never the cache: stale or NaN entries past a length cannot leak in.
+        k = tl.load(
+            k_base + tokens[:, None] * stride_kt + offs_d[None, :], mask=token_mask[:, None], other=0.0
+        )  # (BLOCK_N, D)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # (BLOCK_H, BLOCK_N)
+        scores = tl.where(token_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_base + tokens[:, None] * stride_vt + offs_d[None, :], mask=token_mask[:, None], other=0.0
+        )  # (BLOCK_N, D)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # An empty range (length 0, or a split past the length) leaves l = 0, acc = 0: output 0, lse = -inf.
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    if SPLIT:
+        part_o = (
+            part_o_ptr + row * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
+        )
+        tl.store(part_o, o, mask=head_mask[:, None])
+        lse = m_i + tl.log2(l_safe)
+        tl.store(part_lse_ptr + row * stride_lb + heads * stride_lh + split, lse, mask=head_mask)
+    else:
+        out = out_ptr + row.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out, o.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+
+
+@triton.jit
+def _decode_combine_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    split_mask = offs_s < num_splits
+
+    lse = tl.load(
+        part_lse_ptr + row * stride_lb + head * stride_lh + offs_s, mask=split_mask, other=float("-inf")
+    )  # (BLOCK_S,)
+    lse_max = tl.max(lse, 0)
+    # All splits empty (a length-0 padding row): subtract 0 instead of -inf so the weights are 0, not NaN.
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weights = tl.exp2(lse - lse_max)  # (BLOCK_S,)
+    part_o = tl.load(
+        part_o_ptr + row * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=split_mask[:, None],
+        other=0.0,
+    )  # (BLOCK_S, D)
+    numerator = tl.sum(weights[:, None] * part_o, 0)  # (D,)
+    denominator = tl.sum(weights, 0)
+    o = numerator / tl.where(denominator > 0.0, denominator, 1.0)
+    out = out_ptr + row.to(tl.int64) * stride_ob + head * stride_oh + offs_d
+    tl.store(out, o.to(out_ptr.dtype.element_ty))
+
+
+@dataclass(frozen=True)
+class DecodeAttentionPlan:
+    """Launch shape for one decode-attention step; computed on the host, reused by every layer."""
+
+    max_len_bound: int  # upper bound on every row's length this step (tokens); keys past it are never read
+    num_splits: int  # KV splits per (row, KV head); 1 = single pass, no workspace, no combine kernel
+    tokens_per_split: int  # tokens each split covers, a multiple of block_n
+    block_n: int  # keys per loop iteration
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the K/V loads
+
+
+@functools.lru_cache(maxsize=16)
+def _multiprocessor_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return CPU_FAKE_SM_COUNT
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def plan_decode_attention(
+    batch: int,
+    num_kv_heads: int,
+    max_len_bound: int,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> DecodeAttentionPlan:
+    """Choose splits and tiles for `batch` rows whose lengths are all <= `max_len_bound`.
+
+    The keyword overrides exist for tests and for the benchmark's config sweep.
+    """
+    if batch < 1 or num_kv_heads < 1:
+        raise ValueError(f"batch ({batch}) and num_kv_heads ({num_kv_heads}) must be >= 1")
+    if max_len_bound < 1:
+        raise ValueError(f"max_len_bound must be >= 1, got {max_len_bound}")
+    if block_n is None:
+        block_n = FP32_BLOCK_N if dtype == torch.float32 else DEFAULT_BLOCK_N
+    if block_n < MIN_DOT_DIM or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= {MIN_DOT_DIM}, got {block_n}")
+
+    if num_splits is None:
+        programs = batch * num_kv_heads
+        target = TARGET_PROGRAMS_PER_SM * _multiprocessor_count(torch.device(device))
+        num_splits = min(
+            triton.cdiv(target, programs), triton.cdiv(max_len_bound, MIN_TOKENS_PER_SPLIT), MAX_SPLITS
+        )
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    tokens_per_split = triton.cdiv(triton.cdiv(max_len_bound, num_splits), block_n) * block_n
+    # Rounding the split up to whole tiles can leave trailing splits empty: drop them.
+    num_splits = triton.cdiv(max_len_bound, tokens_per_split)
+    return DecodeAttentionPlan(
+        max_len_bound=max_len_bound,
+        num_splits=num_splits,
+        tokens_per_split=tokens_per_split,
+        block_n=block_n,
+        num_warps=DEFAULT_NUM_WARPS if num_warps is None else num_warps,
+        num_stages=DEFAULT_NUM_STAGES if num_stages is None else num_stages,
+    )
+
+
+def _check_decode_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_idx: torch.Tensor,
+    lengths: torch.Tensor,
+    out: torch.Tensor | None,
+) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be (B, Hq, D), got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must both be (num_slots, Hkv, L, D), got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    batch, q_heads, head_dim = q.shape
+    _, kv_heads, _, cache_dim = k_cache.shape
+    if cache_dim != head_dim:
+        raise ValueError(f"head_dim of q ({head_dim}) and of the cache ({cache_dim}) differ")
+    if head_dim < MIN_DOT_DIM or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= {MIN_DOT_DIM}, got {head_dim}")
+    if q_heads % kv_heads:
+        raise ValueError(f"query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"q dtype must be one of {SUPPORTED_DTYPES}, got {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    check_index("slot_idx", slot_idx, batch)
+    check_index("lengths", lengths, batch)
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "slot_idx": slot_idx, "lengths": lengths}
+    if out is not None:
+        if out.shape != q.shape or out.dtype != q.dtype:
+            raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+        tensors["out"] = out
+    check_same_device_unit_stride(tensors, q.device)
+
+
+def _check_decode_bounds(
+    slot_idx: torch.Tensor, lengths: torch.Tensor, num_slots: int, length_bound: int
+) -> None:
+    """Value checks that need a device->host sync: debugging and tests only, never in the hot path."""
+    check_values_in_range("slot_idx", slot_idx, 0, num_slots - 1)
+    check_values_in_range("lengths (bound: the plan's and the cache length)", lengths, 0, length_bound)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_idx: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    scale: float,
+    max_len_bound: int | None = None,
+    plan: DecodeAttentionPlan | None = None,
+    out: torch.Tensor | None = None,
+    check_bounds: bool = False,
+) -> torch.Tensor:
+    """Attention of one query token per row over its slot's first `lengths[b]` cached keys.
+
+    q (B, Hq, D); k_cache, v_cache (num_slots, Hkv, L, D); slot_idx, lengths (B,) int32 on q's device.
+    Give either `plan` (from `plan_decode_attention`, reused across layers) or `max_len_bound`, a host-side
+    upper bound on every length (e.g. the longest stream's position + 1, or L). Lengths above the bound
+    are silently truncated to it: the bound is a promise, checked only with `check_bounds=True`
+    (which syncs). Returns out (B, Hq, D) in q's dtype (written into `out` when given).
+    """
+    _check_decode_inputs(q, k_cache, v_cache, slot_idx, lengths, out)
+    batch, q_heads, head_dim = q.shape
+    num_slots, kv_heads, cache_len, _ = k_cache.shape
+    if plan is None:
+        if max_len_bound is None:
+            raise ValueError("give either plan or max_len_bound")
+        plan = plan_decode_attention(batch, kv_heads, min(max_len_bound, cache_len), q.device, q.dtype)
+    if check_bounds:
+        _check_decode_bounds(slot_idx, lengths, num_slots, min(plan.max_len_bound, cache_len))
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+
+    group = q_heads // kv_heads
+    block_h = max(MIN_DOT_DIM, triton.next_power_of_2(group))
+    # fp32 inputs: keep the dot in IEEE fp32 (tf32 would cost ~1e-3 relative error for nothing here).
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    split = plan.num_splits > 1
+    if split:
+        # fp32 partials; allocated per call (from the graph's private pool under CUDA-graph capture).
+        part_o = torch.empty(
+            (batch, q_heads, plan.num_splits, head_dim), device=q.device, dtype=torch.float32
+        )
+        part_lse = torch.empty((batch, q_heads, plan.num_splits), device=q.device, dtype=torch.float32)
+    else:
+        part_o = part_lse = out  # unused placeholders: the SPLIT=False kernel never touches them
+
+    _decode_attention_kernel[(batch, kv_heads, plan.num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        slot_idx,
+        lengths,
+        out,
+        part_o,
+        part_lse,
+        scale * LOG2_E,
+        plan.tokens_per_split,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        part_o.stride(0) if split else 0,
+        part_o.stride(1) if split else 0,
+        part_o.stride(2) if split else 0,
+        part_lse.stride(0) if split else 0,
+        part_lse.stride(1) if split else 0,
+        GROUP=group,
+        BLOCK_H=block_h,
+        BLOCK_N=plan.block_n,
+        HEAD_DIM=head_dim,
+        SPLIT=split,
+        DOT_PRECISION=dot_precision,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+    )
+    if split:
+        _decode_combine_kernel[(batch, q_heads)](
+            part_o,
+            part_lse,
+            out,
+            plan.num_splits,
+            part_o.stride(0),
+            part_o.stride(1),
+            part_o.stride(2),
+            part_lse.stride(0),
+            part_lse.stride(1),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_S=max(2, triton.next_power_of_2(plan.num_splits)),
+            HEAD_DIM=head_dim,
+            num_warps=1 if head_dim <= 64 else 2,
+        )
+    return out
+
+
+__all__ = ["DecodeAttentionPlan", "decode_attention", "plan_decode_attention"]
