@@ -15,7 +15,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests.kernels.common import DEVICES  # noqa: E402  (reads TRITON_INTERPRET, set just above)
+from tests.kernels.common import DEVICES  # after the env var: its skip reads TRITON_INTERPRET
 
 
 @pytest.fixture(params=DEVICES)
