@@ -6,6 +6,21 @@ from dataclasses import dataclass, field
 
 from engine import EngineConfig
 
+ICE_URL_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
+
+
+@dataclass(frozen=True)
+class IceServer:
+    """One STUN or TURN server offered to WebRTC peers (aiortc's RTCIceServer)."""
+
+    urls: tuple[str, ...]
+    username: str | None = None  # TURN only
+    credential: str | None = None  # TURN only
+
+    def __post_init__(self) -> None:
+        if not self.urls or not all(u.startswith(ICE_URL_SCHEMES) for u in self.urls):
+            raise ValueError(f"ICE server urls must start with one of {ICE_URL_SCHEMES}, got {self.urls}")
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -16,3 +31,15 @@ class GatewayConfig:
     max_http_body_bytes: int = 64 * 1024
     max_speech_input_chars: int = 4096  # the OpenAI speech API's own limit
     web_dir: str | None = None  # demo page; None = the bundled web/
+    # WebRTC. No STUN/TURN by default: nothing leaves the host unless asked, and host candidates
+    # reach a browser on the same machine or LAN.
+    ice_servers: tuple[IceServer, ...] = ()
+    # Host addresses aioice offers. None: this machine's, plus 127.0.0.1 when ``host`` is a loopback
+    # address (aioice leaves loopback out, and a loopback-only container then offers no candidate).
+    ice_host_addresses: tuple[str, ...] | None = None
+    # ICE consent freshness (RFC 7675): how a peer that vanished without a goodbye (browser killed,
+    # network gone) is found. A check every interval, 0.5 s timeout each; the call ends after this
+    # many misses in a row: ~4 x 1.5 s = 6 s here, against aioice's 6 x 5.5 s = 33 s default.
+    ice_consent_interval_s: float = 1.0
+    ice_consent_failures: int = 4
+    max_webrtc_peers: int = 64  # each peer holds ~4 UDP sockets, a track task and a session

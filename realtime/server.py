@@ -12,6 +12,7 @@ from engine import Engine
 
 from .config import GatewayConfig
 from .http_api import healthz_handler, speech_handler
+from .webrtc import setup_webrtc
 from .websocket import stream_handler
 
 log = logging.getLogger("voicewire.server")
@@ -46,6 +47,7 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
     app.router.add_get("/v1/stream", stream_handler)
     app.router.add_post("/v1/audio/speech", speech_handler)
     app.router.add_get("/healthz", healthz_handler)
+    setup_webrtc(app)  # POST /offer; closes its peers on shutdown
     web_dir = Path(config.web_dir) if config.web_dir else WEB_DIR
     if (web_dir / "index.html").exists():
         index = web_dir / "index.html"

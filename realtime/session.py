@@ -249,6 +249,8 @@ class Session:
                 error = err
         cancelled = turn.cancelled or turn.stream.cancelled
         played_ms = await self.sink.end_turn(turn, cancelled) if not cancelled or turn.samples_sent else 0.0
+        # A sink that waits for playout (WebRTC) can see a barge-in land while it drains.
+        cancelled = cancelled or turn.cancelled
         if error is not None:
             await self.sink.send_json(error_message(error.code, str(error), turn.turn_id))
         reason = "cancelled" if cancelled else ("error" if error else "completed")
