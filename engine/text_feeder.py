@@ -22,6 +22,12 @@ from .config import TextConfig
 _STRONG = ".!?…"
 _WEAK = ",;:—"
 _CLOSERS = "\"'”’)]"
+# Words that start a phrase: the first fragment of a turn may end before one of them
+# ("Your appointment is confirmed | for Tuesday"), so speech starts without waiting for punctuation.
+_PHRASE_STARTS = frozenset(
+    "and but or so because for at in on with from by about after before until while when where which who "
+    "if than".split()
+)
 # A period after these is not a sentence end ("Dr. Smith", "e.g. this").
 _ABBREVIATIONS = frozenset(
     [
@@ -118,7 +124,7 @@ class ClauseFeeder:
                 piece = text[start:end].strip()
                 strong = ch in _STRONG or ch == "\n"
                 if piece and self._long_enough(piece, strong):
-                    out.append(piece)
+                    out.extend(self._first_split(piece) if not self._released_any else [piece])
                     self._released_any = True
                     start = end
                 i = max(i + 1, end)
@@ -127,7 +133,7 @@ class ClauseFeeder:
         rest = text[start:]
         if final:
             if rest.strip():
-                out.append(rest.strip())
+                out.extend(self._first_split(rest.strip()) if not self._released_any else [rest.strip()])
                 self._released_any = True
             rest = ""
         else:
@@ -145,17 +151,47 @@ class ClauseFeeder:
             return len(piece) >= self._cfg.first_fragment_min_chars or strong
         return strong or len(piece) >= self._cfg.clause_min_chars
 
+    def _first_split(self, piece: str) -> list[str]:
+        """A long first clause is spoken in two parts: the first ends before a phrase-starting word."""
+        words = piece.split()
+        i = self._phrase_cut(words, len(words) - 1)
+        if i is None or len(words) < self._cfg.first_fragment_min_words * 2:
+            return [piece]
+        return [" ".join(words[:i]), " ".join(words[i:])]
+
+    def _phrase_cut(self, words: list[str], complete: int) -> int | None:
+        """Index of the first phrase-starting word after the first few, among ``complete`` words."""
+        for i in range(self._cfg.first_fragment_min_words, min(complete, self._cfg.first_fragment_max_words)):
+            if words[i].lower() in _PHRASE_STARTS:
+                return i
+        return None
+
     def _force_cut(self, rest: str) -> tuple[str, str] | None:
-        """No punctuation for too long: cut after the last complete word."""
+        """No punctuation yet: cut the first fragment before a phrase-starting word as soon as that
+        word is complete, or cut any clause after its last complete word once it is too long."""
         words = rest.split()
-        words_done = len(words) if rest[-1:].isspace() else len(words) - 1
-        too_many_words = not self._released_any and words_done >= self._cfg.first_fragment_max_words
+        complete = len(words) if rest[-1:].isspace() else len(words) - 1
+        if not self._released_any:
+            i = self._phrase_cut(words, complete)
+            if i is not None:
+                return " ".join(words[:i]), rest[rest.index(words[i], len(" ".join(words[:i]))) :]
+        too_many_words = not self._released_any and complete >= self._cfg.first_fragment_max_words
         if not (too_many_words or len(rest) >= self._cfg.max_clause_chars):
             return None
         cut = rest.rfind(" ")
         if cut <= 0:
             return None
         return rest[:cut], rest[cut + 1 :]
+
+
+def _nth_space(text: str, n: int) -> int:
+    """Index of the whitespace that ends word number ``n`` - 1 (so ``text[:i]`` holds ``n`` words)."""
+    idx = -1
+    for _ in range(n):
+        idx = text.index(" ", idx + 1)
+        while idx + 1 < len(text) and text[idx + 1] == " ":
+            idx += 1
+    return idx
 
 
 _WORD_END = re.compile(r"\s")

@@ -23,7 +23,10 @@ from ..model import DecodeWork, GenerateResult, Model, ModelInfo, StreamParams, 
 SAMPLE_RATE_HZ = 24_000
 FRAME_SAMPLES = 300  # hibari's STFT hop: 12.5 ms
 GAIN_DB = 8.0  # raw output sits near -27 dBFS RMS, peaks near -9 dBFS
-CLAUSE_GAP_MS = 100.0  # silence kept before a later clause (hibari puts 200-300 ms there)
+# hibari pads every utterance with 250-320 ms of near-silence before and 280-490 ms after. Between
+# the clauses of one turn that would be a 0.6-0.8 s gap; keep a pause that fits the punctuation.
+LEAD_MS = 20.0  # before a later clause (the first one's lead-in is the engine's to trim)
+TAIL_MS = {"strong": 250.0, "weak": 120.0, "none": 30.0}  # after ". ! ?", after ", ; :", after a bare phrase
 ONSET_DBFS = -45.0
 DEFAULT_VOICE = "heart"
 
@@ -44,6 +47,7 @@ class _Frames:
 
     parts: tuple[np.ndarray, ...]
     first_clause: bool
+    tail_ms: float
 
 
 class HibariModel(Model):
@@ -101,7 +105,8 @@ class HibariModel(Model):
         s.clauses_done += 1
         if not outputs:
             return GenerateResult(slot, None, 0, finished=s.finished)
-        frames = [_Frames(parts, first and i == 0) for i, parts in enumerate(outputs)]
+        tail = TAIL_MS[_ending(clause)]
+        frames = [_Frames(parts, first and i == 0, tail) for i, parts in enumerate(outputs)]
         n_frames = sum(f.parts[0].shape[1] for f in frames)
         return GenerateResult(slot, frames, n_frames, finished=s.finished, text_spoken=clause)
 
@@ -114,9 +119,7 @@ class HibariModel(Model):
             pieces: list[np.ndarray] = []
             for payload in item.frames:
                 for fr in payload:  # type: ignore[attr-defined]
-                    pcm = dsp.synth(*fr.parts, rng)
-                    if not fr.first_clause:
-                        pcm = _shorten_lead_in(pcm)
+                    pcm = _trim_pauses(dsp.synth(*fr.parts, rng), None if fr.first_clause else LEAD_MS, fr.tail_ms)
                     pieces.append(apply_gain(pcm, GAIN_DB))
             out.append(np.concatenate(pieces) if pieces else np.zeros(0, np.float32))
         return out
@@ -129,10 +132,16 @@ class HibariModel(Model):
         return len(self._slots)
 
 
-def _shorten_lead_in(pcm: np.ndarray) -> np.ndarray:
-    """Keep a natural pause before a later clause instead of hibari's 200-300 ms lead-in."""
+def _ending(clause: str) -> str:
+    last = clause.rstrip("\"')]”’ ")[-1:]
+    return "strong" if last in ".!?…" else "weak" if last in ",;:—" else "none"
+
+
+def _trim_pauses(pcm: np.ndarray, lead_ms: float | None, tail_ms: float) -> np.ndarray:
+    """Keep ``lead_ms`` before the first audible window (None: keep it all) and ``tail_ms`` after the last."""
     onset = first_audible_sample(pcm, SAMPLE_RATE_HZ, ONSET_DBFS)
     if onset is None:
         return pcm
-    keep = int(SAMPLE_RATE_HZ * CLAUSE_GAP_MS / 1000)
-    return pcm[max(0, onset - keep) :]
+    end = pcm.size - (first_audible_sample(pcm[::-1], SAMPLE_RATE_HZ, ONSET_DBFS) or 0)
+    start = 0 if lead_ms is None else max(0, onset - int(SAMPLE_RATE_HZ * lead_ms / 1000))
+    return pcm[start : min(pcm.size, end + int(SAMPLE_RATE_HZ * tail_ms / 1000))]

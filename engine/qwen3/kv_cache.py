@@ -1,0 +1,70 @@
+"""The talker's KV cache: one preallocated region per slot, indexed by slot on the device.
+
+Layout (layers, max_slots, kv_heads, max_len, head_dim) for K and V. A slot owns row ``slot`` of
+every layer from ``open`` to ``close``; nothing is allocated per request, so opening and closing
+streams cannot leak, and a reused slot needs no clearing: the attention mask only admits positions
+a stream has written itself (``key <= position``), and every position is written before it is read.
+
+Memory: 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 114 KiB per position in bf16 (either
+size: both talkers have 8x128 KV heads); 1,536 positions (about 2 minutes of audio) x 16 slots
+= 2.8 GiB. A paged cache can replace this when slots x max_len no longer fits (issue 5).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class SlotKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        max_slots: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_layers, max_slots, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self._kv_heads = torch.arange(kv_heads, device=device)
+
+    def prefill(self, slots: Tensor, length: int) -> _PrefillView:
+        """Write positions [0, length) of these slots; attention sees only the new entries."""
+        return _PrefillView(self, slots, length)
+
+    def decode(self, slots: Tensor, positions: Tensor, read_len: int) -> _DecodeView:
+        """Write one entry per slot at ``positions`` (B,); attend over [0, read_len), masked per slot."""
+        return _DecodeView(self, slots, positions, read_len)
+
+
+class _PrefillView:
+    def __init__(self, cache: SlotKVCache, slots: Tensor, length: int) -> None:
+        self.cache, self.slots, self.length = cache, slots, length
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # k, v: (B, Hkv, T, hd); right-padded rows write garbage past a slot's prompt, which its own
+        # next step overwrites before any query can see it (mask: key <= position).
+        self.cache.k[layer, :, :, : self.length].index_copy_(0, self.slots, k)
+        self.cache.v[layer, :, :, : self.length].index_copy_(0, self.slots, v)
+        return k, v
+
+
+class _DecodeView:
+    def __init__(self, cache: SlotKVCache, slots: Tensor, positions: Tensor, read_len: int) -> None:
+        self.cache, self.slots, self.positions, self.read_len = cache, slots, positions, read_len
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # k, v: (B, Hkv, 1, hd) -> row (slot, :, position)
+        kc, vc = self.cache.k[layer], self.cache.v[layer]
+        idx = (self.slots[:, None], self.cache._kv_heads[None, :], self.positions[:, None])
+        kc.index_put_(idx, k[:, :, 0])
+        vc.index_put_(idx, v[:, :, 0])
+        # NOTE: this gathers the batch's rows (B x Hkv x read_len x hd per layer); a slot-indexed
+        # decode-attention kernel reads them in place (kernels/, issue 5).
+        n = self.read_len
+        return kc[:, :, :n].index_select(0, self.slots), vc[:, :, :n].index_select(0, self.slots)
