@@ -23,9 +23,8 @@ Algorithm (FlashDecoding with the GQA group packed into the M dimension of the m
    than the split start) writes lse = -inf and weighs nothing.
 
 The number of splits is chosen on the host from the batch size and an upper bound on the lengths that the
-caller already knows (no device->host sync): splits are only added while B * Hkv programs would leave the
-GPU's multiprocessors idle, and each split keeps at least MIN_TOKENS_PER_SPLIT tokens so the combine pass
-stays cheap. Plan once per step (`plan_decode_attention`) and reuse it for all 28 layers; a CUDA graph
+caller already knows (no device->host sync): the fewest splits that fill whole waves of programs across the
+GPU's multiprocessors, each split keeping at least MIN_TOKENS_PER_SPLIT tokens. Plan once per step (`plan_decode_attention`) and reuse it for all 28 layers; a CUDA graph
 captured with a plan replays it for any lengths up to the plan's bound.
 
 Memory-bound by design: per (row, KV head) the kernel reads length * D * 2 (K and V) elements and
@@ -43,21 +42,25 @@ import triton.language as tl
 
 from kernels.launch_checks import check_index, check_same_device_unit_stride, check_values_in_range
 
-# Tile of keys per loop iteration: 64 tokens x 128 dims x 2 B = 16 KiB of K (and as much V) per stage;
-# with 3 pipeline stages that is 96 KiB of shared memory, so two programs fit on one H200 SM (228 KiB).
+# Tile of keys per loop iteration: 64 tokens x 128 dims x 2 B = 16 KiB of K (and as much V) per stage,
+# loaded with cp.async, 16 B per thread per load (seen in the sm_90 PTX of Triton 3.9).
 DEFAULT_BLOCK_N = 64
 # fp32 doubles the tile bytes; 32 tokens keeps the same shared-memory footprint (CPU tests, debugging).
 FP32_BLOCK_N = 32
 DEFAULT_NUM_WARPS = 4
 DEFAULT_NUM_STAGES = 3
-# A split shorter than this costs more in the extra combine pass (write + read of fp32 partials and one
-# more launch, ~2 us) than it wins in parallelism.
-MIN_TOKENS_PER_SPLIT = 256
+# A split shorter than this (two 64-token tiles) is mostly prologue and epilogue: its q load, pipeline
+# fill and fp32 partial write cost about as much as the K/V it reads.
+MIN_TOKENS_PER_SPLIT = 128
 # Upper bound on splits: the combine kernel holds all S partials of a head in one tile.
 MAX_SPLITS = 64
-# Aim for this many programs per multiprocessor before adding splits: a program that streams K/V with
-# 3 stages in flight keeps ~100 KiB outstanding; two per SM hide HBM latency at ~4 TB/s.
-TARGET_PROGRAMS_PER_SM = 2
+# Programs resident per multiprocessor with the default config (bf16, 64-token tiles, 3 stages): ptxas
+# reports 80 registers x 128 threads (room for 6) and Triton 70 KiB of shared memory (3 fit in an H200
+# SM's 228 KiB). A wave is this many times the SM count.
+PROGRAMS_PER_SM = 3
+# Take the fewest splits whose wave efficiency (programs / whole waves' capacity) is within this factor
+# of the best reachable: FlashAttention-2's num_splits heuristic, with our program size.
+WAVE_EFFICIENCY_SLACK = 0.85
 # Multiprocessor count assumed off-GPU (the CPU interpreter); it only shapes the split plan.
 CPU_FAKE_SM_COUNT = 8
 # tl.dot needs every matmul dimension >= 16.
@@ -222,6 +225,19 @@ def _multiprocessor_count(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+def _choose_splits(programs: int, wave: int, max_splits: int) -> int:
+    """Fewest splits that keep whole waves nearly full. E.g. H200 (132 SMs, wave 396), batch 16 x 8 KV
+    heads = 128 programs: 1 split fills 32% of one wave, 2 fill 65%, 3 fill 97%: take 3. Batch 128
+    (1024 programs, 2 waves 86% full) takes 1: splitting adds combine work without filling much."""
+
+    def efficiency(splits: int) -> float:
+        n = programs * splits
+        return n / (triton.cdiv(n, wave) * wave)
+
+    best = max(efficiency(s) for s in range(1, max_splits + 1))
+    return next(s for s in range(1, max_splits + 1) if efficiency(s) >= WAVE_EFFICIENCY_SLACK * best)
+
+
 def plan_decode_attention(
     batch: int,
     num_kv_heads: int,
@@ -248,11 +264,9 @@ def plan_decode_attention(
         raise ValueError(f"block_n must be a power of two >= {MIN_DOT_DIM}, got {block_n}")
 
     if num_splits is None:
-        programs = batch * num_kv_heads
-        target = TARGET_PROGRAMS_PER_SM * _multiprocessor_count(torch.device(device))
-        num_splits = min(
-            triton.cdiv(target, programs), triton.cdiv(max_len_bound, MIN_TOKENS_PER_SPLIT), MAX_SPLITS
-        )
+        wave = PROGRAMS_PER_SM * _multiprocessor_count(torch.device(device))
+        max_splits = min(MAX_SPLITS, triton.cdiv(max_len_bound, MIN_TOKENS_PER_SPLIT))
+        num_splits = _choose_splits(batch * num_kv_heads, wave, max_splits)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     tokens_per_split = triton.cdiv(triton.cdiv(max_len_bound, num_splits), block_n) * block_n
