@@ -1,0 +1,136 @@
+"""The paced track on its own: real clock, real frames, no network."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from aiortc.mediastreams import MediaStreamError
+
+from realtime.pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
+
+FRAME_S = 0.020
+
+
+def _tone(n_frames: int, amp: int = 8000) -> list[np.ndarray]:
+    t = np.arange(n_frames * FRAME_SAMPLES) / SAMPLE_RATE_HZ
+    pcm = (amp * np.sin(2 * np.pi * 440 * t)).astype("<i2")
+    return [pcm[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES] for i in range(n_frames)]
+
+
+async def _pull(track: PacedAudioTrack, n: int) -> tuple[list[float], list[np.ndarray], list[int]]:
+    times, frames, pts = [], [], []
+    for _ in range(n):
+        frame = await track.recv()
+        times.append(time.monotonic())
+        frames.append(frame.to_ndarray().reshape(-1))
+        pts.append(frame.pts)
+    return times, frames, pts
+
+
+async def test_frames_are_exact_20ms_on_the_wall_clock_with_contiguous_pts() -> None:
+    track = PacedAudioTrack()
+    times, frames, pts = await _pull(track, 26)
+    assert all(f.size == FRAME_SAMPLES for f in frames)
+    assert pts == [i * FRAME_SAMPLES for i in range(26)]
+    offsets_s = np.array(times) - times[0] - np.arange(26) * FRAME_S
+    assert np.abs(offsets_s).max() < 0.005, "anchored clock: no drift, no early frames"
+    assert not any(f.any() for f in frames), "nothing queued: silence"
+    track.stop()
+
+
+async def test_turn_plays_in_order_and_drains_after_its_last_frame_was_taken() -> None:
+    track = PacedAudioTrack()
+    pb = Playback()
+    tone = _tone(5)
+    for f in tone[:-1]:
+        track.enqueue(pb, f)
+    track.enqueue(pb, tone[-1], real_samples=300)  # zero-padded tail frame
+    track.finish(pb)
+    _, frames, _ = await _pull(track, 5)
+    assert all(np.array_equal(a, b) for a, b in zip(frames, tone, strict=True))
+    assert pb.played_samples == 4 * FRAME_SAMPLES + 300
+    assert not pb.drained.is_set(), "the last frame is still with the encoder"
+    _, after, _ = await _pull(track, 1)
+    assert pb.drained.is_set() and not after[0].any()
+    track.stop()
+
+
+async def test_an_idle_track_sends_the_first_audio_frame_at_once() -> None:
+    track = PacedAudioTrack()
+    await _pull(track, 3)  # silence: the track is idle
+    pb = Playback()
+
+    async def enqueue_later() -> float:
+        await asyncio.sleep(0.004)
+        t = time.monotonic()
+        for f in _tone(3):
+            track.enqueue(pb, f)
+        return t
+
+    task = asyncio.create_task(enqueue_later())
+    times, frames, _ = await _pull(track, 3)
+    t_enqueued = await task
+    assert frames[0].any()
+    assert times[0] - t_enqueued < 0.003, "the first frame need not wait for its 20 ms slot"
+    assert np.diff(times) == pytest.approx([FRAME_S, FRAME_S], abs=0.004), "then paced from there"
+    assert track.stats.reanchors_idle == 1
+    track.stop()
+
+
+async def test_a_loop_stall_restarts_the_clock_instead_of_bursting() -> None:
+    track = PacedAudioTrack()
+    pb = Playback()
+    for f in _tone(20):
+        track.enqueue(pb, f)
+    await _pull(track, 3)
+    time.sleep(0.1)  # blocks the loop: five slots are missed
+    times, _, pts = await _pull(track, 6)
+    gaps = np.diff(times)
+    assert gaps.min() > FRAME_S - 0.004, f"burst after the stall: gaps {np.round(gaps * 1000, 1)} ms"
+    assert track.stats.reanchors_stall == 1
+    assert np.diff(pts).tolist() == [FRAME_SAMPLES] * 5, "the RTP clock stays contiguous"
+    track.stop()
+
+
+async def test_barge_in_flag_clears_the_queue_at_the_next_frame() -> None:
+    track = PacedAudioTrack()
+    cancelled = False
+    pb = Playback(is_cancelled=lambda: cancelled)
+    for f in _tone(50):
+        track.enqueue(pb, f)
+    track.finish(pb)
+    _, frames, _ = await _pull(track, 3)
+    assert all(f.any() for f in frames)
+    cancelled = True  # the session's Turn.cancelled, set by turn.cancel
+    _, frames, _ = await _pull(track, 2)
+    assert not frames[0].any() and not frames[1].any()
+    assert pb.drained.is_set() and pb.played_samples == 3 * FRAME_SAMPLES
+    assert track.queued_frames == 0
+    track.stop()
+
+
+async def test_drop_and_stop_release_waiters() -> None:
+    track = PacedAudioTrack()
+    pb = Playback()
+    for f in _tone(10):
+        track.enqueue(pb, f)
+    track.drop(pb)
+    assert pb.drained.is_set() and track.queued_frames == 0
+    track.enqueue(pb, _tone(1)[0])  # a dropped playback takes no more audio
+    assert track.queued_frames == 0
+    pb2 = Playback()
+    for f in _tone(2):
+        track.enqueue(pb2, f)
+    track.finish(pb2)
+    await track.recv()  # one frame with the encoder, one queued
+    recv = asyncio.create_task(track.recv())
+    await asyncio.sleep(0.005)
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await recv
+    assert pb2.drained.is_set()
+    with pytest.raises(ValueError):
+        track.enqueue(Playback(), np.zeros(480, "<i2"))

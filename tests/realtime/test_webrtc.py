@@ -1,0 +1,368 @@
+"""WebRTC against the real gateway and voice: aiortc client peers on loopback, no mocks.
+
+Timing is read from RTP packet arrivals at the client (before aiortc's 80 ms jitter buffer);
+intelligibility from the audio aiortc's own receive path decoded, transcribed by Whisper tiny.en.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from engine import Engine
+from realtime.config import GatewayConfig
+from realtime.server import create_app
+from realtime.webrtc import PEERS_KEY, drop_mdns_candidates
+from tests.asr import transcribe, wer
+from tests.realtime.webrtc_client import AUDIBLE_DBFS, FRAME_SAMPLES, ClientPeer, TurnLog
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts"
+TURNS = [
+    "Hello, thanks for calling. How can I help you today?",
+    "Sure, your order number is 4521, and it will arrive on Friday.",
+]
+PEER_TURNS = [
+    "Good morning, the weather today is sunny and warm.",
+    "Your table for four is booked at seven tonight.",
+    "Please remember to bring your passport to the airport.",
+    "The library closes at nine on weekdays.",
+    "I have moved your meeting to Thursday afternoon.",
+    "The blue train leaves from platform three.",
+    "Your package was delivered to the front desk.",
+    "We will call you back within the hour.",
+    "The museum is free on the first Sunday of the month.",
+    "Thank you for waiting, your doctor will see you now.",
+]
+LONG_TURN = (
+    "Let me walk you through the whole process step by step, so nothing is missed. "
+    "First, open the settings page and find the section called account details. "
+    "Then choose the option to update your address, and save the changes when you are done."
+)
+MAX_WER = 0.15
+MAX_P99_INTER_ARRIVAL_S = 0.030
+CLEANUP_S = 2.0
+
+
+@dataclass
+class Gateway:
+    url: str  # http://127.0.0.1:PORT
+    app: web.Application
+
+    @property
+    def peers(self) -> set[Any]:
+        return self.app[PEERS_KEY]
+
+    @property
+    def sessions(self) -> set[Any]:
+        return self.app["sessions"]
+
+
+@contextlib.asynccontextmanager
+async def gateway(engine: Engine, **config: Any) -> AsyncIterator[Gateway]:
+    """A real gateway on 127.0.0.1 (free port) around the shared engine."""
+    app = create_app(GatewayConfig(**config), engine=engine)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield Gateway(f"http://127.0.0.1:{port}", app)
+    finally:
+        await runner.cleanup()
+
+
+async def wait_gone(engine: Engine, gw: Gateway, timeout_s: float) -> float:
+    """Seconds until no peer, session or engine stream is left; fails after ``timeout_s``."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        if not gw.peers and not gw.sessions and engine.active_streams() == 0:
+            return time.perf_counter() - t0
+        await asyncio.sleep(0.01)
+    raise AssertionError(
+        f"after {timeout_s} s: {len(gw.peers)} peers, {len(gw.sessions)} sessions, "
+        f"{engine.active_streams()} engine streams"
+    )
+
+
+async def _hyp(peer: ClientPeer, turn: TurnLog) -> str:
+    pcm = peer.turn_audio(turn).astype(np.float32) / 32768.0
+    return await asyncio.to_thread(transcribe, pcm, 48_000)
+
+
+def _write_artifact(name: str, data: dict[str, Any]) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / name).write_text(json.dumps(data, indent=2))
+
+
+async def test_two_turns_are_intelligible_paced_and_fast(engine: Engine) -> None:
+    async with gateway(engine) as gw:
+        peer = ClientPeer()
+        created = await peer.connect(gw.url)
+        assert created["audio"] == {"format": "opus", "sample_rate": 48_000, "channels": 1}
+        assert " 127.0.0.1 " in peer.answer_sdp, "the answer must offer a loopback candidate (T1)"
+        turns = [TurnLog(i, text) for i, text in enumerate(TURNS)]
+        for turn in turns:
+            await peer.speak(turn, words_per_s=25)
+            await peer.wait_done(turn)
+        await asyncio.sleep(0.2)  # the last frames out of aiortc's jitter buffer
+        await peer.close()
+
+    report: dict[str, Any] = {"turns": []}
+    for turn in turns:
+        assert turn.done is not None and turn.done["reason"] == "completed"
+        pkts = peer.turn_packets(turn)
+        # exact 20 ms frames, contiguous RTP clock
+        assert {p.samples for p in pkts} == {FRAME_SAMPLES}
+        assert set(np.diff([p.rtp_timestamp for p in pkts]) % 2**32) == {FRAME_SAMPLES}
+        gaps_s = peer.audible_inter_arrivals_s(turn)
+        p99_s = float(np.percentile(gaps_s, 99))
+        assert p99_s <= MAX_P99_INTER_ARRIVAL_S, (
+            f"p99 inter-arrival {p99_s * 1000:.1f} ms: a burst or a stall"
+        )
+        # paced on the wall clock: the audio took as long to arrive as it lasts
+        audible = [p for p in pkts if p.level_dbfs > AUDIBLE_DBFS]
+        span_s = audible[-1].t_arrival_s - audible[0].t_arrival_s
+        media_s = ((audible[-1].rtp_timestamp - audible[0].rtp_timestamp) % 2**32) / 48_000
+        assert span_s == pytest.approx(media_s, abs=0.03)
+        # turn.done follows the audio, and reports what was paced out
+        assert turn.t_done_s is not None and turn.t_done_s >= audible[-1].t_arrival_s
+        assert turn.done["played_ms"] == pytest.approx(turn.done["audio_ms"], abs=1.0)
+        ttfa_s = peer.wire_ttfa_s(turn)
+        assert ttfa_s is not None and ttfa_s < 0.5
+        hyp = await _hyp(peer, turn)
+        assert wer(turn.text, hyp) <= MAX_WER, (turn.text, hyp)
+        report["turns"].append(
+            {
+                "text": turn.text,
+                "hypothesis": hyp,
+                "wire_ttfa_ms": round(ttfa_s * 1000, 1),
+                "server_metrics": turn.done["metrics"],
+                "inter_arrival_ms": {
+                    "p50": round(float(np.percentile(gaps_s, 50)) * 1000, 2),
+                    "p99": round(p99_s * 1000, 2),
+                    "max": round(float(gaps_s.max()) * 1000, 2),
+                },
+            }
+        )
+        print(
+            f"turn {turn.turn_id}: wire TTFA {ttfa_s * 1000:.1f} ms, p99 inter-arrival {p99_s * 1000:.1f} ms"
+        )
+    _write_artifact("webrtc_two_turns.json", report)
+
+
+async def test_ten_concurrent_peers_each_hear_their_own_turn(engine: Engine) -> None:
+    async with gateway(engine) as gw:
+        peers = [ClientPeer() for _ in PEER_TURNS]
+        await asyncio.gather(*(p.connect(gw.url) for p in peers))
+        turns = [TurnLog(f"p{i}", text) for i, text in enumerate(PEER_TURNS)]
+
+        async def talk(peer: ClientPeer, turn: TurnLog) -> None:
+            await peer.speak(turn, words_per_s=25)
+            await peer.wait_done(turn)
+
+        await asyncio.gather(*(talk(p, t) for p, t in zip(peers, turns, strict=True)))
+        await asyncio.sleep(0.2)
+        await asyncio.gather(*(p.close() for p in peers))
+        await wait_gone(engine, gw, CLEANUP_S)
+
+    ttfas_ms, p99s_ms = [], []
+    for peer, turn in zip(peers, turns, strict=True):
+        assert turn.done is not None and turn.done["reason"] == "completed"
+        hyp = await _hyp(peer, turn)
+        assert wer(turn.text, hyp) <= MAX_WER, (turn.text, hyp)
+        ttfa_s = peer.wire_ttfa_s(turn)
+        assert ttfa_s is not None
+        ttfas_ms.append(ttfa_s * 1000)
+        p99s_ms.append(float(np.percentile(peer.audible_inter_arrivals_s(turn), 99)) * 1000)
+    # The turns overlapped: every peer was hearing audio at the same time.
+    starts = [
+        min(p.t_arrival_s for p in peer.turn_packets(t) if p.level_dbfs > AUDIBLE_DBFS)
+        for peer, t in zip(peers, turns, strict=True)
+    ]
+    ends = [t.t_done_s for t in turns]
+    assert max(starts) < min(e for e in ends if e is not None)
+    print(
+        f"10 peers: wire TTFA ms {sorted(round(x) for x in ttfas_ms)}, p99 inter-arrival ms max {max(p99s_ms):.1f}"
+    )
+    _write_artifact("webrtc_ten_peers.json", {"wire_ttfa_ms": ttfas_ms, "p99_inter_arrival_ms": p99s_ms})
+
+
+async def test_barge_in_clears_queued_audio_within_one_frame(engine: Engine) -> None:
+    async with gateway(engine) as gw:
+        peer = ClientPeer()
+        await peer.connect(gw.url)
+        turn = TurnLog("long", LONG_TURN)
+        await peer.speak(turn, words_per_s=60)  # all text in: the engine has queued seconds of audio
+        while peer.wire_ttfa_s(turn) is None:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.5)
+        t_cancel = time.perf_counter()
+        peer.send({"type": "turn.cancel", "turn_id": "long"})
+        done = await peer.wait_done(turn)
+        await asyncio.sleep(0.3)
+        # One 20 ms slot to notice, one packet whose Opus lookahead still holds the cut audio,
+        # a few ms of transport: nothing audible may arrive 60 ms after the cancel was sent.
+        late = [p for p in peer.packets if p.t_arrival_s > t_cancel + 0.060 and p.level_dbfs > AUDIBLE_DBFS]
+        assert not late, f"audible audio {(late[0].t_arrival_s - t_cancel) * 1000:.0f} ms after the cancel"
+        assert done["reason"] == "cancelled"
+        assert 400 < done["played_ms"] < done["audio_ms"] - 1000
+        assert turn.t_done_s is not None and turn.t_done_s - t_cancel < 0.1
+        # the session goes on: a new turn plays
+        nxt = TurnLog("next", TURNS[0])
+        await peer.speak(nxt, words_per_s=30)
+        assert (await peer.wait_done(nxt))["reason"] == "completed"
+        await asyncio.sleep(0.2)
+        await peer.close()
+        await wait_gone(engine, gw, CLEANUP_S)
+    assert wer(nxt.text, await _hyp(peer, nxt)) <= MAX_WER
+
+
+async def test_peer_closed_mid_turn_without_goodbye_leaves_nothing_behind(engine: Engine) -> None:
+    async with gateway(engine) as gw:
+        peer = ClientPeer()
+        await peer.connect(gw.url)
+        turn = TurnLog("t", LONG_TURN)
+        await peer.speak(turn, words_per_s=60)
+        while peer.wire_ttfa_s(turn) is None:
+            await asyncio.sleep(0.005)
+        assert gw.sessions and engine.active_streams() >= 1
+        await peer.pc.close()  # no turn.cancel, no protocol goodbye
+        gone_s = await wait_gone(engine, gw, CLEANUP_S)
+        print(f"peer closed mid-turn: session and engine stream freed in {gone_s * 1000:.0f} ms")
+
+
+async def test_killed_peer_process_is_found_by_ice_consent(engine: Engine) -> None:
+    """A client that vanishes with no packet at all (SIGKILL): only ICE consent can tell."""
+    interval_s, failures = 0.25, 2  # ~2 x (0.25 + 0.5 s timeout): found in ~1.5 s
+    async with gateway(engine, ice_consent_interval_s=interval_s, ice_consent_failures=failures) as gw:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.realtime.webrtc_client", gw.url, LONG_TURN],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+            assert line.strip() == b"playing"
+            assert gw.sessions and engine.active_streams() >= 1
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        detect_s = failures * (interval_s * 1.2 + 0.5)
+        gone_s = await wait_gone(engine, gw, detect_s + CLEANUP_S)
+        print(f"killed peer: freed {gone_s * 1000:.0f} ms after SIGKILL (consent budget {detect_s:.2f} s)")
+
+
+async def test_server_shutdown_closes_connected_peers(engine: Engine) -> None:
+    peers = [ClientPeer() for _ in range(2)]
+    async with gateway(engine) as gw:
+        await asyncio.gather(*(p.connect(gw.url) for p in peers))
+        turn = TurnLog("t", LONG_TURN)
+        await peers[0].speak(turn, words_per_s=60)
+        app = gw.app
+    # runner.cleanup() has returned: every peer and session is gone, the engine holds nothing
+    assert not app[PEERS_KEY] and not app["sessions"] and engine.active_streams() == 0
+    for p in peers:
+        for _ in range(100):
+            if p.pc.connectionState == "closed" or p.channel.readyState == "closed":
+                break
+            await asyncio.sleep(0.02)
+        assert p.channel.readyState == "closed"
+        await p.close()
+
+
+def _offer_sdp(audio: bool = True, data: bool = True) -> str:
+    lines = ["v=0", "o=- 1 1 IN IP4 127.0.0.1", "s=-", "t=0 0"]
+    if audio:
+        lines += [
+            "m=audio 9 UDP/TLS/RTP/SAVPF 111",
+            "c=IN IP4 0.0.0.0",
+            "a=rtpmap:111 opus/48000/2",
+            "a=recvonly",
+        ]
+    if data:
+        lines += ["m=application 9 UDP/DTLS/SCTP webrtc-datachannel", "c=IN IP4 0.0.0.0"]
+    return "\r\n".join(lines) + "\r\n"
+
+
+async def test_bad_offers_get_4xx_json_errors(engine: Engine) -> None:
+    client = ClientPeer()
+    client.pc.addTransceiver("audio", direction="recvonly")
+    client.pc.createDataChannel("control")
+    await client.pc.setLocalDescription(await client.pc.createOffer())
+    real = client.pc.localDescription.sdp
+    no_ufrag = "".join(line for line in real.splitlines(keepends=True) if not line.startswith("a=ice-ufrag"))
+    no_fingerprint = "".join(
+        line for line in real.splitlines(keepends=True) if not line.startswith("a=fingerprint")
+    )
+    cases: list[tuple[Any, str, int, str]] = [
+        ("not json", "application/json", 400, "invalid_json"),
+        ("[1, 2]", "application/json", 400, "invalid_request"),
+        (json.dumps({"sdp": real}), "application/json", 400, "invalid_type"),
+        (json.dumps({"sdp": real, "type": "answer"}), "application/json", 400, "invalid_type"),
+        (json.dumps({"type": "offer"}), "application/json", 400, "invalid_sdp"),
+        (json.dumps({"sdp": 42, "type": "offer"}), "application/json", 400, "invalid_sdp"),
+        (json.dumps({"sdp": "hello", "type": "offer"}), "application/json", 400, "invalid_sdp"),
+        (json.dumps({"sdp": _offer_sdp(audio=False), "type": "offer"}), "application/json", 400, "no_audio"),
+        (
+            json.dumps({"sdp": _offer_sdp(data=False), "type": "offer"}),
+            "application/json",
+            400,
+            "no_data_channel",
+        ),
+        (json.dumps({"sdp": _offer_sdp(), "type": "offer"}), "application/json", 400, "invalid_sdp"),
+        (json.dumps({"sdp": no_ufrag, "type": "offer"}), "application/json", 400, "invalid_sdp"),
+        (json.dumps({"sdp": no_fingerprint, "type": "offer"}), "application/json", 400, "invalid_sdp"),
+        (json.dumps({"sdp": real, "type": "offer"}), "text/plain", 415, "unsupported_media_type"),
+        (json.dumps({"sdp": real + "a=x\r\n" * 10_000, "type": "offer"}), "application/json", 413, ""),
+    ]
+    async with gateway(engine) as gw, aiohttp.ClientSession() as http:
+        for body, ctype, status, code in cases:
+            async with http.post(f"{gw.url}/offer", data=body, headers={"Content-Type": ctype}) as resp:
+                assert resp.status == status, (body[:80], resp.status, await resp.text())
+                if code:
+                    err = (await resp.json())["error"]
+                    assert err["code"] == code, (body[:80], err)
+        assert not gw.peers and not gw.sessions
+        # the same real offer is then accepted
+        async with http.post(f"{gw.url}/offer", json={"sdp": real, "type": "offer"}) as resp:
+            assert resp.status == 200 and (await resp.json())["type"] == "answer"
+    await client.close()
+
+
+async def test_mdns_candidates_are_dropped_and_do_not_delay_the_answer(engine: Engine) -> None:
+    sdp = "v=0\r\na=candidate:1 1 udp 2122260223 3c1f9a1e-1111-4d2b-9c3e-0123456789ab.local 54321 typ host\r\na=candidate:2 1 udp 2122260223 127.0.0.1 5000 typ host\r\n"
+    assert drop_mdns_candidates(sdp) == "v=0\r\na=candidate:2 1 udp 2122260223 127.0.0.1 5000 typ host\r\n"
+    client = ClientPeer()
+    client.pc.addTransceiver("audio", direction="recvonly")
+    client.channel = client.pc.createDataChannel("control")
+    await client.pc.setLocalDescription(await client.pc.createOffer())
+    mdns = "a=candidate:9 1 udp 2122260223 3c1f9a1e-1111-4d2b-9c3e-0123456789ab.local 54321 typ host\r\n"
+    offer = client.pc.localDescription.sdp.replace(
+        "a=end-of-candidates\r\n", mdns + "a=end-of-candidates\r\n"
+    )
+    async with gateway(engine) as gw, aiohttp.ClientSession() as http:
+        t0 = time.perf_counter()
+        async with http.post(f"{gw.url}/offer", json={"sdp": offer, "type": "offer"}) as resp:
+            assert resp.status == 200
+        answer_s = time.perf_counter() - t0
+        assert answer_s < 0.5, f"answer took {answer_s * 1000:.0f} ms (aioice resolving .local takes 1 s)"
+    await client.close()
