@@ -28,6 +28,8 @@ Pick = Callable[[int, Tensor], Tensor]
 
 
 class CodePredictor(nn.Module):
+    rope_freqs: Tensor
+
     def __init__(self, cfg: CodePredictorConfig, talker_hidden: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -49,7 +51,9 @@ class CodePredictor(nn.Module):
         self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, talker_hidden) for _ in range(n))
         self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(n))
         self.small_to_mtp_projection: nn.Module = (
-            nn.Linear(talker_hidden, cfg.hidden_size, bias=True) if talker_hidden != cfg.hidden_size else nn.Identity()
+            nn.Linear(talker_hidden, cfg.hidden_size, bias=True)
+            if talker_hidden != cfg.hidden_size
+            else nn.Identity()
         )
         self.register_buffer("rope_freqs", inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 

@@ -22,6 +22,8 @@ frames up to float rounding; the offline decode is the stream of one chunk from 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -59,7 +61,9 @@ class CausalTransConv(nn.Module):
     def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
         super().__init__()
         if (kernel - stride) % stride:
-            raise ValueError(f"transposed conv overlap {kernel - stride} is not a multiple of stride {stride}")
+            raise ValueError(
+                f"transposed conv overlap {kernel - stride} is not a multiple of stride {stride}"
+            )
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.stride, self.prev = stride, (kernel - stride) // stride
         self.cin = cin
@@ -168,7 +172,9 @@ class WindowAttention(nn.Module):
         v_all = torch.cat((io.take(self.kv_heads, self.tail, self.head_dim), v), dim=2)
         io.put(k_all[:, :, -self.tail :])
         io.put(v_all[:, :, -self.tail :])
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        out = F.scaled_dot_product_attention(
+            q, k_all, v_all, attn_mask=mask, enable_gqa=self.heads != self.kv_heads
+        )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -188,6 +194,8 @@ class CodecLayer(nn.Module):
 
 
 class CodecTransformer(nn.Module):
+    rope_freqs: Tensor
+
     def __init__(self, cfg: CodecConfig) -> None:
         super().__init__()
         self.window = cfg.sliding_window
@@ -199,7 +207,7 @@ class CodecTransformer(nn.Module):
 
     def forward(self, x: Tensor, start: Tensor, io: StateIO) -> Tensor:
         """x (B, T, latent) for frames starting at ``start`` (B,) -> (B, T, latent)."""
-        b, t, _ = x.shape
+        t = x.shape[1]
         tail = self.window - 1
         steps = torch.arange(t, device=x.device)
         q_pos = start[:, None] + steps  # (B, T)
@@ -228,7 +236,9 @@ class CodecDecoder(nn.Module):
         self.pre_conv = CausalConv(cfg.codebook_dim, cfg.latent_dim, 3)
         self.pre_transformer = CodecTransformer(cfg)
         self.upsample = nn.ModuleList(
-            nn.ModuleList([CausalTransConv(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
+            nn.ModuleList(
+                [CausalTransConv(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)]
+            )
             for r in cfg.upsampling_ratios
         )
         blocks: list[nn.Module] = [CausalConv(cfg.latent_dim, cfg.decoder_dim, 7)]
@@ -252,7 +262,11 @@ class CodecDecoder(nn.Module):
         self._tables = torch.cat((first, rest)).to(self.codebook_sum.dtype)
         dev = self.codebook_sum.device
         io = StateIO(None, 1, self.codebook_sum.dtype, dev)
-        self._run(torch.zeros(1, self.cfg.num_quantizers, 1, dtype=torch.int64, device=dev), torch.zeros(1, dtype=torch.int64, device=dev), io)
+        self._run(
+            torch.zeros(1, self.cfg.num_quantizers, 1, dtype=torch.int64, device=dev),
+            torch.zeros(1, dtype=torch.int64, device=dev),
+            io,
+        )
         self.state_width = io.offset
 
     def fresh_state(self, batch: int) -> tuple[Tensor, Tensor]:
@@ -296,7 +310,8 @@ class CodecDecoder(nn.Module):
         x = self._tables[rows, codes].sum(dim=1).transpose(1, 2)  # (B, codebook_dim, T)
         x = self.pre_conv(x, io).transpose(1, 2)  # (B, T, latent)
         x = self.pre_transformer(x, start, io).transpose(1, 2)  # (B, latent, T)
-        for up, convnext in self.upsample:  # type: ignore[misc]
+        for stage in self.upsample:
+            up, convnext = cast(nn.ModuleList, stage)  # [transposed conv, ConvNeXt]
             x = convnext(up(x, io), io)
         for block in self.decoder:
             x = block(x, io) if isinstance(block, CausalConv | DecoderBlock) else block(x)

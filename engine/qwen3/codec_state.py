@@ -41,7 +41,11 @@ class StateIO:
 
     def next_flat(self) -> Tensor:
         """(B, N) next state; checks every piece taken was put back with the same size."""
-        flat = torch.cat(self.out, dim=1) if self.out else torch.zeros(self.batch, 0, dtype=self.dtype, device=self.device)
+        flat = (
+            torch.cat(self.out, dim=1)
+            if self.out
+            else torch.zeros(self.batch, 0, dtype=self.dtype, device=self.device)
+        )
         if flat.shape[1] != self.offset:
             raise RuntimeError(f"codec state mismatch: took {self.offset} values, put back {flat.shape[1]}")
         return flat

@@ -80,7 +80,9 @@ class TalkerConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise CheckpointError(f"talker: {self.num_heads} heads do not split into {self.num_kv_heads} KV groups")
+            raise CheckpointError(
+                f"talker: {self.num_heads} heads do not split into {self.num_kv_heads} KV groups"
+            )
         if self.mrope_section is not None and 2 * sum(self.mrope_section) != self.head_dim:
             raise CheckpointError(
                 f"talker: mrope_section {self.mrope_section} does not cover head_dim {self.head_dim}"
@@ -164,7 +166,9 @@ class CodecConfig:
 
     def __post_init__(self) -> None:
         if self.decoder_dim % 2 ** len(self.upsample_rates):
-            raise CheckpointError(f"codec: decoder_dim {self.decoder_dim} does not halve {len(self.upsample_rates)} times")
+            raise CheckpointError(
+                f"codec: decoder_dim {self.decoder_dim} does not halve {len(self.upsample_rates)} times"
+            )
 
     @property
     def frame_samples(self) -> int:
@@ -473,7 +477,9 @@ def preset(size: str, model_type: str = "custom_voice") -> Qwen3TTSConfig:
     else:
         raise ValueError(f"unknown Qwen3-TTS size {size!r}; known: {', '.join(SIZES)}")
     if model_type == "base":
-        return dataclasses.replace(cfg, speaker_encoder={**_SPEAKER_ENCODER_REAL, "enc_dim": cfg.talker.hidden_size})
+        return dataclasses.replace(
+            cfg, speaker_encoder={**_SPEAKER_ENCODER_REAL, "enc_dim": cfg.talker.hidden_size}
+        )
     return cfg
 
 
@@ -501,7 +507,11 @@ def _parse_talker(tc: Mapping[str, Any]) -> TalkerConfig:
     hidden = int(tc.get("hidden_size", 1024))
     heads = int(tc.get("num_attention_heads", 16))
     rs = tc.get("rope_scaling")
-    section = tuple(int(x) for x in rs["mrope_section"]) if isinstance(rs, Mapping) and "mrope_section" in rs else None
+    section = (
+        tuple(int(x) for x in rs["mrope_section"])
+        if isinstance(rs, Mapping) and "mrope_section" in rs
+        else None
+    )
     interleaved = bool(rs.get("interleaved", False)) if isinstance(rs, Mapping) else False
     if isinstance(rs, Mapping) and rs.get("rope_type", rs.get("type", "default")) != "default":
         raise CheckpointError(f"{where}: rope_type {rs.get('rope_type')!r} is not supported")

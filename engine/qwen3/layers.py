@@ -109,7 +109,14 @@ class ContiguousKV:
     """
 
     def __init__(
-        self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype, device: torch.device
+        self,
+        layers: int,
+        batch: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         self.k = torch.empty(layers, batch, kv_heads, max_len, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)

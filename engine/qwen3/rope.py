@@ -45,7 +45,9 @@ def mrope_cos_sin(
         stream = f % 3
         stream = torch.where(f < 3 * torch.tensor(section, device=f.device)[stream], stream, 0)
     else:
-        stream = torch.repeat_interleave(torch.arange(3, device=f.device), torch.tensor(section, device=f.device))
+        stream = torch.repeat_interleave(
+            torch.arange(3, device=f.device), torch.tensor(section, device=f.device)
+        )
     picked = angles.gather(0, stream.expand_as(angles[:1]).clone())[0]  # (*P, half)
     emb = torch.cat((picked, picked), dim=-1)
     return emb.cos(), emb.sin()

@@ -29,6 +29,8 @@ class TextProjection(nn.Module):
 
 
 class Talker(nn.Module):
+    rope_freqs: Tensor
+
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         self.cfg = cfg

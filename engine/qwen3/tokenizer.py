@@ -29,9 +29,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from .errors import CheckpointError
 
-QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 # transformers 4.57.3 swaps this in for any tokenizer of > 100k tokens loaded from a directory whose
 # config.json was saved by 4.57.3 (or names no version) when asked to (the official package asks,
 # ``fix_mistral_regex=True``). We follow it so our ids equal the official package's on the real
@@ -141,7 +139,9 @@ class Qwen2Tokenizer:
         tail = self.encode(f"{IM_END}\n{IM_START}assistant\n")
         if len(role) != 3 or len(tail) != 5:
             # The official prompt slices ids [:3] and [3:-5]; another split would misplace the text.
-            raise CheckpointError(f"{directory}: '<|im_start|>assistant\\n' is not 3 tokens in this vocabulary")
+            raise CheckpointError(
+                f"{directory}: '<|im_start|>assistant\\n' is not 3 tokens in this vocabulary"
+            )
         self._role = role
 
     def split(self, text: str) -> list[tuple[str, tuple[int, int]]]:

@@ -46,7 +46,9 @@ MAIN_PREFIXES = (
 )
 SKIPPED_MAIN = ("speaker_encoder.",)  # Base: kept aside for the cloning path
 SKIPPED_CODEC = re.compile(r"^encoder\.|^decoder\.quantizer\.rvq_(first|rest)\.input_proj\.")
-_RVQ = re.compile(r"^decoder\.quantizer\.rvq_(first|rest)\.vq\.layers\.(\d+)\._codebook\.(embedding_sum|cluster_usage)$")
+_RVQ = re.compile(
+    r"^decoder\.quantizer\.rvq_(first|rest)\.vq\.layers\.(\d+)\._codebook\.(embedding_sum|cluster_usage)$"
+)
 _RVQ_PROJ = re.compile(r"^decoder\.quantizer\.rvq_(first|rest)\.output_proj\.weight$")
 
 
@@ -62,7 +64,9 @@ class Modules:
         yield "codec", self.codec
 
 
-def build_modules(cfg: Qwen3TTSConfig, device: torch.device | str, dtype: torch.dtype, codec_dtype: torch.dtype) -> Modules:
+def build_modules(
+    cfg: Qwen3TTSConfig, device: torch.device | str, dtype: torch.dtype, codec_dtype: torch.dtype
+) -> Modules:
     """Modules with uninitialized weights (``to_empty``); fill them with ``load_into`` or ``randomize``."""
     with torch.device("meta"):
         talker = Talker(cfg.talker)
@@ -133,7 +137,9 @@ def load_into(mods: Modules, directory: str) -> dict[str, Tensor]:
             index = int(m.group(2)) + (0 if m.group(1) == "first" else n_first)
             name = "codebook_sum" if m.group(3) == "embedding_sum" else "cluster_usage"
             if index >= mods.codec.cfg.num_quantizers:
-                raise CheckpointError(f"{source}: more codebooks than the config's {mods.codec.cfg.num_quantizers}")
+                raise CheckpointError(
+                    f"{source}: more codebooks than the config's {mods.codec.cfg.num_quantizers}"
+                )
             put(f"codec.{name}", tensor, source, index)
             continue
         m = _RVQ_PROJ.match(key)
@@ -183,7 +189,11 @@ def _iter_tensors(directory: str, stem: str) -> Iterator[tuple[str, Tensor, str]
         try:
             with safe_open(path, framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    yield name, f.get_tensor(name), f"{os.path.relpath(path, os.path.dirname(directory))}: {name}"
+                    yield (
+                        name,
+                        f.get_tensor(name),
+                        f"{os.path.relpath(path, os.path.dirname(directory))}: {name}",
+                    )
         except CheckpointError:
             raise
         except Exception as err:  # a truncated or foreign file
@@ -212,7 +222,11 @@ def official_state_dicts(mods: Modules) -> tuple[dict[str, Tensor], dict[str, Te
         main[("talker." if top in ("text_projection", "codec_head") else "talker.model.") + k] = v
     for k, v in mods.code_predictor.state_dict().items():
         top = k.split(".")[0]
-        prefix = "talker.code_predictor." if top in ("lm_head", "small_to_mtp_projection") else "talker.code_predictor.model."
+        prefix = (
+            "talker.code_predictor."
+            if top in ("lm_head", "small_to_mtp_projection")
+            else "talker.code_predictor.model."
+        )
         main[prefix + k] = v
     codec: dict[str, Tensor] = {}
     c = mods.codec
@@ -273,7 +287,13 @@ def _save(tensors: Mapping[str, Tensor], directory: str, stem: str, shard_max_by
         save_file(shard, os.path.join(directory, name), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, name))
     with open(os.path.join(directory, f"{stem}.safetensors.index.json"), "w", encoding="utf-8") as f:
-        json.dump({"metadata": {"total_size": sum(v.numel() * v.element_size() for v in data.values())}, "weight_map": weight_map}, f)
+        json.dump(
+            {
+                "metadata": {"total_size": sum(v.numel() * v.element_size() for v in data.values())},
+                "weight_map": weight_map,
+            },
+            f,
+        )
 
 
 # --- random weights --------------------------------------------------------------------------------
@@ -315,7 +335,11 @@ def randomize(mods: Modules, seed: int) -> None:
             elif leaf == "bias":
                 normal(p, 0.02)
             elif isinstance(owner, nn.Conv1d | nn.ConvTranspose1d):
-                fan_in = p.shape[1] * p.shape[2] if isinstance(owner, nn.Conv1d) else p.shape[0] * p.shape[2] // max(1, owner.stride[0])
+                fan_in = (
+                    p.shape[1] * p.shape[2]
+                    if isinstance(owner, nn.Conv1d)
+                    else p.shape[0] * p.shape[2] // max(1, owner.stride[0])
+                )
                 normal(p, 0.5 * fan_in**-0.5)
             elif module is mods.codec and p.dim() == 2:
                 normal(p, p.shape[1] ** -0.5)

@@ -1,0 +1,203 @@
+"""Test fixtures in the official checkpoint layout: tokenizer files and random checkpoints.
+
+Real weights cannot be downloaded here, so parity with the official package runs on random weights
+written in the official layout. The tokenizer is a real byte-level BPE of the Qwen2 kind, padded to
+Qwen2's 151,643 ordinary tokens so the special tokens sit at their real ids (<|im_start|> = 151,644,
+tts_pad = 151,671, ...) and the official loader treats it as it treats the real vocabulary (it
+rewrites the split regex of > 100k-token vocabularies, see tokenizer.py). Its merges make the chat
+markers single tokens ("assistant", "\\n") as in Qwen2, and split English into a few pieces a word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tokenizers import pre_tokenizers
+
+from .config import Qwen3TTSConfig, preset
+from .weights import build_modules, randomize, save_checkpoint
+
+QWEN2_ORDINARY_TOKENS = 151_643
+QWEN2_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",  # 151671
+    "<tts_text_bos>",  # 151672
+    "<tts_text_eod>",  # 151673
+    "<tts_text_bos_single>",
+)
+# words built up by prefix merges; "assistant" first so the chat marker is always one token
+_WORDS = (
+    "assistant",
+    "user",
+    " the",
+    " quick",
+    " brown",
+    " fox",
+    " hello",
+    "Hello",
+    " world",
+    " this",
+    " is",
+    " test",
+    " morning",
+    " good",
+    "Good",
+    "The",
+    " over",
+    " lazy",
+    " dog",
+    " and",
+    "ing",
+    "er",
+    "ed",
+    " a",
+    " to",
+    " of",
+    " in",
+    " it",
+    "'s",
+)
+# A small corpus-free merge list is enough: anything not covered falls back to bytes.
+
+
+def write_tokenizer_files(directory: str) -> None:
+    """vocab.json, merges.txt and tokenizer_config.json of a Qwen2-shaped byte-level BPE."""
+    to_byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab: dict[str, int] = {ch: i for i, ch in enumerate(alphabet)}
+    merges: list[tuple[str, str]] = []
+    for word in _WORDS:
+        symbols = "".join(piece for piece, _ in to_byte_level.pre_tokenize_str(word))
+        for i in range(2, len(symbols) + 1):
+            left, right = symbols[: i - 1], symbols[i - 1]
+            if symbols[:i] not in vocab:
+                merges.append((left, right))
+                vocab[symbols[:i]] = len(vocab)
+    filler = 0
+    while len(vocab) < QWEN2_ORDINARY_TOKENS:
+        vocab[f"<|vw_filler_{filler}|>"] = len(vocab)
+        filler += 1
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n")
+        f.writelines(f"{a} {b}\n" for a, b in merges)
+    added = {
+        str(QWEN2_ORDINARY_TOKENS + i): {
+            "content": tok,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for i, tok in enumerate(QWEN2_SPECIAL_TOKENS)
+    }
+    config = {
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 32768,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+
+
+# A small Mimi encoder for the speech tokenizer's config: our loader skips the encoder, but the
+# official loader builds it, and its real size (~50M parameters) would dominate a tiny checkpoint.
+TINY_MIMI_ENCODER = {
+    "hidden_size": 16,
+    "num_filters": 4,
+    "codebook_size": 64,
+    "codebook_dim": 16,
+    "vector_quantization_hidden_dimension": 16,
+    "num_quantizers": 16,
+    "upsample_groups": 16,
+    "num_hidden_layers": 1,
+    "intermediate_size": 32,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "frame_rate": 12.5,
+}
+SPEECH_PREPROCESSOR = {
+    "feature_extractor_type": "EncodecFeatureExtractor",
+    "feature_size": 1,
+    "padding_side": "right",
+    "padding_value": 0.0,
+    "return_attention_mask": True,
+    "sampling_rate": 24000,
+}
+
+
+def write_config_files(
+    cfg: Qwen3TTSConfig, directory: str, mimi_encoder: dict[str, object] | None = None
+) -> None:
+    """config.json, generation_config.json, speech_tokenizer/{config,preprocessor_config}.json + tokenizer."""
+    os.makedirs(os.path.join(directory, "speech_tokenizer"), exist_ok=True)
+    config, speech, generation = cfg.to_json()
+    speech["encoder_config"] = dict(mimi_encoder if mimi_encoder is not None else TINY_MIMI_ENCODER)
+    files = {
+        "config.json": config,
+        "generation_config.json": generation,
+        "speech_tokenizer/config.json": speech,
+        "speech_tokenizer/preprocessor_config.json": SPEECH_PREPROCESSOR,
+    }
+    for name, data in files.items():
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+    write_tokenizer_files(directory)
+
+
+def write_random_checkpoint(
+    directory: str,
+    size: str = "tiny",
+    seed: int = 0,
+    shard_max_bytes: int | None = None,
+    model_type: str = "custom_voice",
+) -> Qwen3TTSConfig:
+    """A complete random-weight checkpoint written by our writer (loader tests without the oracle)."""
+    import torch
+
+    cfg = preset(size, model_type)
+    mods = build_modules(cfg, "cpu", torch.float32, torch.float32)
+    randomize(mods, seed)
+    write_config_files(cfg, directory)
+    save_checkpoint(mods, cfg, directory, shard_max_bytes)
+    return cfg
