@@ -23,12 +23,14 @@ Algorithm (FlashDecoding with the GQA group packed into the M dimension of the m
    than the split start) writes lse = -inf and weighs nothing.
 
 The number of splits is chosen on the host from the batch size and an upper bound on the lengths that the
-caller already knows (no device->host sync): the fewest splits that fill whole waves of programs across the
-GPU's multiprocessors, each split keeping at least MIN_TOKENS_PER_SPLIT tokens. Plan once per step (`plan_decode_attention`) and reuse it for all 28 layers; a CUDA graph
-captured with a plan replays it for any lengths up to the plan's bound.
+caller already knows (no device->host sync): the fewest splits that fill whole waves of programs across
+the GPU's multiprocessors, each split keeping at least MIN_TOKENS_PER_SPLIT tokens. Plan once per step
+(`plan_decode_attention`) and reuse the plan for all 28 layers; a CUDA graph captured with a plan replays
+it for any lengths up to the plan's bound.
 
-Memory-bound by design: per (row, KV head) the kernel reads length * D * 2 (K and V) elements and
-nothing twice; the tl.dot FLOPs are ~G / bytes and never matter.
+Memory-bound by design: per (row, KV head) the kernel reads length x D x 2 (K and V) elements once, for
+all G query heads; at 2 x G FLOP per element read (bf16: 2 FLOP/byte against the H200's ~200 FLOP/byte
+balance point) the matmuls never matter, so the padded rows of BLOCK_H cost nothing measurable.
 """
 
 from __future__ import annotations
