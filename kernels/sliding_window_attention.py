@@ -18,7 +18,7 @@ Per call (one decoder layer, all due streams):
 
     q, k_new, v_new  (B, H, T, D)   the chunk's T new frames (1 <= T <= MAX_CHUNK_FRAMES), RoPE applied;
                                     any strides with stride(-1) == 1, e.g. a (B, T, H, D) buffer transposed
-    slot_idx         (B,) int32     the stream's slot; distinct rows need distinct slots
+    slot_idx         (B,) int32     the stream's slot; rows that append need distinct slots
     chunk_lengths    (B,) int32     optional: real frames of row b's chunk (<= T); the rest is padding
     out              (B, H, T, D)   same strides as q; padding frames are written as zeros
 
@@ -34,9 +34,9 @@ tiles and needs no loop:
    chunk to ring index (pos + s) % C, for the last min(n, C) real frames (n = chunk length of the row).
 The caller then advances positions by the chunk lengths (the engine owns positions: RoPE reads them too).
 
-Padding for CUDA graphs bucketed by (streams, frames): give each row its real frame count in chunk_lengths
-(0 for a padding row, whose slot is then never written); padded frames are neither attended to nor
-appended. Bytes per (stream, head): ring 2 x C x D, chunk 4 x T x D (q, k, v, out) elements, plus
+Padding for CUDA graphs bucketed by (streams, frames): give each row its real frame count in chunk_lengths;
+padded frames are neither attended to nor appended. A padding row (0 frames) still reads a ring, so point
+it at any valid slot (e.g. one padding slot shared by all padding rows); it writes nothing. Bytes per (stream, head): ring 2 x C x D, chunk 4 x T x D (q, k, v, out) elements, plus
 2 x T x D written to the ring; all FLOPs are noise.
 """
 
@@ -250,12 +250,15 @@ def _check_window_bounds(
     chunk_lengths: torch.Tensor | None,
     num_slots: int,
     chunk: int,
+    update_cache: bool,
 ) -> None:
     """Value checks that need a device->host sync: debugging and tests only, never in the hot path."""
     check_values_in_range("slot_idx", slot_idx, 0, num_slots - 1)
-    slots = slot_idx.tolist()
-    if len(set(slots)) != len(slots):
-        raise ValueError(f"slot_idx must be distinct (two rows would write one ring): {slots}")
+    real = [chunk] * len(slot_idx) if chunk_lengths is None else chunk_lengths.tolist()
+    # Rows that append must own their ring; padding rows (0 frames) may share one padding slot.
+    writers = [s for s, n in zip(slot_idx.tolist(), real, strict=True) if update_cache and n > 0]
+    if len(set(writers)) != len(writers):
+        raise ValueError(f"rows that append need distinct slots (two would write one ring): {writers}")
     check_values_in_range("positions", positions, 0, 2**31 - 1 - MAX_CHUNK_FRAMES)
     if chunk_lengths is not None:
         check_values_in_range("chunk_lengths", chunk_lengths, 0, chunk)
@@ -289,7 +292,7 @@ def sliding_window_attention(
     batch, heads, chunk, head_dim = q.shape
     num_slots, _, capacity, _ = k_cache.shape
     if check_bounds:
-        _check_window_bounds(slot_idx, positions, chunk_lengths, num_slots, chunk)
+        _check_window_bounds(slot_idx, positions, chunk_lengths, num_slots, chunk, update_cache)
     if out is None:
         out = torch.empty_like(q)  # keeps q's strides, e.g. (B, T, H, D) memory behind a (B, H, T, D) view
     if batch == 0:

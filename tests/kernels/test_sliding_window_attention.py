@@ -217,6 +217,10 @@ def test_rejects_bad_inputs() -> None:
         sliding_window_attention(q, q, q, ring[:, :8], ring[:, :8], slots, pos, scale=0.1)
     with pytest.raises(ValueError, match="distinct"):
         sliding_window_attention(q, q, q, ring, ring, slots * 0, pos, scale=0.1, check_bounds=True)
+    padding = torch.tensor([3, 0], dtype=torch.int32)  # row 1 pads and shares slot 0: allowed
+    sliding_window_attention(
+        q, q, q, ring, ring, slots * 0, pos, scale=0.1, chunk_lengths=padding, check_bounds=True
+    )
     with pytest.raises(ValueError, match="chunk_lengths"):
         lens = torch.tensor([3, 4], dtype=torch.int32)
         sliding_window_attention(
