@@ -283,7 +283,11 @@ class Engine:
                 if sid in self._live:
                     self._fail(self._live[sid], StreamError("model_error", f"model failed: {err}"))
             return
-        self._scheduler.record(plan, results)
+        for sid, res in zip(plan.generate_streams, results, strict=True):
+            if res.error is not None and sid in self._live:
+                log.warning("stream %d failed in the model: %s", sid, res.error)
+                self._fail(self._live[sid], StreamError("model_error", res.error))
+        self._scheduler.record(plan, results)  # failed streams are gone from the scheduler already
         self.stats.frames_generated += sum(r.n_frames for r in results)
 
     def _decode(self, due: list[ChunkDue]) -> None:

@@ -68,6 +68,7 @@ class GenerateResult:
     n_frames: int
     finished: bool  # True when the slot will produce no more frames (stop token / text exhausted)
     text_spoken: str = ""  # the text these frames speak, when the model knows it (for barge-in truncation)
+    error: str | None = None  # this slot failed (the others in the batch did not): the engine ends its stream
 
 
 @dataclass

@@ -435,6 +435,10 @@ def preset(size: str, model_type: str = "custom_voice") -> Qwen3TTSConfig:
             head_dim=16,
             mrope_section=(4, 2, 2),
             text_hidden_size=32,
+            # a dialect speaker exercises the package's language override (chinese/auto -> dialect)
+            languages=(*CODEC_LANGUAGE_IDS.items(), ("sichuan_dialect", 2062)),
+            speakers=(*SPEAKER_IDS.items(), ("eric", 3067)),
+            speaker_dialects=(("eric", "sichuan_dialect"),),
         )
         cp = CodePredictorConfig(
             hidden_size=64 if base else 32,

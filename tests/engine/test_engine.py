@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-
 import numpy as np
 import pytest
 
@@ -93,10 +91,10 @@ class _FaultyModel(HibariModel):
         if params.extra.get("fail"):
             self.failing.add(slot)
 
-    def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
-        if any(s in self.failing for s in slots):
+    def _generate_one(self, slot: int) -> GenerateResult:
+        if slot in self.failing:
             raise RuntimeError("injected fault")
-        return super().generate(slots)
+        return super()._generate_one(slot)
 
     def close_slot(self, slot: int) -> None:
         self.failing.discard(slot)
