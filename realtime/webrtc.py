@@ -153,7 +153,9 @@ async def read_offer(request: web.Request) -> str:
     if not any(m.kind == "application" for m in media):
         raise OfferError(400, "no_data_channel", f"the offer needs a data channel labelled {CONTROL_LABEL!r}")
     # aiortc checks ICE credentials but not fingerprints: without one, DTLS fails later, silently.
-    if not all(m.ice.usernameFragment and m.ice.password and m.dtls and m.dtls.fingerprints for m in media):
+    if not all(
+        m.ice and m.ice.usernameFragment and m.ice.password and m.dtls and m.dtls.fingerprints for m in media
+    ):
         raise OfferError(
             400, "invalid_sdp", "every media section needs ice-ufrag, ice-pwd and a DTLS fingerprint"
         )

@@ -73,7 +73,9 @@ class Page:
             elif "method" in msg:
                 self._events.setdefault(msg["method"], asyncio.Event()).set()
 
-    async def send(self, method: str, params: dict[str, Any] | None = None, page: bool = True) -> dict[str, Any]:
+    async def send(
+        self, method: str, params: dict[str, Any] | None = None, page: bool = True
+    ) -> dict[str, Any]:
         msg_id = next(self._ids)
         msg: dict[str, Any] = {"id": msg_id, "method": method, "params": params or {}}
         if page:

@@ -7,28 +7,23 @@ intelligibility from the audio aiortc's own receive path decoded, transcribed by
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp import web
 
 from engine import Engine
-from realtime.config import GatewayConfig
-from realtime.server import create_app
 from realtime.webrtc import PEERS_KEY, drop_mdns_candidates
 from tests.asr import transcribe, wer
+from tests.realtime.gateway import gateway, wait_gone
 from tests.realtime.webrtc_client import AUDIBLE_DBFS, FRAME_SAMPLES, ClientPeer, TurnLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,48 +52,6 @@ LONG_TURN = (
 MAX_WER = 0.15
 MAX_P99_INTER_ARRIVAL_S = 0.030
 CLEANUP_S = 2.0
-
-
-@dataclass
-class Gateway:
-    url: str  # http://127.0.0.1:PORT
-    app: web.Application
-
-    @property
-    def peers(self) -> set[Any]:
-        return self.app[PEERS_KEY]
-
-    @property
-    def sessions(self) -> set[Any]:
-        return self.app["sessions"]
-
-
-@contextlib.asynccontextmanager
-async def gateway(engine: Engine, **config: Any) -> AsyncIterator[Gateway]:
-    """A real gateway on 127.0.0.1 (free port) around the shared engine."""
-    app = create_app(GatewayConfig(**config), engine=engine)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield Gateway(f"http://127.0.0.1:{port}", app)
-    finally:
-        await runner.cleanup()
-
-
-async def wait_gone(engine: Engine, gw: Gateway, timeout_s: float) -> float:
-    """Seconds until no peer, session or engine stream is left; fails after ``timeout_s``."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout_s:
-        if not gw.peers and not gw.sessions and engine.active_streams() == 0:
-            return time.perf_counter() - t0
-        await asyncio.sleep(0.01)
-    raise AssertionError(
-        f"after {timeout_s} s: {len(gw.peers)} peers, {len(gw.sessions)} sessions, "
-        f"{engine.active_streams()} engine streams"
-    )
 
 
 async def _hyp(peer: ClientPeer, turn: TurnLog) -> str:
