@@ -495,30 +495,38 @@ def main() -> None:
     started = time.perf_counter()
     copy_gb_s = copy_rate_gb_s()
     sweep = not args.no_sweep
-    with torch.no_grad():
-        decode_rows = []
-        for batch, context, kind in decode_shapes(args.smoke):
-            decode_rows.append(bench_decode(batch, context, kind, sweep, args.smoke, copy_gb_s))
-            release_memory()  # the shape's inputs (up to ~4 GB) are garbage now
-        streams, chunks = (SMOKE_STREAMS, SMOKE_CHUNKS) if args.smoke else (CODEC_STREAMS, CODEC_CHUNKS)
-        window_rows = []
-        for stream_count in streams:
-            for chunk in chunks:
-                window_rows.append(bench_window(stream_count, chunk, copy_gb_s))
-                release_memory()
-    results = {
+    results: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "mode": "smoke" if args.smoke else "full",
         "env": device_info(),
         "copy_rate_gb_s": round(copy_gb_s, 1),
         "method": __doc__,
-        "decode_attention": decode_rows,
-        "sliding_window_attention": window_rows,
-        "acceptance": acceptance(decode_rows),
-        "wall_s": round(time.perf_counter() - started, 1),
+        "decode_attention": [],
+        "sliding_window_attention": [],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"copy rate {copy_gb_s:.0f} GB/s", flush=True)
+
+    def save() -> None:
+        # After every shape: a run cut off by a time limit still leaves its finished rows.
+        results["acceptance"] = acceptance(results["decode_attention"])
+        results["wall_s"] = round(time.perf_counter() - started, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+    with torch.no_grad():
+        for batch, context, kind in decode_shapes(args.smoke):
+            row = bench_decode(batch, context, kind, sweep, args.smoke, copy_gb_s)
+            results["decode_attention"].append(row)
+            release_memory()  # the shape's inputs (up to ~4 GB) are garbage now
+            save()
+            print(f"decode B={batch} L={context} {kind}: ours {row['ours'].get('us')} us", flush=True)
+        streams, chunks = (SMOKE_STREAMS, SMOKE_CHUNKS) if args.smoke else (CODEC_STREAMS, CODEC_CHUNKS)
+        for stream_count in streams:
+            for chunk in chunks:
+                row = bench_window(stream_count, chunk, copy_gb_s)
+                results["sliding_window_attention"].append(row)
+                release_memory()
+                save()
     print_tables(results)
     print(f"wrote {args.out} in {results['wall_s']} s")
 
