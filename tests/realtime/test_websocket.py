@@ -54,7 +54,7 @@ async def test_three_streamed_turns_are_intelligible_and_really_stream(gateway: 
             results.append((text, res))
         for text, res in results:
             assert res.done is not None and res.done["reason"] == "completed"
-            assert [m["type"] for m in res.messages][0] == "turn.started"
+            assert next(m["type"] for m in res.messages) == "turn.started"
             hyp = transcribe(res.pcm(), 24_000)
             assert wer(text, hyp) <= 0.15, (text, hyp)
             assert res.done["audio_ms"] == pytest.approx(len(res.audio) / 2 / 24, abs=1)
