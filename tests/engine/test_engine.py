@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+
 import numpy as np
 import pytest
 

@@ -64,7 +64,7 @@ async def test_speech_wav_and_pcm_are_intelligible(gateway: str) -> None:
 
 async def test_speech_body_streams_before_the_utterance_is_finished(gateway: str) -> None:
     text = " ".join(SENTENCES * 3)
-    status, data, headers, arrivals = await _speech(gateway, {"input": text, "response_format": "pcm"})
+    status, _, headers, arrivals = await _speech(gateway, {"input": text, "response_format": "pcm"})
     assert status == 200 and headers.get("Transfer-Encoding") == "chunked"
     assert len(arrivals) >= 5
     assert arrivals[0] < arrivals[-1] / 3, f"first bytes at {arrivals[0]:.3f} s, last at {arrivals[-1]:.3f} s"
