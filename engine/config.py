@@ -60,3 +60,4 @@ class EngineConfig:
     level: LevelConfig = field(default_factory=LevelConfig)
     max_streams: int = 256  # streams open at once (engine-wide)
     max_buffered_text_chars: int = 20_000  # per stream, not yet spoken
+    max_ahead_s: float = 30.0  # a stream whose caller has not taken this much of its audio stops generating

@@ -97,6 +97,7 @@ class Engine:
         self._model.warmup()
         self._free_slots = list(range(self._model.info.max_slots))[::-1]
         self._scheduler = Scheduler(self.config.chunks, self._model.info.max_batch_size)
+        self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         self._thread.start()
         return self
@@ -162,7 +163,9 @@ class Engine:
         return {
             sid
             for sid, lv in self._live.items()
-            if not lv.request.generation_done and model.ready(lv.request.slot)
+            if not lv.request.generation_done
+            and lv.request.samples_emitted - lv.stream.consumed_samples < self._max_ahead_samples
+            and model.ready(lv.request.slot)
         }
 
     def _decode_pending(self) -> bool:

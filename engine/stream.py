@@ -77,6 +77,9 @@ class Stream:
         self._closed = False  # cancelled or finished: nothing more will be yielded
         self.cancelled = False
         self.error: StreamError | None = None
+        # Samples the caller has taken from the iterator. Written on the loop, read by the worker
+        # (an int attribute: atomic under the GIL) to stop generating for a caller that stopped reading.
+        self.consumed_samples = 0
 
     # --- caller side (event loop thread) ---------------------------------------------------
     def push_text(self, delta: str) -> None:
@@ -131,6 +134,7 @@ class Stream:
                 return
             if self.cancelled:
                 continue
+            self.consumed_samples += item.pcm.size
             yield item
 
     # --- engine side (called on the loop through call_soon_threadsafe) -------------------

@@ -129,3 +129,19 @@ async def test_a_failing_stream_ends_with_an_error_and_others_complete() -> None
         await _wait_idle(eng)
     finally:
         eng.close()
+
+
+async def test_a_caller_that_stops_reading_stops_generation() -> None:
+    eng = Engine(EngineConfig(max_ahead_s=2.0)).start()
+    try:
+        s = eng.open_stream(seed=0)
+        s.push_text("This sentence is spoken again and again to make a very long turn. " * 20)
+        s.end()
+        await asyncio.sleep(1.5)  # nobody reads: the engine must stop about 2 s of audio ahead
+        ahead_s = eng._live[s.id].request.samples_emitted / 24_000
+        assert 2.0 <= ahead_s < 2.0 + 6.0, ahead_s  # one clause (a few seconds) may overshoot
+        chunks = await _collect(s)  # reading resumes generation up to the end
+        total_s = sum(c.pcm.size for c in chunks) / 24_000
+        assert chunks[-1].final and total_s > 60
+    finally:
+        eng.close()
