@@ -32,6 +32,7 @@ from .protocol import (
     error_message,
     parse_client_message,
 )
+from .truncation import TextSpan, spoken_text
 
 log = logging.getLogger("voicewire.session")
 
@@ -58,6 +59,7 @@ class Turn:
     t_first_audio_sent: float | None = None
     samples_sent: int = 0  # engine-rate samples handed to the transport
     text_sent: list[str] = field(default_factory=list)
+    text_spans: list[TextSpan] = field(default_factory=list)  # where each chunk's text lies in the audio
     ended: bool = False
     cancelled: bool = False
 
@@ -241,9 +243,18 @@ class Session:
                     if chunk.pcm.size:
                         if turn.t_first_audio_sent is None:
                             turn.t_first_audio_sent = time.perf_counter()
-                        turn.samples_sent += chunk.pcm.size
                         if chunk.text:
                             turn.text_sent.append(chunk.text)
+                            turn.text_spans.append(
+                                TextSpan.of_chunk(
+                                    chunk.text,
+                                    chunk.pcm,
+                                    turn.samples_sent,
+                                    chunk.sample_rate_hz,
+                                    self.engine.config.level.onset_threshold_dbfs,
+                                )
+                            )
+                        turn.samples_sent += chunk.pcm.size
                     await self.sink.send_audio(turn, chunk)
             except StreamError as err:
                 error = err
@@ -260,6 +271,13 @@ class Session:
     def _done_message(self, turn: Turn, reason: str, played_ms: float) -> dict[str, Any]:
         m = turn.stream.metrics
         rate = self.engine.model.info.sample_rate_hz
+        # A cut turn reports the words its played audio spoke (an estimate inside the last chunk:
+        # realtime/truncation.py), so the agent can truncate its context to what was heard.
+        text = (
+            " ".join(turn.text_sent)
+            if reason == "completed"
+            else spoken_text(turn.text_spans, round(played_ms * rate / 1000))
+        )
         metrics: dict[str, Any] = {"trimmed_ms": round(m.trimmed_samples * 1000 / rate, 1)}
         if turn.t_first_audio_sent is not None:
             metrics["ttfp_ms"] = round((turn.t_first_audio_sent - turn.t_first_text) * 1000, 2)
@@ -271,7 +289,7 @@ class Session:
             "reason": reason,
             "audio_ms": round(turn.samples_sent * 1000 / rate, 1),
             "played_ms": round(played_ms, 1),
-            "text_spoken": " ".join(turn.text_sent),
+            "text_spoken": text,
             "metrics": metrics,
         }
 
