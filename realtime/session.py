@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine import AudioChunk, Engine, EngineBusy, Stream, StreamError
+from engine.level import first_audible_sample
 
 from .protocol import (
     MAX_MESSAGE_BYTES,
@@ -57,6 +58,7 @@ class Turn:
     audio: AudioSettings  # settings in force when the turn started
     t_first_text: float = field(default_factory=time.perf_counter)
     t_first_audio_sent: float | None = None
+    first_audible_sample: int | None = None  # start of the turn's first 10 ms window above the onset level
     samples_sent: int = 0  # engine-rate samples handed to the transport
     text_sent: list[str] = field(default_factory=list)
     text_spans: list[TextSpan] = field(default_factory=list)  # where each chunk's text lies in the audio
@@ -233,6 +235,7 @@ class Session:
 
     async def _play(self, turn: Turn) -> None:
         error: StreamError | None = None
+        threshold_dbfs = self.engine.config.level.onset_threshold_dbfs
         if not turn.cancelled:
             await self.sink.start_turn(turn)
             await self.sink.send_json({"type": "turn.started", "turn_id": turn.turn_id})
@@ -243,6 +246,10 @@ class Session:
                     if chunk.pcm.size:
                         if turn.t_first_audio_sent is None:
                             turn.t_first_audio_sent = time.perf_counter()
+                        if turn.first_audible_sample is None:
+                            onset = first_audible_sample(chunk.pcm, chunk.sample_rate_hz, threshold_dbfs)
+                            if onset is not None:
+                                turn.first_audible_sample = turn.samples_sent + onset
                         if chunk.text:
                             turn.text_sent.append(chunk.text)
                             turn.text_spans.append(
@@ -251,7 +258,7 @@ class Session:
                                     chunk.pcm,
                                     turn.samples_sent,
                                     chunk.sample_rate_hz,
-                                    self.engine.config.level.onset_threshold_dbfs,
+                                    threshold_dbfs,
                                 )
                             )
                         turn.samples_sent += chunk.pcm.size
@@ -281,6 +288,11 @@ class Session:
         metrics: dict[str, Any] = {"trimmed_ms": round(m.trimmed_samples * 1000 / rate, 1)}
         if turn.t_first_audio_sent is not None:
             metrics["ttfp_ms"] = round((turn.t_first_audio_sent - turn.t_first_text) * 1000, 2)
+            if turn.first_audible_sample is not None:
+                # Audible TTFA at the gateway: the first audible sample's place in the audio, for a
+                # listener who plays from the first packet (the engine keeps 10 ms before it).
+                ttfa_s = turn.t_first_audio_sent - turn.t_first_text + turn.first_audible_sample / rate
+                metrics["ttfa_ms"] = round(ttfa_s * 1000, 2)
         if m.ttfp_s is not None:
             metrics["engine_ttfp_ms"] = round(m.ttfp_s * 1000, 2)
         return {
