@@ -28,6 +28,9 @@ SAMPLE_RATE_HZ = 48_000
 FRAME_SAMPLES = 960  # 20 ms
 AUDIBLE_DBFS = -45.0  # the engine's onset threshold: a 10 ms window above it is audible
 LEVEL_WINDOW_SAMPLES = 480  # 10 ms
+# Decoded digital silence sits below -90 dBFS; a packet above this carries the turn's first sound
+# (the engine keeps 10 ms of quiet lead-in before the first audible window).
+FIRST_SOUND_DBFS = -70.0
 
 
 @dataclass
@@ -166,10 +169,10 @@ class ClientPeer:
         end = min([end, *later])
         return [p for p in self.packets if turn.t_first_sent_s <= p.t_arrival_s <= end]
 
-    def wire_ttfa_s(self, turn: TurnLog) -> float | None:
-        """First delta sent -> first audible packet received."""
+    def wire_ttfa_s(self, turn: TurnLog, threshold_dbfs: float = AUDIBLE_DBFS) -> float | None:
+        """First delta sent -> first packet received with a 10 ms window above the threshold."""
         for p in self.turn_packets(turn):
-            if p.level_dbfs > AUDIBLE_DBFS:
+            if p.level_dbfs > threshold_dbfs:
                 return p.t_arrival_s - turn.t_first_sent_s
         return None
 

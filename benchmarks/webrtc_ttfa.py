@@ -1,0 +1,226 @@
+"""Wire TTFA over WebRTC with the embedded voice, at 1 and N concurrent peers, on this machine.
+
+Starts `voicewire serve` in its own process and drives it with real aiortc client peers (the test
+suite's ``ClientPeer``: recvonly Opus track + ``control`` data channel, non-trickle offer).
+
+Wire TTFA = first ``text.delta`` sent on the data channel -> first audible RTP packet received
+(its Opus payload decoded; audible = a 10 ms window above -45 dBFS, the engine's onset rule). The
+packet is timed as aiortc's receiver gets it, before its 80 ms jitter buffer: this is what reaches
+the client's network stack, not what a browser plays (a browser adds its jitter buffer, ~40 ms).
+``wire_first_sound`` times the first packet carrying any of the turn's audio instead: the engine
+keeps 10 ms of quiet lead-in, and Opus's 6.5 ms look-ahead pushes the audible onset of a turn's
+first 20 ms frame into the second packet, so the audible time is usually 20 ms later.
+
+Two ways of sending a turn:
+  whole:  the first sentence in one delta + text.flush (the agent already has the sentence)
+  stream: one word per delta at --words-per-s (an LLM streaming its reply)
+
+Peers speak turn after turn with a short random pause (closed loop); N peers start within 1 s.
+
+    python benchmarks/webrtc_ttfa.py --out benchmarks/results/webrtc_ttfa.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.realtime.webrtc_client import FIRST_SOUND_DBFS, ClientPeer, TurnLog  # noqa: E402
+
+SENTENCES = [
+    "Sure, I can help you with that right away.",
+    "Your appointment is confirmed for Tuesday at ten in the morning.",
+    "The package left our warehouse yesterday and should arrive soon.",
+    "Could you please repeat the last four digits of your card?",
+    "Thanks for waiting, I have found the information you asked for.",
+    "Let me check the schedule and get back to you in a moment.",
+]
+PAUSE_S = (0.2, 0.6)  # between a turn's turn.done and the peer's next turn
+
+
+@dataclass
+class TurnResult:
+    wire_ttfa_s: float | None  # to the first audible packet (a 10 ms window above -45 dBFS)
+    first_sound_s: float | None  # to the first packet carrying any of the turn's audio
+    server_ttfp_ms: float | None  # first text -> first audio handed to the transport (turn.done)
+    engine_ttfp_ms: float | None
+    p99_inter_arrival_ms: float | None
+    reason: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50_ms": round(pct(values, 50), 1),
+        "p95_ms": round(pct(values, 95), 1),
+        "max_ms": round(max(values), 1) if values else float("nan"),
+        "mean_ms": round(statistics.fmean(values), 1) if values else float("nan"),
+    }
+
+
+async def run_turn(peer: ClientPeer, turn: TurnLog, mode: str, words_per_s: float) -> TurnResult:
+    if mode == "whole":
+        peer.turns.append(turn)
+        turn.t_first_sent_s = time.perf_counter()
+        peer.send({"type": "text.delta", "turn_id": turn.turn_id, "text": turn.text})
+        peer.send({"type": "text.flush", "turn_id": turn.turn_id})
+        peer.send({"type": "text.end", "turn_id": turn.turn_id})
+    else:
+        await peer.speak(turn, words_per_s)
+    done = await peer.wait_done(turn, timeout_s=60)
+    ttfa = peer.wire_ttfa_s(turn)
+    gaps = peer.audible_inter_arrivals_s(turn)
+    m = done.get("metrics", {})
+    return TurnResult(
+        ttfa,
+        peer.wire_ttfa_s(turn, FIRST_SOUND_DBFS),
+        m.get("ttfp_ms"),
+        m.get("engine_ttfp_ms"),
+        round(pct(list(gaps), 99) * 1000, 2) if gaps.size else None,
+        done["reason"],
+    )
+
+
+async def peer_loop(url: str, index: int, turns: int, mode: str, words_per_s: float) -> list[TurnResult]:
+    rng = random.Random(index)
+    await asyncio.sleep(rng.uniform(0, 1.0) if index else 0.0)
+    peer = ClientPeer()
+    await peer.connect(url)
+    await asyncio.sleep(0.3)  # the call settles before the first turn
+    out = []
+    try:
+        for i in range(turns):
+            text = SENTENCES[(index + i) % len(SENTENCES)]
+            out.append(await run_turn(peer, TurnLog(f"{index}-{i}", text), mode, words_per_s))
+            await asyncio.sleep(rng.uniform(*PAUSE_S))
+    finally:
+        await peer.close()
+    return out
+
+
+async def scenario(url: str, peers: int, turns: int, mode: str, words_per_s: float) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(peer_loop(url, i, turns, mode, words_per_s) for i in range(peers)))
+    flat = [r for rs in results for r in rs]
+    ttfa = [r.wire_ttfa_s * 1000 for r in flat if r.wire_ttfa_s is not None]
+    p99s = [r.p99_inter_arrival_ms for r in flat if r.p99_inter_arrival_ms is not None]
+    row = {
+        "peers": peers,
+        "mode": mode,
+        "words_per_s": words_per_s if mode == "stream" else None,
+        "turns": len(flat),
+        "turns_without_audio": sum(r.wire_ttfa_s is None for r in flat),
+        "turns_not_completed": sum(r.reason != "completed" for r in flat),
+        "wire_ttfa": summary_ms(ttfa),
+        "wire_first_sound": summary_ms([r.first_sound_s * 1000 for r in flat if r.first_sound_s is not None]),
+        "server_ttfp": summary_ms([r.server_ttfp_ms for r in flat if r.server_ttfp_ms is not None]),
+        "engine_ttfp": summary_ms([r.engine_ttfp_ms for r in flat if r.engine_ttfp_ms is not None]),
+        "wire_minus_server_ms": summary_ms(
+            [
+                r.wire_ttfa_s * 1000 - r.server_ttfp_ms
+                for r in flat
+                if r.wire_ttfa_s is not None and r.server_ttfp_ms is not None
+            ]
+        ),
+        "p99_inter_arrival_ms": {
+            "p50_over_turns": round(pct(p99s, 50), 1),
+            "max_over_turns": round(max(p99s), 1) if p99s else None,
+            "turns_over_30ms": sum(p > 30 for p in p99s),
+        },
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def start_server(port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{args.port}"
+    await scenario(url, 2, 2, "whole", args.words_per_s)  # warm-up, not reported
+    rows = []
+    for peers in args.peers:
+        turns = args.turns if peers == 1 else max(3, args.turns // peers + 1)
+        for mode in args.modes:
+            rows.append(await scenario(url, peers, turns, mode, args.words_per_s))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/results/webrtc_ttfa.json")
+    ap.add_argument("--port", type=int, default=8766)
+    ap.add_argument("--peers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10])
+    ap.add_argument("--modes", type=lambda s: s.split(","), default=["whole", "stream"])
+    ap.add_argument("--turns", type=int, default=40, help="turns at 1 peer; N peers do turns/N + 1 each")
+    ap.add_argument("--words-per-s", type=float, default=20.0)
+    args = ap.parse_args()
+    load_before = os.getloadavg()
+    server = start_server(args.port)
+    try:
+        rows = asyncio.run(main_async(args))
+    finally:
+        server.terminate()
+        server.wait(10)
+    results = {
+        "what": "wire TTFA over WebRTC: first text.delta sent -> first audible RTP packet at an aiortc peer",
+        "results": rows,
+        "command": "python " + " ".join(sys.argv),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "aiortc": metadata.version("aiortc"),
+            "aioice": metadata.version("aioice"),
+            "av": metadata.version("av"),
+            "load_avg_1m_before": round(load_before[0], 2),
+            "note": "server (own process) and client peers (this process) share the same 2 cores",
+        },
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
