@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from engine import EngineConfig
 
+from .auth import AuthConfig
+from .session import SessionLimits
+
 ICE_URL_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
 
 
@@ -43,3 +46,10 @@ class GatewayConfig:
     ice_consent_interval_s: float = 1.0
     ice_consent_failures: int = 4
     max_webrtc_peers: int = 64  # each peer holds ~4 UDP sockets, a track task and a session
+    # Security and limits (README, "Security and limits"). Auth is off unless API keys are set.
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: SessionLimits = field(default_factory=SessionLimits)
+    max_sessions: int = 200  # sessions (WebSocket + WebRTC) per process -> 503 too_many_sessions
+    write_stall_timeout_s: float = 10.0  # a client that stops reading this long is closed with 4008
+    ws_send_buffer_bytes: int = 64 * 1024  # kernel send buffer per WebSocket: bounds memory per slow client
+    drain_timeout_s: float = 10.0  # SIGTERM: how long current turns may take to finish

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
 
 from aiohttp import web
 
 from engine import Engine
 
+from .auth import Authenticator, AuthError, api_key_from_headers
 from .config import GatewayConfig
 from .http_api import healthz_handler, speech_handler
+from .metrics import GatewayMetrics
 from .webrtc import setup_webrtc
 from .websocket import stream_handler
 
@@ -28,6 +31,9 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
     app["sessions"] = set()
     owns_engine = engine is None
     app["engine"] = engine or Engine(config.engine)
+    app["auth"] = Authenticator(config.auth)
+    app["metrics"] = GatewayMetrics(app["engine"])
+    app["draining"] = False
 
     async def on_startup(app: web.Application) -> None:
         if owns_engine:
@@ -47,6 +53,9 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
     app.router.add_get("/v1/stream", stream_handler)
     app.router.add_post("/v1/audio/speech", speech_handler)
     app.router.add_get("/healthz", healthz_handler)
+    app.router.add_get("/readyz", readyz_handler)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_post("/v1/session-tokens", session_token_handler)
     setup_webrtc(app)  # POST /offer; closes its peers on shutdown
     web_dir = Path(config.web_dir) if config.web_dir else WEB_DIR
     if (web_dir / "index.html").exists():
@@ -60,16 +69,59 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
     return app
 
 
+async def readyz_handler(request: web.Request) -> web.Response:
+    """Ready to take sessions: the engine runs and the server is not draining."""
+    if request.app["draining"]:
+        return web.json_response({"status": "draining"}, status=503)
+    try:
+        request.app["engine"].model  # noqa: B018 - raises until the engine has started
+    except RuntimeError:
+        return web.json_response({"status": "starting"}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    return web.Response(body=request.app["metrics"].render(), content_type="text/plain", charset="utf-8")
+
+
+async def session_token_handler(request: web.Request) -> web.Response:
+    """Mint a short-lived single-use session token for a browser. Needs the API key when auth is on."""
+    auth: Authenticator = request.app["auth"]
+    try:
+        if auth.config.enabled:
+            auth.check_api_key(api_key_from_headers(request.headers))
+    except AuthError as err:
+        request.app["metrics"].errors.labels(err.code).inc()
+        return web.json_response({"error": {"code": err.code, "message": err.message}}, status=err.status)
+    token, exp = auth.mint()
+    return web.json_response({"token": token, "expires_at": exp, "ttl_s": auth.config.token_ttl_s})
+
+
+async def drain(app: web.Application, timeout_s: float) -> None:
+    """Refuse new sessions, let current turns finish (at most ``timeout_s``)."""
+    app["draining"] = True
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while any(s.open_turns for s in app["sessions"]) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+
+
 async def serve(config: GatewayConfig) -> None:
-    """Run until cancelled (Ctrl-C)."""
+    """Run until SIGTERM or SIGINT; then drain (no new sessions, current turns finish) and exit."""
     app = create_app(config)
-    runner = web.AppRunner(app, handle_signals=True)
+    runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     log.info("voicewire listening on http://%s:%d (model %s)", config.host, config.port, config.engine.model)
     print(f"voicewire: serving {config.engine.model} on http://{config.host}:{config.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        log.info("draining: %d sessions open", len(app["sessions"]))
+        await drain(app, config.drain_timeout_s)
     finally:
         await runner.cleanup()
+    log.info("stopped")

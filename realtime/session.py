@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from engine import AudioChunk, Engine, EngineBusy, Stream, StreamError
 from engine.level import first_audible_sample
 
+from .metrics import GatewayMetrics
 from .protocol import (
     MAX_MESSAGE_BYTES,
     MAX_TEXT_CHARS,
@@ -37,8 +38,33 @@ from .truncation import TextSpan, spoken_text
 
 log = logging.getLogger("voicewire.session")
 
-MAX_QUEUED_TURNS = 8  # turns waiting behind the one playing
 MAX_REMEMBERED_TURNS = 256  # finished turn ids kept to reject late text for them
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Per-session limits; each breach has a documented error code (README, "Limits")."""
+
+    max_queued_turns: int = 8  # turns waiting behind the one playing -> too_many_turns
+    text_chars_per_s: float = 1_000.0  # sustained text rate (an LLM at 100 tokens/s is ~400) -> rate_limited
+    text_burst_chars: float = 10_000.0  # ...with this much allowed at once
+    idle_timeout_s: float = 120.0  # no client message and nothing playing -> close 4002
+    max_lifetime_s: float = 3_600.0  # -> close 4001
+
+
+class _TokenBucket:
+    def __init__(self, rate_per_s: float, burst: float) -> None:
+        self._rate, self._burst = rate_per_s, burst
+        self._level, self._t = burst, time.monotonic()
+
+    def take(self, amount: float) -> bool:
+        now = time.monotonic()
+        self._level = min(self._burst, self._level + (now - self._t) * self._rate)
+        self._t = now
+        if amount > self._level:
+            return False
+        self._level -= amount
+        return True
 
 
 @dataclass
@@ -62,12 +88,17 @@ class Turn:
     samples_sent: int = 0  # engine-rate samples handed to the transport
     text_sent: list[str] = field(default_factory=list)
     text_spans: list[TextSpan] = field(default_factory=list)  # where each chunk's text lies in the audio
+    underruns: int = 0  # audio handed over after a listener (playing from the first audio) ran dry
     ended: bool = False
     cancelled: bool = False
 
     @property
     def finished_input(self) -> bool:
         return self.ended or self.cancelled
+
+
+class SinkStalled(Exception):
+    """Raised by a sink whose client stopped reading (a send made no progress for its stall timeout)."""
 
 
 class SessionSink(Protocol):
@@ -85,11 +116,25 @@ class SessionSink(Protocol):
 
 
 class Session:
-    def __init__(self, engine: Engine, sink: SessionSink, session_id: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        sink: SessionSink,
+        session_id: str,
+        limits: SessionLimits | None = None,
+        metrics: GatewayMetrics | None = None,
+        transport: str = "websocket",
+    ) -> None:
         self.engine = engine
         self.sink = sink
         self.session_id = session_id
+        self.limits = limits or SessionLimits()
+        self.metrics = metrics
+        self.transport = transport
         self.audio = AudioSettings()
+        self.t_started = time.monotonic()
+        self.t_last_input = self.t_started
+        self._text_bucket = _TokenBucket(self.limits.text_chars_per_s, self.limits.text_burst_chars)
         self._turns: dict[TurnId, Turn] = {}
         self._order: deque[Turn] = deque()
         self._finished: deque[TurnId] = deque()
@@ -98,6 +143,7 @@ class Session:
         self._pump: asyncio.Task[None] | None = None
         self._closed = False
         self.turns_completed = 0
+        self.slow_consumer = False  # the sink stalled: the transport closes the session
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -111,7 +157,10 @@ class Session:
                 "limits": {
                     "max_message_bytes": MAX_MESSAGE_BYTES,
                     "max_text_chars": MAX_TEXT_CHARS,
-                    "max_queued_turns": MAX_QUEUED_TURNS,
+                    "max_queued_turns": self.limits.max_queued_turns,
+                    "text_chars_per_s": self.limits.text_chars_per_s,
+                    "idle_timeout_s": self.limits.idle_timeout_s,
+                    "max_lifetime_s": self.limits.max_lifetime_s,
                 },
             }
         )
@@ -135,14 +184,35 @@ class Session:
     def open_turns(self) -> int:
         return len(self._turns)
 
+    def expired(self, now: float) -> str | None:
+        """Why the transport should close this session now (lifetime, idle), or None."""
+        if now - self.t_started > self.limits.max_lifetime_s:
+            return "session_expired"
+        if not self._turns and now - self.t_last_input > self.limits.idle_timeout_s:
+            return "idle_timeout"
+        return None
+
+    async def send_error(self, code: str, message: str, turn_id: TurnId | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.errors.labels(code).inc()
+        log.info("session %s turn %r: error %s: %s", self.session_id, turn_id, code, message)
+        await self.sink.send_json(error_message(code, message, turn_id))
+
     # --- input -------------------------------------------------------------------------------------
     async def receive(self, raw: str | bytes) -> None:
         """One client message. Bad input is answered with an error message; nothing is raised."""
+        self.t_last_input = time.monotonic()
         try:
             msg = parse_client_message(raw)
+            if isinstance(msg, TextDelta) and not self._text_bucket.take(len(msg.text)):
+                raise ProtocolError(
+                    "rate_limited",
+                    f"text is limited to {self.limits.text_chars_per_s:g} characters/s",
+                    msg.turn_id,
+                )
             self._dispatch(msg)
         except ProtocolError as err:
-            await self.sink.send_json(error_message(err.code, err.message, err.turn_id))
+            await self.send_error(err.code, err.message, err.turn_id)
             return
         if isinstance(msg, SessionUpdate):
             await self.sink.send_json({"type": "session.updated", "audio": self.audio.describe()})
@@ -180,8 +250,10 @@ class Session:
             return turn
         if turn_id in self._finished_set:
             raise ProtocolError("turn_ended", "this turn has ended; start a new turn_id", turn_id)
-        if len(self._order) > MAX_QUEUED_TURNS:
-            raise ProtocolError("too_many_turns", f"at most {MAX_QUEUED_TURNS} turns may wait", turn_id)
+        if len(self._order) > self.limits.max_queued_turns:
+            raise ProtocolError(
+                "too_many_turns", f"at most {self.limits.max_queued_turns} turns may wait", turn_id
+            )
         try:
             stream = self.engine.open_stream(voice=self.audio.voice)
         except EngineBusy as err:
@@ -226,11 +298,21 @@ class Session:
                 await self._play(turn)
             except asyncio.CancelledError:
                 raise
+            except SinkStalled:
+                log.warning("session %s: the client stopped reading; cancelling its turns", self.session_id)
+                self.slow_consumer = True
+                for t in self._turns.values():
+                    t.cancelled = True
+                    t.stream.cancel()
+                self._order.clear()
+                self._turns.clear()
+                return
             except Exception:
                 log.exception("session %s: turn %r failed in the transport", self.session_id, turn.turn_id)
                 turn.stream.cancel()
             finally:
-                self._order.popleft()
+                if self._order and self._order[0] is turn:
+                    self._order.popleft()
                 self._forget(turn)
 
     async def _play(self, turn: Turn) -> None:
@@ -244,8 +326,12 @@ class Session:
                     if turn.cancelled:
                         break
                     if chunk.pcm.size:
+                        now = time.perf_counter()
                         if turn.t_first_audio_sent is None:
-                            turn.t_first_audio_sent = time.perf_counter()
+                            turn.t_first_audio_sent = now
+                        elif now - turn.t_first_audio_sent > turn.samples_sent / chunk.sample_rate_hz:
+                            # A listener who started playing at the first audio would have run dry.
+                            turn.underruns += 1
                         if turn.first_audible_sample is None:
                             onset = first_audible_sample(chunk.pcm, chunk.sample_rate_hz, threshold_dbfs)
                             if onset is not None:
@@ -270,10 +356,24 @@ class Session:
         # A sink that waits for playout (WebRTC) can see a barge-in land while it drains.
         cancelled = cancelled or turn.cancelled
         if error is not None:
-            await self.sink.send_json(error_message(error.code, str(error), turn.turn_id))
+            await self.send_error(error.code, str(error), turn.turn_id)
         reason = "cancelled" if cancelled else ("error" if error else "completed")
         self.turns_completed += 1
-        await self.sink.send_json(self._done_message(turn, reason, played_ms))
+        done = self._done_message(turn, reason, played_ms)
+        if self.metrics is not None:
+            self.metrics.turns.labels(self.transport, reason).inc()
+            if "ttfp_ms" in done["metrics"]:
+                self.metrics.ttfp.labels(self.transport).observe(done["metrics"]["ttfp_ms"] / 1000)
+            if turn.underruns:
+                self.metrics.underruns.labels(self.transport).inc(turn.underruns)
+        log.info(
+            "session %s turn %r: %s, %.0f ms of audio",
+            self.session_id,
+            turn.turn_id,
+            reason,
+            done["audio_ms"],
+        )
+        await self.sink.send_json(done)
 
     def _done_message(self, turn: Turn, reason: str, played_ms: float) -> dict[str, Any]:
         m = turn.stream.metrics
@@ -285,7 +385,10 @@ class Session:
             if reason == "completed"
             else spoken_text(turn.text_spans, round(played_ms * rate / 1000))
         )
-        metrics: dict[str, Any] = {"trimmed_ms": round(m.trimmed_samples * 1000 / rate, 1)}
+        metrics: dict[str, Any] = {
+            "trimmed_ms": round(m.trimmed_samples * 1000 / rate, 1),
+            "underruns": turn.underruns,
+        }
         if turn.t_first_audio_sent is not None:
             metrics["ttfp_ms"] = round((turn.t_first_audio_sent - turn.t_first_text) * 1000, 2)
             if turn.first_audible_sample is not None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import time
 import uuid
 from typing import Any
 
@@ -12,25 +15,34 @@ from aiohttp import WSMsgType, web
 from engine import AudioChunk
 
 from .audio import TurnAudioEncoder
+from .auth import TOKEN_SUBPROTOCOL_PREFIX, AuthError, api_key_from_headers, token_from_request
 from .protocol import MAX_MESSAGE_BYTES, dumps
-from .session import Session, Turn
+from .session import Session, SinkStalled, Turn
 
 log = logging.getLogger("voicewire.ws")
+
+# Close codes (README, "Security and limits").
+CLOSE_SESSION_EXPIRED = 4001
+CLOSE_IDLE = 4002
+CLOSE_SLOW_CONSUMER = 4008
+CLOSE_DRAINING = 1001  # going away: the server is shutting down
+WATCHDOG_INTERVAL_S = 1.0
 
 
 class WebSocketSink:
     """Session output over one WebSocket. Sends are serialized so JSON and audio keep their order."""
 
-    def __init__(self, ws: web.WebSocketResponse, engine_rate_hz: int) -> None:
+    def __init__(self, ws: web.WebSocketResponse, engine_rate_hz: int, stall_timeout_s: float = 10.0) -> None:
         self._ws = ws
         self._lock = asyncio.Lock()
+        self._stall_timeout_s = stall_timeout_s
         self._rate = engine_rate_hz
         self._encoders: dict[int, TurnAudioEncoder] = {}
 
     async def send_json(self, msg: dict[str, Any]) -> None:
         async with self._lock:
             if not self._ws.closed:
-                await self._ws.send_str(dumps(msg))
+                await self._guarded(self._ws.send_str(dumps(msg)))
 
     async def start_turn(self, turn: Turn) -> None:
         self._encoders[id(turn)] = TurnAudioEncoder(turn.audio.format, self._rate, turn.audio.sample_rate)
@@ -53,20 +65,69 @@ class WebSocketSink:
             for p in payloads:
                 if self._ws.closed:
                     return
-                await self._ws.send_bytes(p)
+                await self._guarded(self._ws.send_bytes(p))
+
+    async def _guarded(self, send: Any) -> None:
+        # A send blocks only when the socket's buffers are full: the client stopped reading.
+        try:
+            await asyncio.wait_for(send, self._stall_timeout_s)
+        except TimeoutError:
+            raise SinkStalled(f"no progress writing to the client for {self._stall_timeout_s:g} s") from None
 
 
-async def stream_handler(request: web.Request) -> web.WebSocketResponse:
-    engine = request.app["engine"]
+def refuse(request: web.Request, status: int, code: str, message: str) -> web.Response:
+    """Refuse a session-opening request before anything is allocated for it."""
+    metrics = request.app.get("metrics")
+    if metrics is not None:
+        metrics.errors.labels(code).inc()
+    log.info("refused %s %s: %s", request.method, request.path, code)
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def admit(request: web.Request, token: str | None) -> web.Response | None:
+    """Draining, capacity, origin and credentials: a refusal response, or None to go ahead."""
+    app = request.app
+    if app["draining"]:
+        return refuse(request, 503, "draining", "the server is shutting down")
+    if len(app["sessions"]) >= app["config"].max_sessions:
+        return refuse(request, 503, "too_many_sessions", "the server is at its session limit")
+    try:
+        app["auth"].authorize(
+            origin=request.headers.get("Origin"), api_key=api_key_from_headers(request.headers), token=token
+        )
+    except AuthError as err:
+        return refuse(request, err.status, err.code, err.message)
+    return None
+
+
+async def stream_handler(request: web.Request) -> web.StreamResponse:
+    refused = admit(request, token_from_request(request.query, request.headers))
+    if refused is not None:
+        return refused
+    app = request.app
+    engine = app["engine"]
+    cfg = app["config"]
+    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     ws = web.WebSocketResponse(
         max_msg_size=MAX_MESSAGE_BYTES,  # larger: aiohttp closes with 1009 (message too big)
-        heartbeat=request.app["config"].ws_heartbeat_s,
+        heartbeat=cfg.ws_heartbeat_s,
         compress=False,
+        timeout=2.0,  # close handshake: do not wait long for a client that stopped reading
+        # A browser fails the handshake unless the server selects the token subprotocol it offered.
+        protocols=[p for p in offered if p.startswith(TOKEN_SUBPROTOCOL_PREFIX)][:1],
     )
     await ws.prepare(request)
-    session = Session(engine, WebSocketSink(ws, engine.model.info.sample_rate_hz), uuid.uuid4().hex[:12])
-    sessions: set[Session] = request.app["sessions"]
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None:
+        # Bounded kernel buffering per client: a reader that stops is noticed in seconds, not megabytes.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.ws_send_buffer_bytes)
+    sink = WebSocketSink(ws, engine.model.info.sample_rate_hz, cfg.write_stall_timeout_s)
+    session = Session(engine, sink, uuid.uuid4().hex[:12], cfg.limits, app["metrics"], "websocket")
+    sessions: set[Session] = app["sessions"]
     sessions.add(session)
+    app["metrics"].sessions.labels("websocket").inc()
+    watchdog = asyncio.create_task(_watch(ws, session, app))
+    close_code: int | None = None
     try:
         await session.start()
         async for msg in ws:
@@ -75,7 +136,43 @@ async def stream_handler(request: web.Request) -> web.WebSocketResponse:
             elif msg.type == WSMsgType.ERROR:
                 log.info("session %s: websocket error %s", session.session_id, ws.exception())
                 break
+    except SinkStalled as err:
+        log.warning("session %s: %s; closing", session.session_id, err)
+        close_code = CLOSE_SLOW_CONSUMER
     finally:
+        watchdog.cancel()
         sessions.discard(session)
+        app["metrics"].sessions.labels("websocket").dec()
         await session.close()
+        slow = close_code is not None or session.slow_consumer
+        if slow:
+            app["metrics"].errors.labels("slow_consumer").inc()
+        if not ws.closed:
+            code = CLOSE_SLOW_CONSUMER if slow else 1000
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.close(code=code, message=b"slow consumer" if slow else b""), 2.0)
     return ws
+
+
+async def _watch(ws: web.WebSocketResponse, session: Session, app: web.Application) -> None:
+    """Closes the session for lifetime, idle time, a stalled pump, or server drain."""
+    reasons = {"session_expired": CLOSE_SESSION_EXPIRED, "idle_timeout": CLOSE_IDLE}
+    while not ws.closed:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        why = session.expired(time.monotonic())
+        if session.slow_consumer:
+            why, code = "slow_consumer", CLOSE_SLOW_CONSUMER
+        elif why is not None:
+            code = reasons[why]
+        elif app["draining"] and session.open_turns == 0:
+            why, code = "draining", CLOSE_DRAINING
+        else:
+            continue
+        log.info("session %s: closing (%s)", session.session_id, why)
+        if why != "slow_consumer":
+            with contextlib.suppress(Exception):
+                await session.send_error(why, f"session closed: {why.replace('_', ' ')}")
+        await session.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(ws.close(code=code, message=why.encode()), 2.0)
+        return

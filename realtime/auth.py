@@ -1,0 +1,156 @@
+"""Who may open a session: API keys, short-lived single-use session tokens, Origin allow-list.
+
+Off by default (the local demo needs nothing). With an API key configured:
+
+* server-to-server clients present the key: ``Authorization: Bearer <key>`` or ``X-API-Key``;
+* a browser cannot set headers on a WebSocket, so its backend (holding the key) mints a session
+  token at ``POST /v1/session-tokens`` and hands it to the page. The token is
+  ``b64url(payload).b64url(HMAC-SHA256(secret, payload))`` with payload ``{"exp", "jti"}``: it
+  expires after at most 5 minutes and is accepted once (its ``jti`` is remembered until it
+  expires). The WebSocket takes it as ``?token=`` or as a ``voicewire.token.<token>`` subprotocol;
+  ``POST /offer`` as ``?token=``, a ``token`` body field or the bearer header.
+
+With an Origin allow-list, a request that carries an ``Origin`` header must match one entry
+exactly (scheme, host and port): no suffix or wildcard matching. Requests without ``Origin``
+(non-browser clients) are not origin-checked but still need credentials when auth is on.
+Every check runs before anything is allocated for the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+MAX_TOKEN_TTL_S = 300.0
+TOKEN_SUBPROTOCOL_PREFIX = "voicewire.token."
+
+
+class AuthError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    api_keys: tuple[str, ...] = ()  # empty: auth off
+    allowed_origins: tuple[str, ...] = ()  # empty: any origin
+    token_ttl_s: float = 120.0
+    secret: bytes = b""  # HMAC key for session tokens; random per process when empty
+
+    def __post_init__(self) -> None:
+        if not 0 < self.token_ttl_s <= MAX_TOKEN_TTL_S:
+            raise ValueError(f"token_ttl_s must be within (0, {MAX_TOKEN_TTL_S}]")
+        if any("." in k or len(k) < 16 for k in self.api_keys):
+            # Bearer values with a dot are session tokens; keys are told apart by having none.
+            raise ValueError("API keys must be at least 16 characters and contain no '.'")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Authenticator:
+    def __init__(self, config: AuthConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self._secret = config.secret or secrets.token_bytes(32)
+        self._clock = clock
+        self._used: dict[str, float] = {}  # jti -> exp, pruned as tokens expire
+
+    def _now(self) -> float:
+        return self._clock()
+
+    # --- tokens ------------------------------------------------------------------------------
+    def mint(self, ttl_s: float | None = None) -> tuple[str, float]:
+        ttl = min(ttl_s or self.config.token_ttl_s, MAX_TOKEN_TTL_S)
+        exp = self._now() + ttl
+        payload = json.dumps(
+            {"exp": round(exp, 3), "jti": secrets.token_hex(12)}, separators=(",", ":")
+        ).encode()
+        sig = hmac.new(self._secret, payload, hashlib.sha256).digest()
+        return f"{_b64(payload)}.{_b64(sig)}", exp
+
+    def redeem(self, token: str) -> None:
+        """Accept a session token once. Raises AuthError (401) for a bad, expired or reused token."""
+        try:
+            head, sig = token.split(".")
+            payload = _unb64(head)
+            good = hmac.compare_digest(_unb64(sig), hmac.new(self._secret, payload, hashlib.sha256).digest())
+            claims = json.loads(payload) if good else None
+            exp, jti = float(claims["exp"]), str(claims["jti"])  # type: ignore[index]
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            raise AuthError(
+                401, "invalid_token", "the session token is malformed or its signature is wrong"
+            ) from None
+        now = self._now()
+        self._prune(now)
+        if exp <= now:
+            raise AuthError(401, "expired_token", "the session token has expired; mint a new one")
+        if jti in self._used:
+            raise AuthError(401, "token_reused", "session tokens are single-use")
+        self._used[jti] = exp
+
+    def _prune(self, now: float) -> None:
+        if len(self._used) > 1024:
+            self._used = {j: e for j, e in self._used.items() if e > now}
+
+    # --- requests ------------------------------------------------------------------------------
+    def check_origin(self, origin: str | None) -> None:
+        allowed = self.config.allowed_origins
+        if allowed and origin is not None and origin not in allowed:
+            raise AuthError(403, "origin_not_allowed", f"origin {origin[:100]!r} is not allowed")
+
+    def check_api_key(self, key: str | None) -> None:
+        if key is None:
+            raise AuthError(401, "missing_credentials", "an API key is required")
+        if not any(hmac.compare_digest(key, k) for k in self.config.api_keys):
+            raise AuthError(401, "invalid_api_key", "the API key is not valid")
+
+    def authorize(self, *, origin: str | None, api_key: str | None, token: str | None) -> None:
+        """A session-opening request: origin first, then an API key or a session token."""
+        self.check_origin(origin)
+        if not self.config.enabled:
+            return
+        if token is not None:
+            self.redeem(token)
+        elif api_key is not None:
+            self.check_api_key(api_key)
+        else:
+            raise AuthError(401, "missing_credentials", "a session token or an API key is required")
+
+
+def api_key_from_headers(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("Authorization")
+    if auth and auth.startswith("Bearer ") and "." not in auth[7:]:
+        return auth[7:].strip()
+    return headers.get("X-API-Key") or None
+
+
+def token_from_request(query: Mapping[str, str], headers: Mapping[str, str]) -> str | None:
+    """A session token from ``?token=``, a ``voicewire.token.*`` subprotocol or a bearer header."""
+    token = query.get("token")
+    if token:
+        return token
+    for proto in (p.strip() for p in headers.get("Sec-WebSocket-Protocol", "").split(",")):
+        if proto.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return proto[len(TOKEN_SUBPROTOCOL_PREFIX) :]
+    auth = headers.get("Authorization")
+    if auth and auth.startswith("Bearer ") and "." in auth[7:]:
+        return auth[7:].strip()  # tokens contain a dot; API keys are told apart by having none
+    return None
