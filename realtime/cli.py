@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import sys
 import wave
 
@@ -13,6 +15,7 @@ import numpy as np
 from engine import MODEL_NAMES, Engine, EngineConfig
 
 from .audio import pcm16_bytes
+from .auth import AuthConfig
 from .config import GatewayConfig
 
 
@@ -58,6 +61,28 @@ async def _say(engine_config: EngineConfig, text: str, out_path: str, speed: flo
     return audio.size / rate
 
 
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(
+            {
+                "ts": round(record.created, 3),
+                "level": record.levelname,
+                "logger": record.name,
+                "message": record.getMessage(),
+            }
+        )
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="voicewire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +90,22 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="json: one object per line"
+    )
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="turn auth on: this key (repeatable; also VOICEWIRE_API_KEYS, comma-separated)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        help="exact browser Origin allowed (repeatable), e.g. https://app.example.com",
+    )
+    serve.add_argument("--max-sessions", type=int, default=GatewayConfig.max_sessions)
     _add_model_args(serve)
     say = sub.add_parser("say", help="synthesize text to a WAV file")
     say.add_argument("text")
@@ -74,12 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "serve":
-        logging.basicConfig(
-            level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
+        _setup_logging(args.log_level, args.log_format)
         from .server import serve as run_server
 
-        config = GatewayConfig(host=args.host, port=args.port, engine=_engine_config(args))
+        keys = [*args.api_key, *filter(None, os.environ.get("VOICEWIRE_API_KEYS", "").split(","))]
+        config = GatewayConfig(
+            host=args.host,
+            port=args.port,
+            engine=_engine_config(args),
+            auth=AuthConfig(api_keys=tuple(keys), allowed_origins=tuple(args.allow_origin)),
+            max_sessions=args.max_sessions,
+        )
         try:
             asyncio.run(run_server(config))
         except KeyboardInterrupt:
