@@ -106,6 +106,18 @@ def main(argv: list[str] | None = None) -> int:
         help="exact browser Origin allowed (repeatable), e.g. https://app.example.com",
     )
     serve.add_argument("--max-sessions", type=int, default=GatewayConfig.max_sessions)
+    serve.add_argument(
+        "--write-stall-timeout",
+        type=float,
+        default=GatewayConfig.write_stall_timeout_s,
+        help="seconds a client may stop reading before it is closed with 4008",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=GatewayConfig.drain_timeout_s,
+        help="on SIGTERM, seconds current turns may take to finish",
+    )
     _add_model_args(serve)
     say = sub.add_parser("say", help="synthesize text to a WAV file")
     say.add_argument("text")
@@ -125,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             engine=_engine_config(args),
             auth=AuthConfig(api_keys=tuple(keys), allowed_origins=tuple(args.allow_origin)),
             max_sessions=args.max_sessions,
+            write_stall_timeout_s=args.write_stall_timeout,
+            drain_timeout_s=args.drain_timeout,
         )
         try:
             asyncio.run(run_server(config))
