@@ -69,6 +69,7 @@ class _Slot:
     speaker_id: int | None
     instruct_ids: list[int]
     forced_frames: int | None  # StreamParams.forced_frames
+    greedy: tuple[bool, bool]  # (codebook 0, codebooks 1..15): host copy of the device rows
     prefilled: bool = False
     frames: int = 0  # frames emitted
     position: int = 0  # talker positions written (KV length)
@@ -198,6 +199,7 @@ class Qwen3TTSModel(Model):
             speaker_id=speaker_id,
             instruct_ids=instruct_ids,
             forced_frames=params.forced_frames,
+            greedy=(greedy, cp_greedy),
         )
 
     def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
@@ -348,7 +350,8 @@ class Qwen3TTSModel(Model):
             seed,
             step,
         )
-        code0 = sample(scores, talker_params, 0)
+        drawn = [not self._slots[s].greedy[0] for s in slots], [not self._slots[s].greedy[1] for s in slots]
+        code0 = sample(scores, talker_params, 0, any(drawn[0]))
         cp_params = RowParams(
             self._greedy[slot_idx, 1],
             self._temp[slot_idx, 1],
@@ -358,7 +361,7 @@ class Qwen3TTSModel(Model):
             step,
         )
         rest = self.code_predictor.predict(
-            hidden, self.talker.codec_embedding(code0), lambda j, lg: sample(lg, cp_params, j)
+            hidden, self.talker.codec_embedding(code0), lambda j, lg: sample(lg, cp_params, j, any(drawn[1]))
         )
         codes = torch.cat((code0[:, None], rest), dim=1)
         self._last_codes.index_copy_(0, slot_idx, codes)

@@ -44,9 +44,14 @@ def apply_repetition_penalty(scores: Tensor, seen: Tensor, penalty: Tensor) -> T
     return torch.where(seen, penalized, scores)
 
 
-def sample(scores: Tensor, params: RowParams, codebook: int) -> Tensor:
-    """scores (B, V) float32 after the model-specific processors -> (B,) int64 tokens."""
+def sample(scores: Tensor, params: RowParams, codebook: int, any_drawn: bool = True) -> Tensor:
+    """scores (B, V) float32 after the model-specific processors -> (B,) int64 tokens.
+
+    ``any_drawn=False`` (the host knows every row is greedy) skips the sampling work.
+    """
     greedy = scores.argmax(dim=-1)
+    if not any_drawn:
+        return greedy
     s = scores / params.temperature[:, None]
     # top-k: drop everything below the k-th largest (ties at the k-th value stay, as in HF)
     sorted_desc = s.sort(dim=-1, descending=True).values

@@ -10,6 +10,7 @@ markers single tokens ("assistant", "\\n") as in Qwen2, and split English into a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -167,11 +168,18 @@ SPEECH_PREPROCESSOR = {
 
 
 def write_config_files(
-    cfg: Qwen3TTSConfig, directory: str, mimi_encoder: dict[str, object] | None = None
+    cfg: Qwen3TTSConfig,
+    directory: str,
+    mimi_encoder: dict[str, object] | None = None,
+    transformers_version: str = "4.57.3",
 ) -> None:
-    """config.json, generation_config.json, speech_tokenizer/{config,preprocessor_config}.json + tokenizer."""
+    """config.json, generation_config.json, speech_tokenizer/{config,preprocessor_config}.json + tokenizer.
+
+    ``transformers_version`` is recorded in config.json as the released files do (it decides the
+    official loader's tokenizer regex, see tokenizer.py).
+    """
     os.makedirs(os.path.join(directory, "speech_tokenizer"), exist_ok=True)
-    config, speech, generation = cfg.to_json()
+    config, speech, generation = dataclasses.replace(cfg, transformers_version=transformers_version).to_json()
     speech["encoder_config"] = dict(mimi_encoder if mimi_encoder is not None else TINY_MIMI_ENCODER)
     files = {
         "config.json": config,

@@ -76,7 +76,12 @@ def build_and_save(ckpt: dict, dtype: torch.dtype) -> None:
     # save_pretrained rewrites these; the released checkpoints ship hand-written ones (the package
     # cannot even read back its own speaker_encoder_config), so ours go back afterwards
     keep = {}
-    for rel in ("config.json", "generation_config.json", "speech_tokenizer/config.json", "speech_tokenizer/preprocessor_config.json"):
+    for rel in (
+        "config.json",
+        "generation_config.json",
+        "speech_tokenizer/config.json",
+        "speech_tokenizer/preprocessor_config.json",
+    ):
         with open(os.path.join(d, rel)) as f:
             keep[rel] = f.read()
     torch.manual_seed(ckpt["seed"])
@@ -110,7 +115,9 @@ def run_checkpoint(ckpt: dict, device: str, dtype: torch.dtype, out: dict[str, n
     model.talker.generate = forced_generate
     for i, p in enumerate(ckpt["prompts"]):
         input_ids = tts._tokenize_texts([tts._build_assistant_text(p["text"])])
-        kw = tts._merge_generate_kwargs(do_sample=False, subtalker_dosample=False, max_new_tokens=p["frames"] + 1)
+        kw = tts._merge_generate_kwargs(
+            do_sample=False, subtalker_dosample=False, max_new_tokens=p["frames"] + 1
+        )
         with torch.no_grad():
             codes, _ = model.generate(
                 input_ids=input_ids,
@@ -150,7 +157,9 @@ def main() -> None:
     import qwen_tts  # noqa: F401  (version record)
     import transformers
 
-    out["versions"] = np.array(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__}))
+    out["versions"] = np.array(
+        json.dumps({"transformers": transformers.__version__, "torch": torch.__version__})
+    )
     np.savez(out_path, **out)
 
 

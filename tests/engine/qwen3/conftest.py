@@ -1,0 +1,70 @@
+"""Fixtures of the Qwen3-TTS tests: the device, a tiny random model, the official oracle's outputs.
+
+``VOICEWIRE_TEST_DEVICE=cuda`` runs the model-level tests on the GPU (fp32); the default is CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.model import StreamParams
+from engine.qwen3 import Qwen3TTSModel, load_qwen3
+
+from .oracle import ORACLE_DIR, SETUP, OracleRun, oracle_ready, run_oracle
+
+DEVICE = os.environ.get("VOICEWIRE_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip("VOICEWIRE_TEST_DEVICE=cuda but no CUDA device")
+    return DEVICE
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _threads() -> Iterator[None]:
+    # 2 shared cores: more intra-op threads only add contention
+    old = torch.get_num_threads()
+    torch.set_num_threads(min(old, 2))
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def tiny(device: str) -> Qwen3TTSModel:
+    return load_qwen3(None, "tiny", device=device, seed=3, max_slots=6, max_batch_size=6, max_seq_len=256)
+
+
+@pytest.fixture(scope="session")
+def oracle(tmp_path_factory: pytest.TempPathFactory, device: str) -> OracleRun:
+    if not oracle_ready():
+        pytest.skip(f"official qwen-tts oracle env absent at {ORACLE_DIR}: run {SETUP}")
+    return run_oracle(Path(tmp_path_factory.mktemp("oracle")), device=device)
+
+
+def run_stream(
+    model: Qwen3TTSModel,
+    slot: int,
+    text: Sequence[str],
+    params: StreamParams,
+    final: bool = True,
+) -> np.ndarray:
+    """Open a slot, give it the text pieces (all at once), generate alone until it stops -> (T, 16)."""
+    model.open_slot(slot, params)
+    model.add_text(slot, list(text), final)
+    frames = []
+    while model.ready(slot):
+        r = model.generate([slot])[0]
+        if r.frames is not None:
+            frames.append(r.frames)
+        if r.finished:
+            break
+    model.close_slot(slot)
+    return np.concatenate(frames) if frames else np.zeros((0, 16), np.int64)

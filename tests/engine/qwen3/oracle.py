@@ -1,0 +1,124 @@
+"""Driving the official qwen-tts oracle (oracle_run.py) from our side: the job, the environment, the run.
+
+Shared by the parity tests and benchmarks/gpu_qwen3_check.py. The oracle environment is the folder
+``oracle_setup.sh`` fills (default ``<repo>/.oracle``, or ``$VOICEWIRE_ORACLE_DIR``); on a machine
+without it the parity tests skip, naming the setup command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.qwen3.config import preset
+from engine.qwen3.testing import write_config_files
+
+ROOT = Path(__file__).resolve().parents[3]
+ORACLE_DIR = Path(os.environ.get("VOICEWIRE_ORACLE_DIR", str(ROOT / ".oracle")))
+SETUP = "tests/engine/qwen3/oracle_setup.sh"
+
+# (name, preset, seed, shard size, random-code frames, prompts). Prompt 2 runs 90 frames: past the
+# codec's 72-frame window and past the end of its text (tts-eos, then tts-pad feeds). Prompt 3 uses a
+# dialect speaker with "chinese" (the package swaps in the dialect id). "tiny" has the 1.7B-style
+# projection into a narrower code predictor and is saved in shards; "tiny-base" is a Base model
+# (speaker encoder tensors in the file, no speaker) with an equally wide code predictor (0.6B-style).
+CHECKPOINTS: list[dict[str, Any]] = [
+    {
+        "name": "tiny",
+        "preset": "tiny",
+        "seed": 1,
+        "max_shard_size": "4MB",
+        "random_frames": 100,
+        "prompts": [
+            {"text": "Hello world, this is a test.", "speaker": "ryan", "language": "english", "frames": 20},
+            {
+                "text": "The quick brown fox jumps over the lazy dog while McDonald's iPhone rings.",
+                "speaker": "vivian",
+                "language": "auto",
+                "frames": 90,
+            },
+            {
+                "text": "Good morning! 12 apples cost $3.50.",
+                "speaker": "eric",
+                "language": "chinese",
+                "frames": 30,
+            },
+        ],
+    },
+    {
+        "name": "base",
+        "preset": "tiny-base",
+        "seed": 2,
+        "max_shard_size": None,
+        "random_frames": 0,
+        "prompts": [{"text": "Base model speaks.", "speaker": None, "language": "english", "frames": 15}],
+    },
+]
+
+
+def oracle_ready(oracle_dir: Path = ORACLE_DIR) -> bool:
+    return oracle_dir.is_dir() and any(p.name.startswith("READY-") for p in oracle_dir.iterdir())
+
+
+def oracle_pythonpath(oracle_dir: Path = ORACLE_DIR, python: str = sys.executable) -> str:
+    paths = [str(oracle_dir / "site")]
+    has_torchaudio = subprocess.run([python, "-c", "import torchaudio"], capture_output=True).returncode == 0
+    if not has_torchaudio:  # CPU torch here has no torchaudio build: the stub satisfies the import
+        paths.append(str(oracle_dir / "stub"))
+    return os.pathsep.join(paths)
+
+
+@dataclass
+class OracleRun:
+    checkpoints: list[dict[str, Any]]  # the job's entries, with "dir" filled in
+    ref: dict[str, np.ndarray]
+
+    def directory(self, name: str) -> str:
+        return next(str(c["dir"]) for c in self.checkpoints if c["name"] == name)
+
+
+def run_oracle(
+    workdir: Path,
+    device: str = "cpu",
+    dtype: str = "float32",
+    oracle_dir: Path = ORACLE_DIR,
+    python: str = sys.executable,
+    timeout_s: float = 600.0,
+) -> OracleRun:
+    """Write config skeletons, let the oracle fill in random weights and reference outputs, read them."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    checkpoints = []
+    for c in CHECKPOINTS:
+        d = workdir / c["name"]
+        write_config_files(preset(c["preset"]), str(d))
+        checkpoints.append({**c, "dir": str(d)})
+    job = {"device": device, "dtype": dtype, "threads": 2, "checkpoints": checkpoints}
+    job_path, out_path = workdir / "job.json", workdir / "oracle.npz"
+    job_path.write_text(json.dumps(job))
+    env = {
+        **os.environ,
+        "PYTHONPATH": oracle_pythonpath(oracle_dir, python),
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    env.pop("PYTHONHOME", None)
+    script = Path(__file__).with_name("oracle_run.py")
+    proc = subprocess.run(
+        [python, str(script), str(job_path), str(out_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=str(workdir),
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"oracle failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    with np.load(out_path) as z:
+        ref = {k: z[k] for k in z.files}
+    return OracleRun(checkpoints, ref)
