@@ -136,6 +136,9 @@ async def read_offer(request: web.Request) -> str:
         body = await request.json()
     except ValueError:
         raise OfferError(400, "invalid_json", "the body is not valid JSON") from None
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app["config"].max_http_body_bytes
+        raise OfferError(413, "body_too_large", f"offers are limited to {limit} bytes") from None
     if not isinstance(body, dict):
         raise OfferError(400, "invalid_request", 'the body must be {"sdp": ..., "type": "offer"}')
     if body.get("type") != "offer":
