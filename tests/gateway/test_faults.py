@@ -1,0 +1,158 @@
+"""Faults: abrupt disconnects, a failing stream, SIGTERM drain; and what /metrics and /readyz say."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import aiohttp
+import websockets
+
+from engine import Engine, EngineConfig
+from engine.model import GenerateResult
+from engine.models.hibari_voice import HibariModel
+from tests.asr import transcribe, wer
+from tests.conftest import TurnResult, read_turn, running_gateway, send_words
+
+LONG = (
+    "This turn goes on and on, sentence after sentence, so that it is still playing when the client vanishes. "
+    * 4
+)
+
+
+async def _connect(base: str):  # type: ignore[no-untyped-def]
+    ws = await websockets.connect(f"ws://{base}/v1/stream", max_size=None)
+    await ws.recv()
+    return ws
+
+
+async def test_client_vanishing_mid_turn_frees_its_stream_within_1s(gateway: str, engine: Engine) -> None:
+    ws = await _connect(gateway)
+    await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": LONG}))
+    while not isinstance(await ws.recv(), bytes):
+        pass
+    assert engine.active_streams() == 1
+    ws.transport.abort()  # no close frame: the TCP connection just drops
+    t0 = time.monotonic()
+    while engine.active_streams() and time.monotonic() - t0 < 1.0:
+        await asyncio.sleep(0.01)
+    assert engine.active_streams() == 0, "the engine stream outlived its client by more than 1 s"
+
+
+class _FaultyVoice(HibariModel):
+    """Fault injection: any clause with the word 'kaboom' raises inside model work."""
+
+    def _generate_one(self, slot: int) -> GenerateResult:
+        clauses = self._slots[slot].clauses
+        if clauses and "kaboom" in clauses[0]:
+            raise RuntimeError("injected fault in model work")
+        return super()._generate_one(slot)
+
+
+async def test_a_stream_failing_in_model_work_leaves_the_others_playing() -> None:
+    eng = Engine(EngineConfig(), model=_FaultyVoice()).start()
+    texts = [
+        "The first caller hears every word of this sentence.",
+        "The second caller is also fine, thank you.",
+    ]
+    try:
+        async with running_gateway(eng) as base:
+            bad, goods = await _connect(base), [await _connect(base) for _ in texts]
+            results = [TurnResult(turn_id="g") for _ in texts]
+            readers = [asyncio.create_task(read_turn(ws, r)) for ws, r in zip(goods, results, strict=True)]
+            senders = [
+                asyncio.create_task(send_words(ws, "g", t, 25)) for ws, t in zip(goods, texts, strict=True)
+            ]
+            failed = TurnResult(turn_id="b")
+            bad_reader = asyncio.create_task(read_turn(bad, failed))
+            await send_words(bad, "b", "Now, kaboom goes the model.", 25)
+            await bad_reader
+            assert failed.done is not None and failed.done["reason"] == "error"
+            assert any(m.get("code") == "model_error" for m in failed.messages)
+            await asyncio.gather(*senders, *readers)
+            for text, res in zip(texts, results, strict=True):
+                assert res.done is not None and res.done["reason"] == "completed"
+                assert wer(text, transcribe(res.pcm(), 24_000)) <= 0.15
+            # the failed session is still usable
+            again = TurnResult(turn_id="again")
+            reader = asyncio.create_task(read_turn(bad, again))
+            await send_words(bad, "again", "All good now.", 25)
+            await reader
+            assert again.done is not None and again.done["reason"] == "completed"
+            for ws in (bad, *goods):
+                await ws.close()
+    finally:
+        eng.close()
+
+
+async def test_metrics_and_readyz(gateway: str) -> None:
+    ws = await _connect(gateway)
+    res = TurnResult(turn_id=1)
+    reader = asyncio.create_task(read_turn(ws, res))
+    await send_words(ws, 1, "Counting this turn.", 30)
+    await reader
+    await ws.send("{broken")
+    await ws.recv()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://{gateway}/metrics") as r:
+            text = await r.text()
+        async with http.get(f"http://{gateway}/readyz") as r:
+            assert r.status == 200
+    assert 'voicewire_ttfp_seconds_count{transport="websocket"} 1.0' in text
+    assert 'voicewire_sessions_active{transport="websocket"} 1.0' in text
+    assert 'voicewire_turns_total{reason="completed",transport="websocket"} 1.0' in text
+    assert 'voicewire_errors_total{code="invalid_json"} 1.0' in text
+    assert "voicewire_engine_streams_active" in text and "voicewire_engine_batches_total" in text
+    await ws.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_sigterm_drains_then_exits_0() -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--drain-timeout", "15"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        base = f"127.0.0.1:{port}"
+        ws = await _connect(base)
+        res = TurnResult(turn_id="last")
+        reader = asyncio.create_task(read_turn(ws, res))
+        # A turn whose text is still arriving when SIGTERM comes.
+        sender = asyncio.create_task(
+            send_words(ws, "last", "Please let me finish this sentence before you go.", 10)
+        )
+        await asyncio.sleep(0.3)
+        os.kill(proc.pid, signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://{base}/readyz") as r:
+                assert r.status == 503
+            async with http.get(f"http://{base}/v1/stream") as r:
+                assert r.status == 503 and (await r.json())["error"]["code"] == "draining"
+        await sender
+        await reader
+        assert res.done is not None and res.done["reason"] == "completed"
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

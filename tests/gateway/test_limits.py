@@ -1,0 +1,107 @@
+"""Each configurable limit, hit, with its documented error code or close code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+import websockets
+
+from engine import Engine
+from realtime.session import SessionLimits
+from tests.conftest import running_gateway
+
+
+async def _connect(base: str):  # type: ignore[no-untyped-def]
+    ws = await websockets.connect(f"ws://{base}/v1/stream", max_size=None)
+    assert json.loads(await ws.recv())["type"] == "session.created"
+    return ws
+
+
+async def _next_json(ws) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    while True:
+        msg = await asyncio.wait_for(ws.recv(), 10)
+        if isinstance(msg, str):
+            return json.loads(msg)  # type: ignore[no-any-return]
+
+
+async def test_text_rate_limit(engine: Engine) -> None:
+    async with running_gateway(
+        engine, limits=SessionLimits(text_chars_per_s=100, text_burst_chars=200)
+    ) as base:
+        ws = await _connect(base)
+        await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": "a" * 150}))
+        await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": "b" * 150}))
+        msg = await _next_json(ws)
+        while msg["type"] != "error":
+            msg = await _next_json(ws)
+        assert msg["code"] == "rate_limited" and msg["turn_id"] == 1
+        await ws.send(json.dumps({"type": "turn.cancel", "turn_id": 1}))
+        await ws.close()
+
+
+async def test_queued_turns_limit(engine: Engine) -> None:
+    async with running_gateway(engine, limits=SessionLimits(max_queued_turns=2)) as base:
+        ws = await _connect(base)
+        codes = []
+        for t in range(6):
+            await ws.send(
+                json.dumps(
+                    {"type": "text.delta", "turn_id": t, "text": "A long turn that keeps playing. " * 3}
+                )
+            )
+        deadline = time.monotonic() + 10
+        while "too_many_turns" not in codes and time.monotonic() < deadline:
+            msg = await _next_json(ws)
+            if msg["type"] == "error":
+                codes.append(msg["code"])
+        assert "too_many_turns" in codes
+        await ws.close()
+
+
+async def test_sessions_per_process_limit(engine: Engine) -> None:
+    async with running_gateway(engine, max_sessions=2) as base:
+        a, b = await _connect(base), await _connect(base)
+        with pytest.raises(websockets.InvalidStatus) as err:
+            await websockets.connect(f"ws://{base}/v1/stream")
+        assert err.value.response.status_code == 503
+        assert json.loads(err.value.response.body)["error"]["code"] == "too_many_sessions"
+        await a.close()
+        await asyncio.sleep(0.1)
+        c = await _connect(base)  # a slot is free again
+        await b.close()
+        await c.close()
+
+
+async def test_session_lifetime_and_idle_timeout(engine: Engine) -> None:
+    async with running_gateway(engine, limits=SessionLimits(max_lifetime_s=1.5)) as base:
+        ws = await _connect(base)
+        t0 = time.monotonic()
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                await ws.send(json.dumps({"type": "text.flush", "turn_id": "keepalive"}))  # activity
+                await asyncio.sleep(0.2)
+                while True:
+                    try:
+                        await asyncio.wait_for(ws.recv(), 0.01)
+                    except TimeoutError:
+                        break
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
+        assert time.monotonic() - t0 < 3.5
+    async with running_gateway(engine, limits=SessionLimits(idle_timeout_s=1.0)) as base:
+        ws = await _connect(base)
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                msg = await asyncio.wait_for(ws.recv(), 5)
+                assert json.loads(msg)["code"] == "idle_timeout"
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4002
+
+
+async def test_http_body_limit_is_configurable(engine: Engine) -> None:
+    async with running_gateway(engine, max_http_body_bytes=1000) as base, aiohttp.ClientSession() as http:
+        async with http.post(f"http://{base}/v1/audio/speech", data=json.dumps({"input": "x" * 2000})) as r:
+            assert r.status == 413
+            assert (await r.json())["error"]["code"] == "body_too_large"
