@@ -101,7 +101,11 @@ async def test_session_lifetime_and_idle_timeout(engine: Engine) -> None:
 
 
 async def test_http_body_limit_is_configurable(engine: Engine) -> None:
-    async with running_gateway(engine, max_http_body_bytes=1000) as base, aiohttp.ClientSession() as http:
-        async with http.post(f"http://{base}/v1/audio/speech", data=json.dumps({"input": "x" * 2000})) as r:
-            assert r.status == 413
-            assert (await r.json())["error"]["code"] == "body_too_large"
+    body = json.dumps({"input": "x" * 2000})
+    async with (
+        running_gateway(engine, max_http_body_bytes=1000) as base,
+        aiohttp.ClientSession() as http,
+        http.post(f"http://{base}/v1/audio/speech", data=body) as r,
+    ):
+        assert r.status == 413
+        assert (await r.json())["error"]["code"] == "body_too_large"
