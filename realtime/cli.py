@@ -1,4 +1,5 @@
-"""``voicewire`` command line: ``serve`` the gateway, ``say`` a sentence to a WAV file."""
+"""``voicewire`` command line: ``serve`` the gateway, ``say`` a sentence to a WAV file, ``probe`` a
+running server's latency."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from engine import MODEL_NAMES, Engine, EngineConfig
 from .audio import pcm16_bytes
 from .auth import AuthConfig
 from .config import GatewayConfig
+from .probe import add_arguments as add_probe_arguments
+from .probe import main_from_args as probe_main
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -124,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     say.add_argument("-o", "--output", default="out.wav")
     say.add_argument("--speed", type=float, default=1.0)
     _add_model_args(say)
+    probe = sub.add_parser("probe", help="measure a running server: TTFB, audible TTFA, underruns, end-to-end")
+    add_probe_arguments(probe)
     args = parser.parse_args(argv)
+
+    if args.command == "probe":
+        return probe_main(args)
 
     if args.command == "serve":
         _setup_logging(args.log_level, args.log_format)

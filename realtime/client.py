@@ -1,0 +1,473 @@
+"""Python client for protocol v1 (asyncio): speak an LLM's text stream, get its audio back.
+
+    client = await VoicewireClient.connect("ws://127.0.0.1:8080/v1/stream")
+    turn = await client.start_turn()
+    await turn.send("Sure, I can ")
+    await turn.send("help with that.")
+    await turn.end()
+    async for chunk in turn.audio():        # ReceivedAudio: 24 kHz PCM16 mono by default
+        player.write(chunk.data)
+    done = await turn.done()                # TurnDone: reason, audio_ms, played_ms, text_spoken, metrics
+
+    # One call: speak a streaming chat completion (str deltas or OpenAI-style chunks).
+    async for chunk in client.speak(await openai.chat.completions.create(..., stream=True)):
+        player.write(chunk.data)
+
+Barge-in: ``done = await turn.cancel()``; ``done.text_spoken`` is the text up to
+``done.played_ms`` (an estimate inside the last clause), to truncate the agent's context with.
+
+Turns of one connection are spoken in order: a turn started while another plays is generated at
+once and heard after it. Audio messages carry no turn id; they belong to the turn between its
+``turn.started`` and ``turn.done``. ``ProtocolClient`` holds the transport-free part, so the
+WebRTC client (``realtime.webrtc_client``) offers the same turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import websockets
+
+log = logging.getLogger("voicewire.client")
+
+DEFAULT_SAMPLE_RATE_HZ = 24_000
+OPUS_FRAME_S = 0.020  # one Opus packet per binary message
+MAX_AUDIO_MESSAGE_BYTES = 16 * 1024 * 1024  # a long clause of 48 kHz PCM16 is ~1 MB
+# Errors answered to a turn's first text.delta: the server never opened the turn, so no
+# turn.done will follow and the turn fails here.
+TURN_REFUSED_CODES = frozenset({"server_busy", "too_many_turns", "invalid_field", "invalid_voice", "rate_limited"})
+
+TurnId = str | int
+
+
+class VoicewireError(Exception):
+    """The server answered with an error (``code`` as documented in README, protocol v1)."""
+
+    def __init__(self, code: str, message: str, turn_id: TurnId | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.turn_id = turn_id
+
+
+@dataclass(frozen=True)
+class ReceivedAudio:
+    """One binary audio message (WebSocket) or one decoded 20 ms frame (WebRTC)."""
+
+    data: bytes  # pcm16: little-endian int16 mono; opus: one Opus packet
+    format: str  # "pcm16" | "opus"
+    sample_rate_hz: int
+    t_received_s: float  # time.perf_counter() on arrival
+
+    @property
+    def duration_s(self) -> float:
+        if self.format == "opus":
+            return OPUS_FRAME_S
+        return len(self.data) / 2 / self.sample_rate_hz
+
+    def pcm(self) -> np.ndarray:
+        """The samples as int16 (pcm16 only: decode Opus with your player or PyAV)."""
+        if self.format != "pcm16":
+            raise ValueError(f"pcm() needs pcm16 audio, this is {self.format}")
+        return np.frombuffer(self.data, "<i2")
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    """The server's ``turn.done``."""
+
+    turn_id: TurnId
+    reason: str  # "completed" | "cancelled" | "error"
+    audio_ms: float  # audio the server produced for the turn
+    played_ms: float  # audio that left the server (WebRTC: paced out; WebSocket: sent)
+    text_spoken: str  # text up to played_ms (an estimate inside the last clause when cut)
+    metrics: dict[str, Any] = field(default_factory=dict)  # ttfp_ms, ttfa_ms, engine_ttfp_ms, ...
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> TurnDone:
+        return cls(
+            turn_id=msg["turn_id"],
+            reason=str(msg.get("reason", "")),
+            audio_ms=float(msg.get("audio_ms", 0.0)),
+            played_ms=float(msg.get("played_ms", 0.0)),
+            text_spoken=str(msg.get("text_spoken", "")),
+            metrics=dict(msg.get("metrics") or {}),
+        )
+
+
+_END = object()
+
+
+def delta_text(delta: Any) -> str:
+    """Text of one LLM stream item: a str, or an OpenAI-style chunk (object or dict) whose
+    ``choices[0].delta.content`` holds it. Items without text (role-only deltas, the final usage
+    chunk with no choices, tool calls) give ""."""
+    if isinstance(delta, str):
+        return delta
+    if delta is None:
+        return ""
+    choices = delta.get("choices") if isinstance(delta, dict) else getattr(delta, "choices", None)
+    if not choices:
+        return ""
+    first = choices[0]
+    inner = first.get("delta") if isinstance(first, dict) else getattr(first, "delta", None)
+    if inner is None:
+        return ""
+    content = inner.get("content") if isinstance(inner, dict) else getattr(inner, "content", None)
+    return content if isinstance(content, str) else ""
+
+
+class Turn:
+    """One agent utterance. Created by ``start_turn`` or ``speak``; text in, audio out."""
+
+    def __init__(self, client: ProtocolClient, turn_id: TurnId) -> None:
+        self.turn_id = turn_id
+        self._client = client
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._done: asyncio.Future[TurnDone] = asyncio.get_running_loop().create_future()
+        self._reading = False
+        self._sent_text = False
+        self._closed_input = False  # end() or cancel() sent
+        self._feeder: asyncio.Task[None] | None = None
+        self.started = False  # turn.started seen
+        self.t_first_text_s: float | None = None  # perf_counter when the first delta was sent
+        self.t_first_audio_s: float | None = None  # perf_counter when its first audio arrived
+        self.errors: list[VoicewireError] = []  # errors the server reported for this turn
+
+    # --- text in ----------------------------------------------------------------------------------
+    async def send(self, delta: str) -> None:
+        """More text for this turn (an LLM delta). The first non-empty one starts the turn."""
+        if self._closed_input:
+            raise VoicewireError("turn_ended", "this turn has ended or was cancelled", self.turn_id)
+        if not delta:
+            return
+        if self.t_first_text_s is None:
+            self.t_first_text_s = time.perf_counter()
+        self._sent_text = True
+        await self._client._send({"type": "text.delta", "turn_id": self.turn_id, "text": delta})
+
+    async def flush(self) -> None:
+        """Speak what is buffered now, even mid-clause."""
+        if self._sent_text and not self._closed_input:
+            await self._client._send({"type": "text.flush", "turn_id": self.turn_id})
+
+    async def end(self) -> None:
+        """No more text. A turn that never had text ends here, with no audio."""
+        if self._closed_input:
+            return
+        self._closed_input = True
+        if self._sent_text:
+            await self._client._send({"type": "text.end", "turn_id": self.turn_id})
+        else:
+            self._finish(TurnDone(self.turn_id, "completed", 0.0, 0.0, ""))
+
+    async def cancel(self, timeout_s: float = 10.0) -> TurnDone:
+        """Barge-in: stop the turn now; returns its ``turn.done`` (``played_ms``, ``text_spoken``)."""
+        if self._feeder is not None and self._feeder is not asyncio.current_task():
+            self._feeder.cancel()
+        if not self._done.done():
+            if self._sent_text:
+                self._closed_input = True
+                await self._client._send({"type": "turn.cancel", "turn_id": self.turn_id})
+            else:
+                self._closed_input = True
+                self._finish(TurnDone(self.turn_id, "cancelled", 0.0, 0.0, ""))
+        return await self.done(timeout_s)
+
+    # --- audio out ----------------------------------------------------------------------------------
+    async def audio(self) -> AsyncIterator[ReceivedAudio]:
+        """The turn's audio as it arrives, until ``turn.done``. Raises VoicewireError if the turn
+        failed. One reader per turn."""
+        if self._reading:
+            raise RuntimeError("turn.audio() can be read once")
+        self._reading = True
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                break
+            yield item
+        done = await self._done  # raises when the turn failed
+        if done.reason == "error":
+            raise self.errors[-1] if self.errors else VoicewireError("model_error", "the turn failed", self.turn_id)
+
+    def __aiter__(self) -> AsyncIterator[ReceivedAudio]:
+        return self.audio()
+
+    async def done(self, timeout_s: float | None = None) -> TurnDone:
+        """Wait for ``turn.done``."""
+        return await asyncio.wait_for(asyncio.shield(self._done), timeout_s)
+
+    @property
+    def result(self) -> TurnDone | None:
+        """``turn.done`` if it came, else None."""
+        if self._done.done() and not self._done.cancelled() and self._done.exception() is None:
+            return self._done.result()
+        return None
+
+    # --- fed by the client --------------------------------------------------------------------------
+    def _push_audio(self, audio: ReceivedAudio) -> None:
+        if self.t_first_audio_s is None:
+            self.t_first_audio_s = audio.t_received_s
+        self._queue.put_nowait(audio)
+
+    def _finish(self, done: TurnDone) -> None:
+        if not self._done.done():
+            self._done.set_result(done)
+            self._queue.put_nowait(_END)
+
+    def _fail(self, err: BaseException) -> None:
+        if not self._done.done():
+            self._done.set_exception(err)
+            self._done.exception()  # retrieved: no "never retrieved" warning if nobody waits
+            self._queue.put_nowait(_END)
+
+
+class ProtocolClient:
+    """Turn bookkeeping and message routing, independent of the transport."""
+
+    def __init__(self) -> None:
+        self.session: dict[str, Any] = {}  # session.created
+        self.audio_format = "pcm16"
+        self.sample_rate_hz = DEFAULT_SAMPLE_RATE_HZ
+        self.errors: list[VoicewireError] = []  # errors that concern no turn
+        self._turns: dict[TurnId, Turn] = {}
+        self._playing: Turn | None = None
+        self._next_turn = 0
+        self._closed = False
+        self._waiters: list[tuple[str, asyncio.Future[dict[str, Any]]]] = []
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        """The connection is gone (closed by either side); open a new client to go on."""
+        return self._closed
+
+    # --- turns --------------------------------------------------------------------------------------
+    async def start_turn(self, turn_id: TurnId | None = None) -> Turn:
+        """A new turn; nothing is sent until its first ``send``."""
+        return self._new_turn(turn_id)
+
+    def speak(self, deltas: AsyncIterable[Any] | Iterable[Any], turn_id: TurnId | None = None) -> Turn:
+        """Speak an LLM's stream in one call: each item's text (``delta_text``) is sent as it comes,
+        then ``text.end``. Iterate the returned turn for its audio; ``await turn.cancel()`` to
+        barge in (it also stops reading the stream). An exception from the stream cancels the turn
+        and is raised from its ``audio()``."""
+        turn = self._new_turn(turn_id)
+        turn._feeder = asyncio.create_task(self._feed(turn, deltas), name=f"voicewire-feed-{turn.turn_id}")
+        return turn
+
+    async def _feed(self, turn: Turn, deltas: AsyncIterable[Any] | Iterable[Any]) -> None:
+        try:
+            if isinstance(deltas, AsyncIterable):
+                async for item in deltas:
+                    await turn.send(delta_text(item))
+            else:
+                for item in deltas:
+                    await turn.send(delta_text(item))
+            await turn.end()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.warning("turn %r: the text stream failed (%s); cancelling the turn", turn.turn_id, err)
+            with contextlib.suppress(Exception):
+                await turn.cancel()
+            turn._fail(err)
+
+    def _new_turn(self, turn_id: TurnId | None) -> Turn:
+        if self._closed:
+            raise VoicewireError("closed", "the connection is closed")
+        if turn_id is None:
+            self._next_turn += 1
+            turn_id = self._next_turn
+        if turn_id in self._turns:
+            raise ValueError(f"turn {turn_id!r} is still open")
+        turn = Turn(self, turn_id)
+        self._turns[turn_id] = turn
+        turn._done.add_done_callback(lambda _: self._turns.pop(turn.turn_id, None))
+        return turn
+
+    # --- incoming -----------------------------------------------------------------------------------
+    def _on_audio(self, audio: ReceivedAudio) -> None:
+        if self._playing is not None:
+            self._playing._push_audio(audio)
+
+    def _on_json(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        for waiter in [w for w in self._waiters if w[0] == kind]:
+            self._waiters.remove(waiter)
+            if not waiter[1].done():
+                waiter[1].set_result(msg)
+        turn = self._turns.get(msg["turn_id"]) if "turn_id" in msg else None
+        if kind == "session.created":
+            self.session = msg
+            self._set_audio(msg.get("audio") or {})
+        elif kind == "session.updated":
+            self._set_audio(msg.get("audio") or {})
+        elif kind == "turn.started" and turn is not None:
+            turn.started = True
+            self._playing = turn
+        elif kind == "turn.done":
+            if turn is not None:
+                turn._finish(TurnDone.from_message(msg))
+            if self._playing is turn:
+                self._playing = None
+        elif kind == "error":
+            err = VoicewireError(str(msg.get("code")), str(msg.get("message")), msg.get("turn_id"))
+            if turn is None:
+                log.warning("voicewire error: %s", err)
+                self.errors.append(err)
+                return
+            turn.errors.append(err)
+            if not turn.started and err.code in TURN_REFUSED_CODES:
+                turn._fail(err)
+
+    def _set_audio(self, audio: dict[str, Any]) -> None:
+        self.audio_format = str(audio.get("format", self.audio_format))
+        self.sample_rate_hz = int(audio.get("sample_rate", self.sample_rate_hz))
+
+    def _expect(self, kind: str) -> asyncio.Future[dict[str, Any]]:
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiters.append((kind, fut))
+        return fut
+
+    def _connection_lost(self, reason: str) -> None:
+        self._closed = True
+        err = VoicewireError("connection_closed", reason)
+        for turn in list(self._turns.values()):
+            turn._fail(err)
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(err)
+        self._waiters.clear()
+
+    async def _configure(self, format: str, sample_rate_hz: int, voice: str | None, timeout_s: float) -> None:
+        update: dict[str, Any] = {}
+        if format != self.audio_format:
+            update["format"] = format
+        if sample_rate_hz != self.sample_rate_hz:
+            update["sample_rate"] = sample_rate_hz
+        if voice:
+            update["voice"] = voice
+        if update:
+            reply = self._expect("session.updated")
+            await self._send({"type": "session.update", **update})
+            refused = self._expect("error")
+            finished, _ = await asyncio.wait({reply, refused}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            for fut in (reply, refused):
+                if fut not in finished:
+                    fut.cancel()
+            if refused in finished:
+                msg = refused.result()
+                raise VoicewireError(str(msg.get("code")), str(msg.get("message")))
+            if not finished:
+                raise TimeoutError("no session.updated")
+
+
+class VoicewireClient(ProtocolClient):
+    """Protocol v1 over the WebSocket (``GET /v1/stream``)."""
+
+    def __init__(self, ws: Any) -> None:
+        super().__init__()
+        self._ws = ws
+        self._reader: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        format: str = "pcm16",
+        sample_rate_hz: int = DEFAULT_SAMPLE_RATE_HZ,
+        voice: str | None = None,
+        timeout_s: float = 10.0,
+        **ws_options: Any,
+    ) -> VoicewireClient:
+        """Connect to ``ws://host:port/v1/stream`` (an ``http://host:port`` base works too) and set
+        the audio format: ``pcm16`` or ``opus``, 24000 or 48000 Hz."""
+        ws = await websockets.connect(
+            stream_url(url), max_size=MAX_AUDIO_MESSAGE_BYTES, open_timeout=timeout_s, **ws_options
+        )
+        client = cls(ws)
+        created = client._expect("session.created")
+        client._reader = asyncio.create_task(client._read(), name="voicewire-client-reader")
+        try:
+            await asyncio.wait_for(created, timeout_s)
+            await client._configure(format, sample_rate_hz, voice, timeout_s)
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        if self._closed:
+            raise VoicewireError("connection_closed", "the connection is closed")
+        await self._ws.send(json.dumps(msg, separators=(",", ":")))
+
+    async def _read(self) -> None:
+        reason = "closed by the server"
+        try:
+            async for raw in self._ws:
+                if isinstance(raw, bytes):
+                    self._on_audio(ReceivedAudio(raw, self.audio_format, self.sample_rate_hz, time.perf_counter()))
+                else:
+                    self._on_json(json.loads(raw))
+        except websockets.ConnectionClosed as err:
+            reason = f"connection closed: {err}"
+        finally:
+            self._connection_lost(reason)
+
+    async def close(self) -> None:
+        """Close the connection; the server cancels open turns."""
+        self._closed = True
+        await self._ws.close()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+
+    async def __aenter__(self) -> VoicewireClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def stream_url(url: str) -> str:
+    """``http://host:port`` (or a bare ``host:port``) -> ``ws://host:port/v1/stream``."""
+    if "://" not in url:
+        url = "ws://" + url
+    scheme, rest = url.split("://", 1)
+    scheme = {"http": "ws", "https": "wss"}.get(scheme, scheme)
+    if "/" not in rest or (rest.endswith("/") and rest.count("/") == 1):
+        rest = rest.rstrip("/") + "/v1/stream"
+    return f"{scheme}://{rest}"
+
+
+async def speak(
+    url: str, deltas: AsyncIterable[Any] | Iterable[Any], **connect_options: Any
+) -> AsyncIterator[ReceivedAudio]:
+    """Connect, speak ``deltas``, yield the audio, close: the whole hook in one call."""
+    async with await VoicewireClient.connect(url, **connect_options) as client:
+        turn = client.speak(deltas)
+        try:
+            async for chunk in turn:
+                yield chunk
+        finally:
+            if turn.result is None:
+                with contextlib.suppress(Exception):
+                    await turn.cancel()

@@ -1,0 +1,596 @@
+"""``voicewire probe``: drive a running server with simulated LLM turns and measure what a listener gets.
+
+    voicewire probe --url http://127.0.0.1:8080 --duration 30 --concurrency 4 --out probe.json --plot probe.png
+    voicewire probe --transport webrtc --rate 2 --first-token-ms 300 --tokens-per-s 40
+
+Each turn is one simulated LLM reply: after ``--first-token-ms`` (the LLM's own time to first
+token, not ours) its words come at ``--tokens-per-s`` (a token is a word here), or the whole reply
+at once (``--whole``), then ``text.end``. Turns run closed loop (``--concurrency`` sessions, each
+speaking turns back to back, ``--gap-s`` apart) or open loop (``--rate`` Poisson arrivals per
+second, each on an idle session of a pool). Per turn, all times from the first text sent:
+
+- ``ttfb_ms``: the first audio byte (WebSocket) or the first packet with any sound (WebRTC: the
+  server sends digital silence between turns);
+- ``ttfa_ms``: the first audible sample (the first 10 ms window above -45 dBFS, as
+  ``engine.level.first_audible_sample`` finds it), as played by a listener who starts playing at
+  the first byte: arrival of the audio that holds it, plus its place in that audio;
+- ``e2e_ms``: the end of that listener's playout of the turn's last sample;
+- ``underruns``: stalls of a player that starts ``--buffer-ms`` after the first byte and then plays
+  in real time (WebRTC: also digital silence inside the turn, the server's pacer running dry);
+- WebRTC only: ``jitter_buffer_ms``, the mean time from a packet's arrival to aiortc's receive path
+  handing its frame out (aiortc holds 4 packets, ~80 ms), and ``rtp_jitter_ms``, the receiver's
+  RFC 3550 interarrival jitter (aiortc's inbound-rtp stats);
+- ``server``: the turn's own ``turn.done`` figures (``ttfp_ms``, ``ttfa_ms``, ``played_ms``, ...).
+
+It prints percentiles under a progress bar, and writes JSON and a PNG (latency distribution and
+latency over time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import platform
+import random
+import re
+import statistics
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from engine.level import first_audible_sample
+
+from .client import ProtocolClient, ReceivedAudio, Turn, TurnDone, VoicewireClient, VoicewireError
+
+AUDIBLE_DBFS = -45.0  # the engine's onset level (LevelConfig.onset_threshold_dbfs)
+SILENCE_DBFS = -100.0  # WebRTC: a packet at or under this is the server's digital silence
+PERCENTILES = (50, 90, 95, 99)
+PROGRESS_INTERVAL_S = 0.5  # redraw on a terminal
+PROGRESS_LOG_INTERVAL_S = 5.0  # a new line in a log file
+TEXTS = (
+    "Sure, I can help you with that right away.",
+    "Your appointment is confirmed for Tuesday at ten in the morning.",
+    "The package left our warehouse yesterday and should arrive soon.",
+    "Could you please repeat the last four digits of your card?",
+    "Thanks for waiting. I have found the information you asked for, and I sent it to your inbox.",
+    "Let me check the schedule and get back to you in a moment.",
+    "Your order shipped this morning, and the tracking number is on its way to your email.",
+)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    url: str = "http://127.0.0.1:8080"
+    transport: str = "ws"  # "ws" | "webrtc"
+    duration_s: float = 30.0  # no turn starts after this; turns in flight finish
+    concurrency: int = 1  # closed loop: sessions, each speaking turns back to back
+    rate_per_s: float | None = None  # open loop: Poisson turn arrivals per second (concurrency unused)
+    gap_s: float = 0.2  # closed loop: pause between two turns of a session
+    first_token_delay_ms: float = 0.0  # the simulated LLM's time to first token
+    tokens_per_s: float | None = 30.0  # None: the whole reply in one text.delta
+    # A browser's WebRTC jitter buffer holds at least ~40 ms; ws_bench's zero-buffer convention
+    # would count every packet 1 ms late as a stall.
+    buffer_ms: float = 40.0
+    max_sessions: int = 32  # open loop: the pool never grows past this (arrivals then count as refused)
+    turn_timeout_s: float = 60.0
+    texts: tuple[str, ...] = TEXTS
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("ws", "webrtc"):
+            raise ValueError(f"transport must be ws or webrtc, got {self.transport!r}")
+        if self.duration_s <= 0 or self.concurrency < 1 or self.max_sessions < 1:
+            raise ValueError("duration, concurrency and max sessions must be positive")
+        if self.rate_per_s is not None and self.rate_per_s <= 0:
+            raise ValueError("rate must be positive")
+        if self.tokens_per_s is not None and self.tokens_per_s <= 0:
+            raise ValueError("tokens per second must be positive")
+        if not self.texts:
+            raise ValueError("texts must not be empty")
+
+    def describe(self) -> str:
+        load = (
+            f"Poisson {self.rate_per_s:g} turns/s"
+            if self.rate_per_s is not None
+            else f"concurrency {self.concurrency}"
+        )
+        text = f"{self.tokens_per_s:g} tokens/s" if self.tokens_per_s is not None else "whole replies"
+        return (
+            f"{self.transport} {self.url}, {load}, {self.duration_s:g} s, {text} after "
+            f"{self.first_token_delay_ms:g} ms, client buffer {self.buffer_ms:g} ms"
+        )
+
+
+@dataclass
+class TurnRecord:
+    session: int
+    turn: int
+    t_start_s: float  # first text sent, seconds since the probe started
+    words: int
+    reason: str = ""  # turn.done's reason, or "timeout" / "refused" / "failed"
+    error: str = ""
+    ttfb_ms: float | None = None
+    ttfa_ms: float | None = None
+    e2e_ms: float | None = None
+    done_ms: float | None = None  # first text sent -> turn.done received
+    audio_ms: float = 0.0  # audio received (WebRTC: from the first to the last packet with sound)
+    underruns: int = 0
+    stall_ms: float = 0.0
+    jitter_buffer_ms: float | None = None
+    jitter_buffer_max_ms: float | None = None
+    rtp_jitter_ms: float | None = None
+    server: dict[str, Any] = field(default_factory=dict)
+
+
+# --- playout model (pure) ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arrival:
+    """A piece of a turn's audio as it reached the client."""
+
+    t_s: float  # perf_counter on arrival
+    samples: int
+    onset_sample: int | None = None  # first audible window inside it (turn-relative onset is found by the caller)
+
+
+@dataclass(frozen=True)
+class Playout:
+    starts_s: list[float]  # when each piece starts playing
+    end_s: float  # when the last sample has played
+    underruns: int
+    stall_s: float
+
+
+def playout(arrivals: list[Arrival], sample_rate_hz: int, buffer_s: float) -> Playout:
+    """A player that starts ``buffer_s`` after the first piece arrives and plays in real time; a
+    piece that is not there when its turn comes stalls it until it arrives."""
+    cursor = arrivals[0].t_s + buffer_s
+    starts: list[float] = []
+    underruns, stall = 0, 0.0
+    for i, a in enumerate(arrivals):
+        if a.t_s > cursor:
+            if i > 0:
+                underruns += 1
+                stall += a.t_s - cursor
+            cursor = a.t_s
+        starts.append(cursor)
+        cursor += a.samples / sample_rate_hz
+    return Playout(starts, cursor, underruns, stall)
+
+
+def audible_time_s(arrivals: list[Arrival], sample_rate_hz: int) -> float | None:
+    """When a player that starts at the first byte plays the first audible sample."""
+    p = playout(arrivals, sample_rate_hz, 0.0)
+    for a, start in zip(arrivals, p.starts_s, strict=True):
+        if a.onset_sample is not None:
+            return start + a.onset_sample / sample_rate_hz
+    return None
+
+
+def ws_arrivals(chunks: list[ReceivedAudio], threshold_dbfs: float = AUDIBLE_DBFS) -> list[Arrival]:
+    """WebSocket PCM messages as arrivals; the onset is found over the whole turn (a 10 ms window
+    may straddle two messages) and marked on the message that holds it."""
+    if not chunks:
+        return []
+    rate = chunks[0].sample_rate_hz
+    pcm = np.concatenate([c.pcm() for c in chunks]).astype(np.float32) / 32768.0
+    onset = first_audible_sample(pcm, rate, threshold_dbfs)
+    out: list[Arrival] = []
+    start = 0
+    for c in chunks:
+        n = len(c.data) // 2
+        mark = onset - start if onset is not None and start <= onset < start + n else None
+        out.append(Arrival(c.t_received_s, n, mark))
+        start += n
+    return out
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    out: dict[str, float] = {"n": len(values)}
+    for q in PERCENTILES:
+        out[f"p{q}"] = round(float(np.percentile(values, q)), 2)
+    out["max"] = round(max(values), 2)
+    out["mean"] = round(statistics.fmean(values), 2)
+    return out
+
+
+# --- one turn ----------------------------------------------------------------------------------------
+def tokens_of(text: str) -> list[str]:
+    return re.findall(r"\S+\s*", text)
+
+
+async def _send_text(turn: Turn, text: str, cfg: ProbeConfig) -> None:
+    await asyncio.sleep(cfg.first_token_delay_ms / 1000)
+    if cfg.tokens_per_s is None:
+        await turn.send(text)
+    else:
+        for i, tok in enumerate(tokens_of(text)):
+            if i:
+                await asyncio.sleep(1.0 / cfg.tokens_per_s)
+            await turn.send(tok)
+    await turn.end()
+
+
+async def run_turn(
+    client: ProtocolClient, text: str, cfg: ProbeConfig, rec: TurnRecord, t0_probe: float
+) -> TurnRecord:
+    turn = await client.start_turn()
+    chunks: list[ReceivedAudio] = []
+
+    async def read() -> None:
+        async for c in turn.audio():
+            chunks.append(c)
+
+    reader = asyncio.create_task(read())
+    sender = asyncio.create_task(_send_text(turn, text, cfg))
+    done: TurnDone | None = None
+    try:
+        await sender
+        done = await turn.done(cfg.turn_timeout_s)
+        await reader
+    except TimeoutError:
+        rec.reason = "timeout"
+        with contextlib.suppress(Exception):
+            await turn.cancel(timeout_s=2.0)
+    except VoicewireError as err:
+        rec.reason, rec.error = ("refused" if not turn.started else "failed"), str(err)
+    finally:
+        for task in (sender, reader):
+            task.cancel()
+    t_done = time.perf_counter()
+    t_first = turn.t_first_text_s
+    if t_first is None:
+        return rec
+    rec.t_start_s = round(t_first - t0_probe, 3)
+    if done is not None:
+        rec.reason = done.reason
+        rec.done_ms = round((t_done - t_first) * 1000, 2)
+        rec.server = {"audio_ms": done.audio_ms, "played_ms": done.played_ms, **done.metrics}
+    if isinstance(client, VoicewireClient):
+        _measure(rec, ws_arrivals(chunks), client.sample_rate_hz, t_first, cfg)
+    else:
+        await _measure_webrtc(rec, client, t_first, t_done, cfg)
+    return rec
+
+
+def _measure(rec: TurnRecord, arrivals: list[Arrival], rate: int, t_first: float, cfg: ProbeConfig) -> None:
+    if not arrivals:
+        return
+    rec.ttfb_ms = round((arrivals[0].t_s - t_first) * 1000, 2)
+    audible = audible_time_s(arrivals, rate)
+    if audible is not None:
+        rec.ttfa_ms = round((audible - t_first) * 1000, 2)
+    rec.e2e_ms = round((playout(arrivals, rate, 0.0).end_s - t_first) * 1000, 2)
+    p = playout(arrivals, rate, cfg.buffer_ms / 1000)
+    rec.underruns += p.underruns
+    rec.stall_ms = round(rec.stall_ms + p.stall_s * 1000, 2)
+    rec.audio_ms = round(sum(a.samples for a in arrivals) * 1000 / rate, 1)
+
+
+async def _measure_webrtc(rec: TurnRecord, client: ProtocolClient, t_first: float, t_done: float, cfg: ProbeConfig) -> None:
+    from .webrtc_client import SAMPLE_RATE_HZ, WebRtcClient
+
+    assert isinstance(client, WebRtcClient)
+    # turn.done comes once the last frame left the server's pacer: allow a few ms of transport.
+    packets = client.packets_between(t_first, t_done + 0.05)
+    sound = [i for i, p in enumerate(packets) if p.level_dbfs > SILENCE_DBFS]
+    if sound:
+        turn_packets = packets[sound[0] : sound[-1] + 1]
+        # Digital silence inside the turn: the server's pacer ran dry (an engine underrun).
+        gaps = [p.level_dbfs <= SILENCE_DBFS for p in turn_packets]
+        runs = sum(1 for i, g in enumerate(gaps) if g and (i == 0 or not gaps[i - 1]))
+        rec.underruns += runs
+        rec.stall_ms += sum(gaps) * 20.0
+        arrivals = [Arrival(p.t_arrival_s, p.samples, p.onset_sample) for p in turn_packets]
+        _measure(rec, arrivals, SAMPLE_RATE_HZ, t_first, cfg)
+        delays = client.jitter_buffer_delays_s(turn_packets)
+        if delays:
+            rec.jitter_buffer_ms = round(statistics.fmean(delays) * 1000, 2)
+            rec.jitter_buffer_max_ms = round(max(delays) * 1000, 2)
+    stats = await client.receiver_stats()
+    if "jitter_ms" in stats:
+        rec.rtp_jitter_ms = round(stats["jitter_ms"], 2)
+
+
+# --- load --------------------------------------------------------------------------------------------
+class Probe:
+    def __init__(self, cfg: ProbeConfig, out: TextIO | None = sys.stderr) -> None:
+        self.cfg = cfg
+        self.records: list[TurnRecord] = []
+        self.sessions_opened = 0
+        self.connect_ms: list[float] = []
+        self._out = out
+        self._rng = random.Random(cfg.seed)
+        self._t0 = 0.0
+        self._clients: list[ProtocolClient] = []
+        self._receiver_stats: list[dict[str, float]] = []
+
+    async def connect(self) -> ProtocolClient:
+        t = time.perf_counter()
+        client: ProtocolClient
+        if self.cfg.transport == "ws":
+            client = await VoicewireClient.connect(self.cfg.url)
+        else:
+            from .webrtc_client import WebRtcClient
+
+            client = await WebRtcClient.connect(self.cfg.url)
+        self.connect_ms.append(round((time.perf_counter() - t) * 1000, 2))
+        self.sessions_opened += 1
+        self._clients.append(client)
+        return client
+
+    def _text(self) -> str:
+        return self._rng.choice(self.cfg.texts)
+
+    async def _turn(self, client: ProtocolClient, session: int, n: int) -> TurnRecord:
+        text = self._text()
+        rec = TurnRecord(session, n, round(time.perf_counter() - self._t0, 3), len(text.split()))
+        self.records.append(rec)
+        return await run_turn(client, text, self.cfg, rec, self._t0)
+
+    async def _closed_loop_session(self, session: int) -> None:
+        client = await self.connect()
+        n = 0
+        while time.perf_counter() - self._t0 < self.cfg.duration_s:
+            rec = await self._turn(client, session, n)
+            n += 1
+            if rec.reason in ("failed", "timeout") and client.closed:
+                client = await self.connect()
+            # Like a conversation: the next turn comes once the listener has heard this one (a
+            # WebSocket delivers a turn several times faster than it plays).
+            heard_s = self._t0 + rec.t_start_s + (rec.e2e_ms or 0.0) / 1000
+            await asyncio.sleep(max(0.0, heard_s - time.perf_counter()) + self.cfg.gap_s)
+
+    async def _open_loop(self) -> None:
+        assert self.cfg.rate_per_s is not None
+        idle: list[tuple[int, ProtocolClient]] = []
+        # Enough sessions for the expected overlap (a turn lasts ~3-5 s), opened before the clock.
+        for i in range(min(self.cfg.max_sessions, max(1, math.ceil(self.cfg.rate_per_s * 5)))):
+            idle.append((i, await self.connect()))
+        self._t0 = time.perf_counter()
+        tasks: set[asyncio.Task[None]] = set()
+        n = 0
+
+        async def one(session: int, client: ProtocolClient, k: int) -> None:
+            rec = await self._turn(client, session, k)
+            if not (rec.reason in ("failed", "timeout") and client.closed):
+                idle.append((session, client))
+
+        t_next = self._t0
+        while True:
+            t_next += self._rng.expovariate(self.cfg.rate_per_s)
+            if t_next - self._t0 >= self.cfg.duration_s:
+                break
+            await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+            if idle:
+                session, client = idle.pop()
+            elif self.sessions_opened < self.cfg.max_sessions:
+                session, client = self.sessions_opened, await self.connect()
+            else:
+                self.records.append(TurnRecord(-1, n, round(t_next - self._t0, 3), 0, "refused", "no free session"))
+                n += 1
+                continue
+            task = asyncio.create_task(one(session, client, n))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            n += 1
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def run(self) -> None:
+        progress = asyncio.create_task(self._progress())
+        try:
+            if self.cfg.rate_per_s is not None:
+                await self._open_loop()
+            else:
+                self._t0 = time.perf_counter()
+                await asyncio.gather(*(self._closed_loop_session(i) for i in range(self.cfg.concurrency)))
+        finally:
+            progress.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await progress
+            self._draw_progress(final=True)
+            for client in self._clients:
+                with contextlib.suppress(Exception):
+                    stats = getattr(client, "receiver_stats", None)  # WebRTC only
+                    if stats is not None:
+                        self._receiver_stats.append(await stats())
+                    await client.close()
+
+    async def _progress(self) -> None:
+        tty = self._out is not None and self._out.isatty()
+        while True:
+            await asyncio.sleep(PROGRESS_INTERVAL_S if tty else PROGRESS_LOG_INTERVAL_S)
+            self._draw_progress()
+
+    def _draw_progress(self, final: bool = False) -> None:
+        if self._out is None or not self._t0:
+            return
+        elapsed = min(time.perf_counter() - self._t0, self.cfg.duration_s)
+        width = 30
+        filled = int(width * elapsed / self.cfg.duration_s)
+        ttfa = [r.ttfa_ms for r in self.records if r.ttfa_ms is not None]
+        p50 = f"{np.percentile(ttfa, 50):.0f} ms" if ttfa else "-"
+        bad = sum(1 for r in self.records if r.reason in ("failed", "timeout", "refused", "error"))
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {elapsed:5.1f}/{self.cfg.duration_s:g} s  "
+            f"turns {len(self.records)}  p50 ttfa {p50}  errors {bad}"
+        )
+        tty = self._out.isatty()
+        self._out.write(("\r" if tty else "") + line + ("\n" if final or not tty else ""))
+        self._out.flush()
+
+    # --- results ---------------------------------------------------------------------------------------
+    def result(self) -> dict[str, Any]:
+        done = [r for r in self.records if r.reason in ("completed", "cancelled")]
+
+        def vals(get: Any) -> list[float]:
+            return [v for v in (get(r) for r in done) if v is not None]
+
+        summary: dict[str, Any] = {
+            "turns": len(self.records),
+            "completed": sum(1 for r in self.records if r.reason == "completed"),
+            "errors": {k: sum(1 for r in self.records if r.reason == k) for k in ("error", "failed", "timeout", "refused")},
+            "sessions": self.sessions_opened,
+            "audio_s": round(sum(r.audio_ms for r in done) / 1000, 2),
+            "underruns": sum(r.underruns for r in done),
+            "turns_with_underruns": sum(1 for r in done if r.underruns),
+            "connect_ms": summarize(self.connect_ms),
+            "ttfb_ms": summarize(vals(lambda r: r.ttfb_ms)),
+            "ttfa_ms": summarize(vals(lambda r: r.ttfa_ms)),
+            "e2e_ms": summarize(vals(lambda r: r.e2e_ms)),
+            "server_ttfp_ms": summarize(vals(lambda r: r.server.get("ttfp_ms"))),
+            "server_ttfa_ms": summarize(vals(lambda r: r.server.get("ttfa_ms"))),
+        }
+        if self.cfg.transport == "webrtc":
+            summary["jitter_buffer_ms"] = summarize(vals(lambda r: r.jitter_buffer_ms))
+            summary["rtp_jitter_ms"] = summarize(vals(lambda r: r.rtp_jitter_ms))
+            summary["packets_received"] = int(sum(s.get("packets_received", 0) for s in self._receiver_stats))
+            summary["packets_lost"] = int(sum(s.get("packets_lost", 0) for s in self._receiver_stats))
+        return {
+            "probe": {
+                "config": asdict(self.cfg),
+                "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+                "client": f"{platform.node()} python {platform.python_version()}",
+                "server": _server_info(self.cfg.url),
+            },
+            "summary": summary,
+            "turns": [asdict(r) for r in self.records],
+        }
+
+
+def _server_info(url: str) -> dict[str, Any]:
+    base = url if "://" in url else "http://" + url
+    base = base.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0].rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{base}/healthz", timeout=2.0) as resp:
+            info = json.loads(resp.read())
+            return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+# --- report ------------------------------------------------------------------------------------------
+def format_table(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    errors = ", ".join(f"{k} {v}" for k, v in s["errors"].items() if v) or "none"
+    lines = [
+        f"turns {s['turns']} ({s['completed']} completed; errors: {errors}) on {s['sessions']} sessions, "
+        f"{s['audio_s']:.1f} s of audio; underruns {s['underruns']} in {s['turns_with_underruns']} turns",
+        f"{'':16}{'n':>5}" + "".join(f"{'p' + str(q):>9}" for q in PERCENTILES) + f"{'max':>9}",
+    ]
+    rows = ["ttfb_ms", "ttfa_ms", "e2e_ms", "server_ttfp_ms", "server_ttfa_ms", "jitter_buffer_ms", "rtp_jitter_ms", "connect_ms"]
+    for key in rows:
+        v = s.get(key)
+        if not v or not v.get("n"):
+            continue
+        lines.append(
+            f"{key:16}{v['n']:>5}" + "".join(f"{v[f'p{q}']:>9.1f}" for q in PERCENTILES) + f"{v['max']:>9.1f}"
+        )
+    if "packets_received" in s:
+        lines.append(f"RTP packets received {s['packets_received']}, lost {s['packets_lost']}")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Latency distribution (CDF) and latency over time, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    turns = [t for t in result["turns"] if t["reason"] in ("completed", "cancelled")]
+    series = {
+        "TTFB": [t["ttfb_ms"] for t in turns],
+        "audible TTFA": [t["ttfa_ms"] for t in turns],
+        "server TTFA": [t["server"].get("ttfa_ms") for t in turns],
+    }
+    fig, (ax_cdf, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, values in series.items():
+        v = np.sort([x for x in values if x is not None])
+        if v.size:
+            ax_cdf.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=f"{name} (p50 {np.median(v):.0f} ms)")
+    ax_cdf.set_xlabel("ms from the first text sent")
+    ax_cdf.set_ylabel("fraction of turns")
+    ax_cdf.set_title("latency distribution")
+    ax_cdf.grid(alpha=0.3)
+    ax_cdf.legend(loc="lower right")
+    t = [x["t_start_s"] for x in turns]
+    for name, marker in (("TTFB", "."), ("audible TTFA", "o")):
+        ax_time.scatter(t, series[name], s=12, marker=marker, label=name, alpha=0.8)
+    under = [x for x in turns if x["underruns"]]
+    if under:
+        ax_time.scatter([x["t_start_s"] for x in under], [x["ttfa_ms"] or 0 for x in under], s=60, facecolors="none", edgecolors="red", label="turn with underruns")
+    ax_time.set_xlabel("turn start (s into the run)")
+    ax_time.set_ylabel("ms")
+    ax_time.set_title("latency over time")
+    ax_time.grid(alpha=0.3)
+    ax_time.legend(loc="upper right")
+    cfg = ProbeConfig(**{**result["probe"]["config"], "texts": tuple(result["probe"]["config"]["texts"])})
+    fig.suptitle(f"voicewire probe: {cfg.describe()}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- command line ------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL")
+    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds during which turns start")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, default=1, help="closed loop: sessions speaking turns back to back")
+    load.add_argument("--rate", type=float, help="open loop: Poisson turn arrivals per second")
+    p.add_argument("--first-token-ms", type=float, default=0.0, help="the simulated LLM's time to first token")
+    text = p.add_mutually_exclusive_group()
+    text.add_argument("--tokens-per-s", type=float, default=30.0, help="simulated LLM speed (a token is a word)")
+    text.add_argument("--whole", action="store_true", help="send each reply in one text.delta")
+    p.add_argument("--buffer-ms", type=float, default=40.0, help="client playout buffer for the underrun count")
+    p.add_argument("--gap-s", type=float, default=0.2, help="closed loop: pause between a session's turns")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="probe.json", help="JSON results")
+    p.add_argument("--plot", default="probe.png", help="PNG plot ('' for none)")
+
+
+def config_from_args(args: argparse.Namespace) -> ProbeConfig:
+    return ProbeConfig(
+        url=args.url,
+        transport=args.transport,
+        duration_s=args.duration,
+        concurrency=args.concurrency,
+        rate_per_s=args.rate,
+        gap_s=args.gap_s,
+        first_token_delay_ms=args.first_token_ms,
+        tokens_per_s=None if args.whole else args.tokens_per_s,
+        buffer_ms=args.buffer_ms,
+        seed=args.seed,
+    )
+
+
+async def probe(cfg: ProbeConfig, out: TextIO | None = sys.stderr) -> dict[str, Any]:
+    """Run the probe; returns the JSON-ready result."""
+    p = Probe(cfg, out)
+    await p.run()
+    return p.result()
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    print(f"voicewire probe: {cfg.describe()}", file=sys.stderr)
+    result = asyncio.run(probe(cfg))
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot(result, args.plot)
+    print(format_table(result))
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0 if result["summary"]["completed"] else 1
