@@ -172,16 +172,21 @@ class Turn:
 
     async def cancel(self, timeout_s: float = 10.0) -> TurnDone:
         """Barge-in: stop the turn now; returns its ``turn.done`` (``played_ms``, ``text_spoken``)."""
+        await self.send_cancel()
+        return await self.done(timeout_s)
+
+    async def send_cancel(self) -> None:
+        """Barge-in without waiting for ``turn.done`` (which still comes, see ``done()``): for
+        interruption handlers that must not wait a round trip."""
         if self._feeder is not None and self._feeder is not asyncio.current_task():
             self._feeder.cancel()
-        if not self._done.done():
-            if self._sent_text:
-                self._closed_input = True
-                await self._client._send({"type": "turn.cancel", "turn_id": self.turn_id})
-            else:
-                self._closed_input = True
-                self._finish(TurnDone(self.turn_id, "cancelled", 0.0, 0.0, ""))
-        return await self.done(timeout_s)
+        if self._done.done():
+            return
+        self._closed_input = True
+        if self._sent_text:
+            await self._client._send({"type": "turn.cancel", "turn_id": self.turn_id})
+        else:
+            self._finish(TurnDone(self.turn_id, "cancelled", 0.0, 0.0, ""))
 
     # --- audio out ----------------------------------------------------------------------------------
     async def audio(self) -> AsyncIterator[ReceivedAudio]:

@@ -1,0 +1,111 @@
+"""The LiveKit Agents adapter: a real SynthesizeStream against a real gateway and engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+from livekit.agents import tts
+
+from engine import Engine
+from realtime.adapters.livekit import VoicewireTTS
+from tests.asr import transcribe, wer
+from tests.conftest import running_gateway
+
+REPLY = "The package left our warehouse yesterday and should arrive soon."
+LONG_REPLY = (
+    "Thanks for calling, I can help with that. Your order shipped this morning and the tracking "
+    "number is on its way to your inbox. It should arrive by Thursday, and you can change the "
+    "delivery address until tomorrow evening."
+)
+
+
+async def _next(it: tts.SynthesizeStream, timeout_s: float) -> tts.SynthesizedAudio | None:
+    """The next event, or None when the stream ended."""
+    try:
+        return await asyncio.wait_for(it.__anext__(), timeout_s)
+    except StopAsyncIteration:
+        return None
+
+
+async def test_stream_speaks_pushed_text_on_flush_and_ends_on_end_input(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        voice = VoicewireTTS(url=f"http://{base}")
+        stream = voice.stream()
+        for word in REPLY.split(" "):
+            stream.push_text(word + " ")
+            await asyncio.sleep(0.02)
+        stream.flush()
+
+        frames: list[tts.SynthesizedAudio] = []
+        pending = asyncio.ensure_future(stream.__anext__())
+        # Audio for everything pushed comes after flush alone; the stream stays open.
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=1.0)
+            if not done:
+                break  # a second without audio: all of it has come
+            frames.append(pending.result())
+            pending = asyncio.ensure_future(stream.__anext__())
+        assert frames, "no audio after push_text + flush"
+        assert not pending.done(), "the stream ended before end_input"
+
+        t_end = time.perf_counter()
+        stream.end_input()
+        rest: list[tts.SynthesizedAudio] = []
+        try:
+            rest.append(await asyncio.wait_for(pending, 5.0))
+            while (ev := await _next(stream, 5.0)) is not None:
+                rest.append(ev)
+        except StopAsyncIteration:
+            pass
+        ended_s = time.perf_counter() - t_end
+        await stream.aclose()
+        await voice.aclose()
+
+    assert ended_s < 1.0
+    frames += rest
+    assert all(f.frame.sample_rate == 24_000 and f.frame.num_channels == 1 for f in frames)
+    assert frames[-1].is_final
+    pcm = np.concatenate([np.frombuffer(f.frame.data, np.int16) for f in frames]).astype(np.float32) / 32768.0
+    assert 2.0 < pcm.size / 24_000 < 8.0
+    heard = transcribe(pcm, 24_000)
+    assert wer(REPLY, heard) <= 0.15, heard
+    assert stream.turn is not None and (await stream.turn.done()).reason == "completed"
+
+
+async def test_closing_the_stream_mid_speech_cancels_the_turn(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        voice = VoicewireTTS(url=f"http://{base}")
+        stream = voice.stream()
+
+        async def llm() -> None:  # slower than speech: the turn is still open when the user barges in
+            for word in LONG_REPLY.split(" "):
+                stream.push_text(word + " ")
+                await asyncio.sleep(1 / 8)
+
+        feeding = asyncio.create_task(llm())
+        first = await _next(stream, 10.0)
+        assert first is not None
+        received_s = first.frame.duration
+        t_first = time.perf_counter()
+        while time.perf_counter() - t_first < 0.8:
+            ev = await _next(stream, 5.0)
+            assert ev is not None
+            received_s += ev.frame.duration
+        feeding.cancel()
+        await stream.aclose()  # what LiveKit does when the agent is interrupted
+        assert stream.turn is not None
+        done = await stream.turn.done(timeout_s=2.0)
+        for _ in range(100):
+            if engine.active_streams() == 0:
+                break
+            await asyncio.sleep(0.02)
+        streams_left = engine.active_streams()
+        await voice.aclose()
+
+    assert done.reason == "cancelled"
+    assert streams_left == 0
+    assert done.text_spoken and LONG_REPLY.startswith(done.text_spoken)
+    assert len(done.text_spoken) < len(LONG_REPLY) / 2
+    assert done.played_ms >= received_s * 1000 - 1
