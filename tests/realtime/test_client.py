@@ -1,0 +1,107 @@
+"""The Python client (realtime/client.py) against a real gateway: the one-call hook and barge-in."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from engine import Engine
+from realtime.client import ReceivedAudio, VoicewireClient, delta_text
+from tests.asr import transcribe, wer
+from tests.conftest import running_gateway
+
+REPLY = "Sure, I can help with that. Your order shipped this morning and should arrive by Thursday."
+LONG_REPLY = (
+    "Thanks for calling, I can help with that. Your order shipped this morning and the tracking "
+    "number is on its way to your inbox. It should arrive by Thursday, and you can change the "
+    "delivery address until tomorrow evening."
+)
+
+
+def _chunk(content: str | None, role: str | None = None) -> Any:
+    """The shape of an OpenAI ChatCompletionChunk, as the openai package builds it."""
+    return SimpleNamespace(choices=[SimpleNamespace(index=0, delta=SimpleNamespace(role=role, content=content))])
+
+
+async def fake_chat_completion(text: str, tokens_per_s: float) -> AsyncIterator[Any]:
+    """A streaming chat completion: a role-only chunk, ~word-sized content chunks, a usage chunk."""
+    yield _chunk(None, role="assistant")
+    words = text.split(" ")
+    for i, w in enumerate(words):
+        await asyncio.sleep(1 / tokens_per_s)
+        yield _chunk(w if i == len(words) - 1 else w + " ")
+    yield SimpleNamespace(choices=[], usage=SimpleNamespace(total_tokens=len(words)))
+
+
+def _pcm(chunks: list[ReceivedAudio]) -> np.ndarray:
+    return np.concatenate([c.pcm() for c in chunks]).astype(np.float32) / 32768.0
+
+
+def test_delta_text_reads_strings_objects_and_dicts() -> None:
+    assert delta_text("hi ") == "hi "
+    assert delta_text(_chunk("there")) == "there"
+    assert delta_text(_chunk(None, role="assistant")) == ""
+    assert delta_text({"choices": [{"delta": {"content": "dict"}}]}) == "dict"
+    assert delta_text({"choices": []}) == ""
+    assert delta_text(SimpleNamespace(choices=[])) == ""
+
+
+async def test_speak_hook_speaks_a_streaming_chat_completion(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        client = await VoicewireClient.connect(f"http://{base}")
+        turn = client.speak(fake_chat_completion(REPLY, tokens_per_s=30))
+        chunks = [c async for c in turn]
+        done = await turn.done()
+        await client.close()
+
+    assert done.reason == "completed"
+    assert done.text_spoken == REPLY
+    assert turn.t_first_text_s is not None and turn.t_first_audio_s is not None
+    pcm = _pcm(chunks)
+    assert abs(pcm.size / 24_000 * 1000 - done.audio_ms) < 1.0
+    heard = transcribe(pcm, 24_000)
+    assert wer(REPLY, heard) <= 0.15, heard
+
+
+async def test_barge_in_reports_what_was_sent_and_its_words(engine: Engine) -> None:
+    """WebSocket: the server knows what it sent; played_ms and text_spoken must match that audio."""
+    async with running_gateway(engine) as base:
+        client = await VoicewireClient.connect(f"http://{base}")
+        # An LLM slower than speech, so the turn is still open after a second of it.
+        turn = client.speak(fake_chat_completion(LONG_REPLY, tokens_per_s=6))
+        chunks: list[ReceivedAudio] = []
+
+        async def read() -> None:
+            async for c in turn:
+                chunks.append(c)
+
+        reader = asyncio.create_task(read())
+        while not chunks:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.0)  # the listener has heard ~1 s
+        t_cancel = time.perf_counter()
+        done = await turn.cancel()
+        cancel_ms = (time.perf_counter() - t_cancel) * 1000
+        await reader
+        await client.close()
+
+    assert done.reason == "cancelled"
+    assert cancel_ms < 200
+    received_ms = sum(c.duration_s for c in chunks) * 1000
+    assert abs(done.played_ms - received_ms) <= 100
+    _check_prefix(done.text_spoken, LONG_REPLY, _pcm(chunks), 24_000)
+
+
+def _check_prefix(text_spoken: str, full: str, pcm: np.ndarray, rate_hz: int) -> None:
+    """text_spoken is the start of the reply, and the words the received audio holds."""
+    assert text_spoken and full.startswith(text_spoken), text_spoken
+    assert len(text_spoken) < len(full)
+    heard = transcribe(pcm, rate_hz)
+    n_spoken, n_heard = len(text_spoken.split()), len(heard.split())
+    assert abs(n_spoken - n_heard) <= 1, (text_spoken, heard)
+    assert wer(text_spoken, heard) <= 0.34, (text_spoken, heard)
