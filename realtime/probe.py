@@ -16,7 +16,7 @@ second, each on an idle session of a pool). Per turn, all times from the first t
   the first byte: arrival of the audio that holds it, plus its place in that audio;
 - ``e2e_ms``: the end of that listener's playout of the turn's last sample;
 - ``underruns``: stalls of a player that starts ``--buffer-ms`` after the first byte and then plays
-  in real time (WebRTC: also digital silence inside the turn, the server's pacer running dry);
+  in real time (WebRTC: also silence the server's pacer inserted, see ``_measure_webrtc``);
 - WebRTC only: ``jitter_buffer_ms``, the mean time from a packet's arrival to aiortc's receive path
   handing its frame out (aiortc holds 4 packets, ~80 ms), and ``rtp_jitter_ms``, the receiver's
   RFC 3550 interarrival jitter (aiortc's inbound-rtp stats);
@@ -286,11 +286,16 @@ async def _measure_webrtc(rec: TurnRecord, client: ProtocolClient, t_first: floa
     sound = [i for i, p in enumerate(packets) if p.level_dbfs > SILENCE_DBFS]
     if sound:
         turn_packets = packets[sound[0] : sound[-1] + 1]
-        # Digital silence inside the turn: the server's pacer ran dry (an engine underrun).
-        gaps = [p.level_dbfs <= SILENCE_DBFS for p in turn_packets]
-        runs = sum(1 for i, g in enumerate(gaps) if g and (i == 0 or not gaps[i - 1]))
-        rec.underruns += runs
-        rec.stall_ms += sum(gaps) * 20.0
+        # The server's pacer fills a dry queue (an engine underrun) with digital silence, which
+        # the wire cannot tell from the voice's own digital-zero pauses (up to ~80 ms inside the
+        # embedded voice's clause pauses). So it shows as the turn spanning more packets than the
+        # server paced out (its last frame zero-padded), plus one: the Opus decoder's 6.5 ms delay
+        # can spill the last frame's sound into the first silence packet.
+        paced_frames = math.ceil(float(rec.server.get("played_ms", 0.0)) / 20.0 - 1e-6)
+        inserted_frames = len(turn_packets) - paced_frames - 1
+        if paced_frames and inserted_frames > 0:
+            rec.underruns += 1
+            rec.stall_ms += inserted_frames * 20.0
         arrivals = [Arrival(p.t_arrival_s, p.samples, p.onset_sample) for p in turn_packets]
         _measure(rec, arrivals, SAMPLE_RATE_HZ, t_first, cfg)
         delays = client.jitter_buffer_delays_s(turn_packets)
