@@ -540,7 +540,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     ax_time.set_ylabel("ms")
     ax_time.set_title("latency over time")
     ax_time.grid(alpha=0.3)
-    ax_time.legend(loc="upper right")
+    ax_time.legend(loc="best")
     cfg = ProbeConfig(**{**result["probe"]["config"], "texts": tuple(result["probe"]["config"]["texts"])})
     fig.suptitle(f"voicewire probe: {cfg.describe()}", fontsize=9)
     fig.tight_layout()
