@@ -146,8 +146,8 @@ class Turn:
     # --- text in ----------------------------------------------------------------------------------
     async def send(self, delta: str) -> None:
         """More text for this turn (an LLM delta). The first non-empty one starts the turn."""
-        if self._closed_input:
-            raise VoicewireError("turn_ended", "this turn has ended or was cancelled", self.turn_id)
+        if self._closed_input or self._done.done():
+            raise VoicewireError("turn_ended", "this turn has ended, failed or was cancelled", self.turn_id)
         if not delta:
             return
         if self.t_first_text_s is None:

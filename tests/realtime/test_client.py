@@ -9,9 +9,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from engine import Engine
 from realtime.client import ReceivedAudio, VoicewireClient, delta_text
+from realtime.client import VoicewireError as VoiceError
 from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
 
@@ -105,3 +107,23 @@ def _check_prefix(text_spoken: str, full: str, pcm: np.ndarray, rate_hz: int) ->
     n_spoken, n_heard = len(text_spoken.split()), len(heard.split())
     assert abs(n_spoken - n_heard) <= 1, (text_spoken, heard)
     assert wer(text_spoken, heard) <= 0.34, (text_spoken, heard)
+
+
+async def test_refusals_and_empty_turns(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        try:
+            await VoicewireClient.connect(f"http://{base}", voice="no-such-voice")
+            raise AssertionError("an unknown voice was accepted")
+        except VoiceError as err:
+            assert err.code == "invalid_voice"
+        async with await VoicewireClient.connect(f"http://{base}", format="opus", sample_rate_hz=48_000) as client:
+            assert (client.audio_format, client.sample_rate_hz) == ("opus", 48_000)
+            empty = await client.start_turn()
+            await empty.end()  # no text: done at once, nothing sent
+            assert (await empty.done(1.0)).audio_ms == 0.0
+            turn = client.speak(["Hello there."])  # a plain iterable of str deltas works too
+            packets = [c async for c in turn]
+            assert packets and all(c.format == "opus" for c in packets)
+            assert abs(len(packets) * 20 - (await turn.done()).audio_ms) <= 20
+            with pytest.raises(VoiceError):
+                await turn.send("more")  # the turn is over
