@@ -109,3 +109,13 @@ async def test_closing_the_stream_mid_speech_cancels_the_turn(engine: Engine) ->
     assert done.text_spoken and LONG_REPLY.startswith(done.text_spoken)
     assert len(done.text_spoken) < len(LONG_REPLY) / 2
     assert done.played_ms >= received_s * 1000 - 1
+
+
+async def test_synthesize_runs_through_the_stream(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        voice = VoicewireTTS(url=f"http://{base}")
+        voice.prewarm()
+        async with voice.synthesize("Hello there.") as chunked:
+            frame = await chunked.collect()
+        await voice.aclose()
+    assert frame.sample_rate == 24_000 and 0.5 < frame.duration < 3.0
