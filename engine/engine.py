@@ -149,12 +149,16 @@ class Engine:
     # --- worker ----------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopping:
-            ready = self._ready()
-            idle = not ready and not self._decode_pending()
-            self._drain(block=idle)
-            if self._stopping:
-                break
-            self._step(self._ready())
+            try:
+                ready = self._ready()
+                idle = not ready and not self._decode_pending()
+                self._drain(block=idle)
+                if self._stopping:
+                    break
+                self._step(self._ready())
+            except Exception:  # the worker serves every stream: it must outlive any one failure
+                log.exception("engine step failed")
+                time.sleep(0.01)
         for live in list(self._live.values()):
             self._fail(live, StreamError("engine_closed", "the engine is shutting down"))
 
@@ -249,7 +253,7 @@ class Engine:
         except Exception as err:  # a bad request must not take the worker down
             self._free_slots.append(slot)
             self._finish_count()
-            live.loop.call_soon_threadsafe(stream._fail, StreamError("bad_request", str(err)))
+            self._to_loop(live, stream._fail, StreamError("bad_request", str(err)))
             return
         self._live[stream.id] = live
         self._scheduler.add(request)
@@ -321,7 +325,14 @@ class Engine:
             req.samples_emitted += out.size
             if final:
                 self._release(live)  # freed before the caller can see the end of the stream
-            live.loop.call_soon_threadsafe(live.stream._deliver, chunk)
+            self._to_loop(live, live.stream._deliver, chunk)
+
+    def _to_loop(self, live: _Live, fn: Any, arg: object) -> None:
+        """Hand a result to the stream's event loop; a caller whose loop is gone loses its stream."""
+        try:
+            live.loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:  # the loop was closed under us (its owner went away without cancelling)
+            self._release(live)
 
     def _fail_slot(self, slot: int, message: str) -> None:
         for live in list(self._live.values()):
@@ -331,7 +342,7 @@ class Engine:
     def _fail(self, live: _Live, err: StreamError) -> None:
         self.stats.streams_failed += 1
         self._release(live)
-        live.loop.call_soon_threadsafe(live.stream._fail, err)
+        self._to_loop(live, live.stream._fail, err)
 
     def _release(self, live: _Live) -> None:
         sid = live.stream.id

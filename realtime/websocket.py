@@ -27,6 +27,10 @@ CLOSE_IDLE = 4002
 CLOSE_SLOW_CONSUMER = 4008
 CLOSE_DRAINING = 1001  # going away: the server is shutting down
 WATCHDOG_INTERVAL_S = 1.0
+# A closing handshake waits this long for the client's reply. A slow consumer gets its close frame
+# behind the audio already buffered for it, and must read all of that first; meanwhile the server
+# keeps reading (so the client's pings never sit unread, which would turn our close into a reset).
+CLOSE_HANDSHAKE_TIMEOUT_S = 60.0
 
 
 class WebSocketSink:
@@ -112,7 +116,7 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
         max_msg_size=MAX_MESSAGE_BYTES,  # larger: aiohttp closes with 1009 (message too big)
         heartbeat=cfg.ws_heartbeat_s,
         compress=False,
-        timeout=2.0,  # close handshake: do not wait long for a client that stopped reading
+        timeout=CLOSE_HANDSHAKE_TIMEOUT_S,
         # A browser fails the handshake unless the server selects the token subprotocol it offered.
         protocols=[p for p in offered if p.startswith(TOKEN_SUBPROTOCOL_PREFIX)][:1],
     )
@@ -126,53 +130,61 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
     sessions: set[Session] = app["sessions"]
     sessions.add(session)
     app["metrics"].sessions.labels("websocket").inc()
+    receiver = asyncio.create_task(_receive(ws, session))
     watchdog = asyncio.create_task(_watch(ws, session, app))
-    close_code: int | None = None
+    close: tuple[int, str] | None = None
     try:
         await session.start()
-        async for msg in ws:
-            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                await session.receive(msg.data)
-            elif msg.type == WSMsgType.ERROR:
-                log.info("session %s: websocket error %s", session.session_id, ws.exception())
-                break
-    except SinkStalled as err:
-        log.warning("session %s: %s; closing", session.session_id, err)
-        close_code = CLOSE_SLOW_CONSUMER
+        done, _ = await asyncio.wait({receiver, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+        if watchdog in done:
+            close = watchdog.result()
+        elif receiver.exception() is not None and isinstance(receiver.exception(), SinkStalled):
+            close = (CLOSE_SLOW_CONSUMER, "slow_consumer")
+    except SinkStalled:
+        close = (CLOSE_SLOW_CONSUMER, "slow_consumer")
     finally:
-        watchdog.cancel()
+        # The close must come from this task: aiohttp cuts a close short (no waiting for the client's
+        # reply, so its unread pings turn into a TCP reset) when another task is inside receive().
+        for task in (receiver, watchdog):
+            task.cancel()
+        await asyncio.gather(receiver, watchdog, return_exceptions=True)
         sessions.discard(session)
         app["metrics"].sessions.labels("websocket").dec()
         await session.close()
-        slow = close_code is not None or session.slow_consumer
-        if slow:
-            app["metrics"].errors.labels("slow_consumer").inc()
+        if close is not None:
+            code, why = close
+            log.info("session %s: closing with %d (%s)", session.session_id, code, why)
+            if code == CLOSE_SLOW_CONSUMER:
+                app["metrics"].errors.labels(why).inc()
+            else:
+                with contextlib.suppress(Exception):
+                    await session.send_error(why, f"session closed: {why.replace('_', ' ')}")
         if not ws.closed:
-            code = CLOSE_SLOW_CONSUMER if slow else 1000
+            code, why = close or (1000, "")
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(ws.close(code=code, message=b"slow consumer" if slow else b""), 2.0)
+                # drain=False: the close frame queues behind what the client has not read yet.
+                await ws.close(code=code, message=why.encode(), drain=False)
     return ws
 
 
-async def _watch(ws: web.WebSocketResponse, session: Session, app: web.Application) -> None:
-    """Closes the session for lifetime, idle time, a stalled pump, or server drain."""
+async def _receive(ws: web.WebSocketResponse, session: Session) -> None:
+    async for msg in ws:
+        if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+            await session.receive(msg.data)
+        elif msg.type == WSMsgType.ERROR:
+            log.info("session %s: websocket error %s", session.session_id, ws.exception())
+            return
+
+
+async def _watch(ws: web.WebSocketResponse, session: Session, app: web.Application) -> tuple[int, str]:
+    """Returns when the session must close: lifetime, idle time, a stalled client, or server drain."""
     reasons = {"session_expired": CLOSE_SESSION_EXPIRED, "idle_timeout": CLOSE_IDLE}
-    while not ws.closed:
+    while True:
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
-        why = session.expired(time.monotonic())
         if session.slow_consumer:
-            why, code = "slow_consumer", CLOSE_SLOW_CONSUMER
-        elif why is not None:
-            code = reasons[why]
-        elif app["draining"] and session.open_turns == 0:
-            why, code = "draining", CLOSE_DRAINING
-        else:
-            continue
-        log.info("session %s: closing (%s)", session.session_id, why)
-        if why != "slow_consumer":
-            with contextlib.suppress(Exception):
-                await session.send_error(why, f"session closed: {why.replace('_', ' ')}")
-        await session.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(ws.close(code=code, message=why.encode()), 2.0)
-        return
+            return CLOSE_SLOW_CONSUMER, "slow_consumer"
+        why = session.expired(time.monotonic())
+        if why is not None:
+            return reasons[why], why
+        if app["draining"] and session.open_turns == 0:
+            return CLOSE_DRAINING, "draining"

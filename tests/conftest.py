@@ -69,6 +69,7 @@ class TurnResult:
     turn_id: Any
     audio: bytearray = field(default_factory=bytearray)
     audio_times: list[float] = field(default_factory=list)  # perf_counter per binary message
+    audio_sizes: list[int] = field(default_factory=list)  # bytes per binary message
     messages: list[dict[str, Any]] = field(default_factory=list)
     done: dict[str, Any] | None = None
     t_first_sent: float = 0.0
@@ -86,6 +87,7 @@ async def read_turn(ws: Any, result: TurnResult, timeout_s: float = 30.0) -> Tur
         if isinstance(msg, bytes):
             result.audio += msg
             result.audio_times.append(time.perf_counter())
+            result.audio_sizes.append(len(msg))
             continue
         data = json.loads(msg)
         result.messages.append(data)
