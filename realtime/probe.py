@@ -39,7 +39,6 @@ import re
 import statistics
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -319,6 +318,7 @@ class Probe:
         self._t0 = 0.0
         self._clients: list[ProtocolClient] = []
         self._receiver_stats: list[dict[str, float]] = []
+        self._server: dict[str, Any] = {}
 
     async def connect(self) -> ProtocolClient:
         t = time.perf_counter()
@@ -393,6 +393,7 @@ class Probe:
             await asyncio.gather(*tasks)
 
     async def run(self) -> None:
+        self._server = await _server_info(self.cfg.url)
         progress = asyncio.create_task(self._progress())
         try:
             if self.cfg.rate_per_s is not None:
@@ -467,21 +468,27 @@ class Probe:
                 "config": asdict(self.cfg),
                 "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
                 "client": f"{platform.node()} python {platform.python_version()}",
-                "server": _server_info(self.cfg.url),
+                "server": self._server,
             },
             "summary": summary,
             "turns": [asdict(r) for r in self.records],
         }
 
 
-def _server_info(url: str) -> dict[str, Any]:
+async def _server_info(url: str) -> dict[str, Any]:
+    """The server's ``/healthz`` (model, sample rate), for the record; {} if it has none."""
+    import aiohttp
+
     base = url if "://" in url else "http://" + url
     base = base.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0].rstrip("/")
     try:
-        with urllib.request.urlopen(f"{base}/healthz", timeout=2.0) as resp:
-            info = json.loads(resp.read())
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as http,
+            http.get(f"{base}/healthz") as resp,
+        ):
+            info = await resp.json(content_type=None)
             return info if isinstance(info, dict) else {}
-    except (OSError, ValueError):
+    except (aiohttp.ClientError, TimeoutError, ValueError):
         return {}
 
 

@@ -88,3 +88,4 @@ async def test_probe_over_webrtc_reports_jitter_buffer_figures(engine: Engine) -
         assert 0 <= t["server"]["played_ms"] - t["audio_ms"] <= 250
     s = result["summary"]
     assert s["packets_received"] > 100 and s["packets_lost"] == 0
+    assert result["probe"]["server"]["model"] == "hibari"  # /healthz, for the record
