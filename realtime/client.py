@@ -398,11 +398,18 @@ class VoicewireClient(ProtocolClient):
         format: str = "pcm16",
         sample_rate_hz: int = DEFAULT_SAMPLE_RATE_HZ,
         voice: str | None = None,
+        api_key: str | None = None,
         timeout_s: float = 10.0,
         **ws_options: Any,
     ) -> VoicewireClient:
         """Connect to ``ws://host:port/v1/stream`` (an ``http://host:port`` base works too) and set
-        the audio format: ``pcm16`` or ``opus``, 24000 or 48000 Hz."""
+        the audio format: ``pcm16`` or ``opus``, 24000 or 48000 Hz. ``api_key``: for a server that
+        requires one (``voicewire serve --api-key``), sent as ``Authorization: Bearer``."""
+        if api_key:
+            ws_options["additional_headers"] = {
+                **dict(ws_options.get("additional_headers") or {}),
+                "Authorization": f"Bearer {api_key}",
+            }
         ws = await websockets.connect(
             stream_url(url), max_size=MAX_AUDIO_MESSAGE_BYTES, open_timeout=timeout_s, **ws_options
         )

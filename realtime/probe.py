@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import platform
 import random
 import re
@@ -83,6 +84,7 @@ class ProbeConfig:
     turn_timeout_s: float = 60.0
     texts: tuple[str, ...] = TEXTS
     seed: int = 0
+    api_key: str | None = field(default=None, repr=False)  # never written to the JSON
 
     def __post_init__(self) -> None:
         if self.transport not in ("ws", "webrtc"):
@@ -324,11 +326,11 @@ class Probe:
         t = time.perf_counter()
         client: ProtocolClient
         if self.cfg.transport == "ws":
-            client = await VoicewireClient.connect(self.cfg.url)
+            client = await VoicewireClient.connect(self.cfg.url, api_key=self.cfg.api_key)
         else:
             from .webrtc_client import WebRtcClient
 
-            client = await WebRtcClient.connect(self.cfg.url)
+            client = await WebRtcClient.connect(self.cfg.url, api_key=self.cfg.api_key)
         self.connect_ms.append(round((time.perf_counter() - t) * 1000, 2))
         self.sessions_opened += 1
         self._clients.append(client)
@@ -465,7 +467,7 @@ class Probe:
             summary["packets_lost"] = int(sum(s.get("packets_lost", 0) for s in self._receiver_stats))
         return {
             "probe": {
-                "config": asdict(self.cfg),
+                "config": {k: v for k, v in asdict(self.cfg).items() if k != "api_key"},
                 "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
                 "client": f"{platform.node()} python {platform.python_version()}",
                 "server": self._server,
@@ -570,6 +572,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buffer-ms", type=float, default=40.0, help="client playout buffer for the underrun count")
     p.add_argument("--gap-s", type=float, default=0.2, help="closed loop: pause between a session's turns")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", default=os.environ.get("VOICEWIRE_API_KEY"), help="for a server started with --api-key (default: $VOICEWIRE_API_KEY)")
     p.add_argument("--out", default="probe.json", help="JSON results")
     p.add_argument("--plot", default="probe.png", help="PNG plot ('' for none)")
 
@@ -586,6 +589,7 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
         tokens_per_s=None if args.whole else args.tokens_per_s,
         buffer_ms=args.buffer_ms,
         seed=args.seed,
+        api_key=args.api_key,
     )
 
 

@@ -91,17 +91,17 @@ class WebRtcClient(ProtocolClient):
         self.channel: Any = None
 
     @classmethod
-    async def connect(cls, base_url: str, *, timeout_s: float = 10.0) -> WebRtcClient:
-        """Offer, answer, wait for ``session.created``."""
+    async def connect(cls, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> WebRtcClient:
+        """Offer, answer, wait for ``session.created``. ``api_key``: sent as ``Authorization: Bearer``."""
         client = cls()
         try:
-            await asyncio.wait_for(client._connect(base_url.rstrip("/")), timeout_s)
+            await asyncio.wait_for(client._connect(base_url.rstrip("/"), api_key), timeout_s)
         except BaseException:
             await client.close()
             raise
         return client
 
-    async def _connect(self, base_url: str) -> None:
+    async def _connect(self, base_url: str, api_key: str | None) -> None:
         if "://" not in base_url:
             base_url = "http://" + base_url
         transceiver = self.pc.addTransceiver("audio", direction="recvonly")
@@ -114,7 +114,11 @@ class WebRtcClient(ProtocolClient):
         created = self._expect("session.created")
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
-        async with aiohttp.ClientSession() as http, http.post(f"{base_url}/offer", json=offer) as resp:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{base_url}/offer", json=offer, headers=headers) as resp,
+        ):
             body = await resp.json()
             if resp.status != 200:
                 err = body.get("error", {}) if isinstance(body, dict) else {}

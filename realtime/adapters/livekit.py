@@ -37,6 +37,7 @@ class VoicewireTTS(tts.TTS):
         *,
         url: str = "http://127.0.0.1:8080",
         voice: str | None = None,
+        api_key: str | None = None,
         sample_rate: int = SAMPLE_RATE_HZ,
     ) -> None:
         super().__init__(
@@ -44,6 +45,7 @@ class VoicewireTTS(tts.TTS):
         )
         self._url = url
         self._voice = voice
+        self._api_key = api_key
         self._client: VoicewireClient | None = None
         self._connecting = asyncio.Lock()
         self._streams: set[VoicewireSynthesizeStream] = set()
@@ -63,7 +65,7 @@ class VoicewireTTS(tts.TTS):
             if self._client is None or self._client.closed:
                 try:
                     self._client = await VoicewireClient.connect(
-                        self._url, sample_rate_hz=self.sample_rate, voice=self._voice
+                        self._url, sample_rate_hz=self.sample_rate, voice=self._voice, api_key=self._api_key
                     )
                 except (OSError, TimeoutError) as err:
                     raise APIConnectionError(f"voicewire: cannot connect to {self._url}: {err}") from err

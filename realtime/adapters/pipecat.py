@@ -46,6 +46,7 @@ class VoicewireTTSService(TTSService):
         *,
         url: str = "http://127.0.0.1:8080",
         voice: str | None = None,
+        api_key: str | None = None,
         text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,
         **kwargs: Any,
     ) -> None:
@@ -57,6 +58,7 @@ class VoicewireTTSService(TTSService):
         )
         self._url = url
         self._voice = voice
+        self._api_key = api_key
         self._client: VoicewireClient | None = None
         self._turns: dict[str, Turn] = {}  # Pipecat context id -> voicewire turn
         self._readers: dict[str, asyncio.Task[None]] = {}
@@ -82,7 +84,9 @@ class VoicewireTTSService(TTSService):
         if self._client is not None and not self._client.closed:
             return
         rate = self.sample_rate if self.sample_rate in SERVER_RATES_HZ else SERVER_RATES_HZ[0]
-        self._client = await VoicewireClient.connect(self._url, sample_rate_hz=rate, voice=self._voice)
+        self._client = await VoicewireClient.connect(
+            self._url, sample_rate_hz=rate, voice=self._voice, api_key=self._api_key
+        )
         await self._call_event_handler("on_connected")
 
     async def _disconnect(self) -> None:

@@ -124,3 +124,19 @@ async def test_refusals_and_empty_turns(engine: Engine) -> None:
             assert abs(len(packets) * 20 - (await turn.done()).audio_ms) <= 20
             with pytest.raises(VoicewireError):
                 await turn.send("more")  # the turn is over
+
+
+async def test_api_key_for_a_server_that_requires_one(engine: Engine) -> None:
+    from realtime.auth import AuthConfig
+    from realtime.webrtc_client import WebRtcClient
+
+    key = "probe-test-key-0123456789"
+    async with running_gateway(engine, auth=AuthConfig(api_keys=(key,))) as base:
+        with pytest.raises(Exception, match="401"):
+            await VoicewireClient.connect(f"http://{base}")
+        async with await VoicewireClient.connect(f"http://{base}", api_key=key) as client:
+            turn = client.speak(["Hi."])
+            assert [c async for c in turn] and (await turn.done()).reason == "completed"
+        rtc = await WebRtcClient.connect(f"http://{base}", api_key=key)
+        assert rtc.session["protocol"] == 1
+        await rtc.close()
