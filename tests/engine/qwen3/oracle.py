@@ -91,20 +91,29 @@ def run_oracle(
     oracle_dir: Path = ORACLE_DIR,
     python: str = sys.executable,
     timeout_s: float = 600.0,
+    pythonpath: str | None = None,
+    build: bool = True,
 ) -> OracleRun:
-    """Write config skeletons, let the oracle fill in random weights and reference outputs, read them."""
+    """Write config skeletons, let the oracle fill in random weights and reference outputs, read them.
+
+    ``build=False`` reuses the weights a previous run wrote in ``workdir`` (e.g. to run the oracle
+    again in bf16 on the same fp32 weights). ``pythonpath`` overrides the oracle folder (a device
+    machine installs the carried wheels elsewhere).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoints = []
     for c in CHECKPOINTS:
         d = workdir / c["name"]
-        write_config_files(preset(c["preset"]), str(d))
-        checkpoints.append({**c, "dir": str(d)})
+        if build:
+            write_config_files(preset(c["preset"]), str(d))
+        checkpoints.append({**c, "dir": str(d), "build": build})
     job = {"device": device, "dtype": dtype, "threads": 2, "checkpoints": checkpoints}
-    job_path, out_path = workdir / "job.json", workdir / "oracle.npz"
+    tag = f"{dtype}-{device.replace(':', '')}"
+    job_path, out_path = workdir / f"job-{tag}.json", workdir / f"oracle-{tag}.npz"
     job_path.write_text(json.dumps(job))
     env = {
         **os.environ,
-        "PYTHONPATH": oracle_pythonpath(oracle_dir, python),
+        "PYTHONPATH": pythonpath or oracle_pythonpath(oracle_dir, python),
         "TRANSFORMERS_VERBOSITY": "error",
     }
     env.pop("PYTHONHOME", None)

@@ -149,6 +149,9 @@ def main() -> None:
     device = job.get("device", "cpu")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[job.get("dtype", "float32")]
     torch.set_num_threads(max(1, int(job.get("threads", 2))))
+    # fp32 means fp32 on a GPU too: no TF32 in cuDNN convolutions (on by default) or matmuls
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     out: dict[str, np.ndarray] = {}
     for ckpt in job["checkpoints"]:
         if ckpt.get("build", True):
