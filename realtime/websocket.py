@@ -31,6 +31,7 @@ WATCHDOG_INTERVAL_S = 1.0
 # behind the audio already buffered for it, and must read all of that first; meanwhile the server
 # keeps reading (so the client's pings never sit unread, which would turn our close into a reset).
 CLOSE_HANDSHAKE_TIMEOUT_S = 60.0
+CLOSE_REPLY_TIMEOUT_S = 5.0
 
 
 class WebSocketSink:
@@ -161,9 +162,11 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
                     await session.send_error(why, f"session closed: {why.replace('_', ' ')}")
         if not ws.closed:
             code, why = close or (1000, "")
+            # drain=False: the close frame queues behind what the client has not read yet. Only a
+            # slow consumer gets long to read up to it; otherwise the reply is due in a few seconds.
+            wait_s = CLOSE_HANDSHAKE_TIMEOUT_S if code == CLOSE_SLOW_CONSUMER else CLOSE_REPLY_TIMEOUT_S
             with contextlib.suppress(Exception):
-                # drain=False: the close frame queues behind what the client has not read yet.
-                await ws.close(code=code, message=why.encode(), drain=False)
+                await asyncio.wait_for(ws.close(code=code, message=why.encode(), drain=False), wait_s)
     return ws
 
 

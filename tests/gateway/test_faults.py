@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import aiohttp
 import websockets
@@ -119,12 +120,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_sigterm_drains_then_exits_0() -> None:
+async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
     port = _free_port()
+    log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--drain-timeout", "15"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         for _ in range(100):
@@ -152,7 +154,10 @@ async def test_sigterm_drains_then_exits_0() -> None:
         await sender
         await reader
         assert res.done is not None and res.done["reason"] == "completed"
-        assert proc.wait(timeout=20) == 0
+        try:
+            assert proc.wait(timeout=20) == 0
+        except subprocess.TimeoutExpired:
+            raise AssertionError((tmp_path / "server.log").read_text()[-3000:]) from None
     finally:
         if proc.poll() is None:
             proc.kill()
