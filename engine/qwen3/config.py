@@ -40,6 +40,18 @@ CODEC_LANGUAGE_IDS: dict[str, int] = {
     "russian": 2069,
     "italian": 2070,
 }
+LANGUAGE_CODES = {
+    "en": "english",
+    "de": "german",
+    "es": "spanish",
+    "zh": "chinese",
+    "ja": "japanese",
+    "fr": "french",
+    "ko": "korean",
+    "ru": "russian",
+    "it": "italian",
+    "pt": "portuguese",
+}
 SPEAKER_IDS: dict[str, int] = {"ryan": 3061, "aiden": 2861, "vivian": 3065, "serena": 3066}
 
 
@@ -89,10 +101,11 @@ class TalkerConfig:
             )
 
     def language_id(self, name: str) -> int | None:
-        """Codec id of a language; None for "auto" / ""."""
+        """Codec id of a language (a config name, or its ISO 639-1 code); None for "auto" / ""."""
         key = name.lower()
         if key in ("", "auto"):
             return None
+        key = LANGUAGE_CODES.get(key, key)
         for lang, idx in self.languages:
             if lang == key:
                 return idx

@@ -166,30 +166,33 @@ class Qwen3TTSModel(Model):
         extra = params.extra
         greedy = params.greedy or not bool(extra.get("do_sample", g.do_sample))
         cp_greedy = params.greedy or not bool(extra.get("subtalker_do_sample", g.subtalker_do_sample))
-        self._greedy[slot, 0], self._greedy[slot, 1] = greedy, cp_greedy
         vocab = (t.vocab_size, self.cfg.code_predictor.vocab_size)
-        for col, (temp, top_k, top_p) in enumerate(
-            (
-                (
-                    extra.get("temperature", g.temperature),
-                    extra.get("top_k", g.top_k),
-                    extra.get("top_p", g.top_p),
-                ),
-                (
-                    extra.get("subtalker_temperature", g.subtalker_temperature),
-                    extra.get("subtalker_top_k", g.subtalker_top_k),
-                    extra.get("subtalker_top_p", g.subtalker_top_p),
-                ),
-            )
+        rows = []  # (temperature, top_k, top_p) of codebook 0 and of codebooks 1..15
+        for prefix, (temp, top_k, top_p) in (
+            ("", (g.temperature, g.top_k, g.top_p)),
+            ("subtalker_", (g.subtalker_temperature, g.subtalker_top_k, g.subtalker_top_p)),
         ):
-            self._temp[slot, col] = float(temp)  # type: ignore[arg-type]
-            self._top_k[slot, col] = int(top_k) if int(top_k) > 0 else vocab[col]  # type: ignore[call-overload]
-            self._top_p[slot, col] = float(top_p)  # type: ignore[arg-type]
-        if (self._temp[slot] <= 0).any() or not bool(
-            ((self._top_p[slot] > 0) & (self._top_p[slot] <= 1)).all()
-        ):
-            raise ModelError(slot, "temperature must be > 0 and top_p in (0, 1]")
-        self._penalty[slot] = float(extra.get("repetition_penalty", g.repetition_penalty))  # type: ignore[arg-type]
+            try:
+                row = (
+                    float(extra.get(prefix + "temperature", temp)),  # type: ignore[arg-type]
+                    int(extra.get(prefix + "top_k", top_k)),  # type: ignore[call-overload]
+                    float(extra.get(prefix + "top_p", top_p)),  # type: ignore[arg-type]
+                )
+            except (TypeError, ValueError):
+                raise ModelError(slot, f"bad {prefix}temperature / top_k / top_p") from None
+            if row[0] <= 0 or not 0 < row[2] <= 1:
+                raise ModelError(slot, f"{prefix}temperature must be > 0 and {prefix}top_p in (0, 1]")
+            rows.append(row)
+        penalty = float(extra.get("repetition_penalty", g.repetition_penalty))  # type: ignore[arg-type]
+        if penalty <= 0:
+            raise ModelError(slot, "repetition_penalty must be > 0")
+        # validated on the host; the device rows are written once per stream
+        for col, (temp, top_k, top_p) in enumerate(rows):
+            self._temp[slot, col] = temp
+            self._top_k[slot, col] = top_k if top_k > 0 else vocab[col]  # 0 disables top-k (HF)
+            self._top_p[slot, col] = top_p
+        self._greedy[slot, 0], self._greedy[slot, 1] = greedy, cp_greedy
+        self._penalty[slot] = penalty
         self._seed[slot] = (params.seed if params.seed is not None else random.getrandbits(32)) & 0xFFFFFFFF
         self._seen[slot] = False
         self.codec_states.reset(slot)
@@ -394,13 +397,14 @@ class Qwen3TTSModel(Model):
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(work)
         if self.options.codec_mode == "windowed":
-            for i, w in enumerate(work):
-                out[i] = self._decode_windowed(w)
-            return [o for o in out if o is not None]
+            return [self._decode_windowed(w) if w.n_frames else np.zeros(0, np.float32) for w in work]
         by_len: dict[int, list[int]] = {}
         for i, w in enumerate(work):
-            by_len.setdefault(w.n_frames, []).append(i)
-        for n, items in by_len.items():
+            if w.n_frames == 0:
+                out[i] = np.zeros(0, np.float32)
+            else:
+                by_len.setdefault(w.n_frames, []).append(i)
+        for items in by_len.values():
             codes = np.stack([self._frames(work[i]) for i in items])  # (G, n, 16)
             codes_t = torch.from_numpy(codes).to(self.device).transpose(1, 2)  # (G, 16, n)
             slot_idx = torch.tensor([work[i].slot for i in items], dtype=torch.int64, device=self.device)
@@ -410,8 +414,7 @@ class Qwen3TTSModel(Model):
             host = pcm.cpu().numpy()
             for row, i in enumerate(items):
                 out[i] = host[row]
-            assert host.shape[1] == n * self.info.frame_samples
-        return [o for o in out if o is not None]
+        return [o if o is not None else np.zeros(0, np.float32) for o in out]
 
     def _decode_windowed(self, w: DecodeWork) -> np.ndarray:
         st = self._slots.get(w.slot)
