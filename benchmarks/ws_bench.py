@@ -159,6 +159,8 @@ def start_server(port: int) -> subprocess.Popen[bytes]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
                 if r.status == 200:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"port {port} is taken by another server")
                     return proc
         except OSError:
             time.sleep(0.1)

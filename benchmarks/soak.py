@@ -1,0 +1,175 @@
+"""Soak: many concurrent WebSocket sessions with the embedded voice for minutes, on this machine.
+
+Each session loops: a turn streamed as word deltas (a simulated LLM), its audio read and played
+(simulated from the first byte), then a pause, then the next turn. Reports errors, lost turns
+(text sent, no turn.done), underruns, TTFP/TTFA percentiles and the server's RSS at start and end.
+
+    python benchmarks/soak.py --sessions 100 --duration 300 --out benchmarks/results/soak_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import websockets
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ws_bench import BYTES_PER_S, SENTENCES, start_server, summary_ms  # noqa: E402
+
+
+@dataclass
+class Totals:
+    turns_sent: int = 0
+    turns_done: int = 0
+    turns_with_underrun: int = 0
+    errors: list[str] = field(default_factory=list)
+    ttfp_s: list[float] = field(default_factory=list)
+    ttfa_ms: list[float] = field(default_factory=list)  # server's audible TTFA per turn
+    audio_s: float = 0.0
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def session(url: str, until: float, rng: random.Random, totals: Totals, words_per_s: float) -> None:
+    await asyncio.sleep(rng.uniform(0, 5))
+    try:
+        ws = await websockets.connect(url, max_size=None)
+        await ws.recv()
+    except Exception as err:
+        totals.errors.append(f"connect: {err!r}")
+        return
+    n = 0
+    try:
+        while time.monotonic() < until:
+            text = " ".join(rng.sample(SENTENCES, 2))
+            turn_id = f"t{n}"
+            n += 1
+            totals.turns_sent += 1
+            t0 = time.perf_counter()
+
+            async def send(turn_id: str = turn_id, text: str = text) -> None:
+                words = text.split(" ")
+                for i, w in enumerate(words):
+                    delta = w + (" " if i < len(words) - 1 else "")
+                    await ws.send(json.dumps({"type": "text.delta", "turn_id": turn_id, "text": delta}))
+                    await asyncio.sleep(1 / words_per_s)
+                await ws.send(json.dumps({"type": "text.end", "turn_id": turn_id}))
+
+            sender = asyncio.create_task(send())
+            t_first = None
+            got_s = 0.0
+            underrun = False
+            while True:
+                msg = await asyncio.wait_for(ws.recv(), 60)
+                now = time.perf_counter()
+                if isinstance(msg, bytes):
+                    if t_first is None:
+                        t_first = now
+                        totals.ttfp_s.append(now - t0)
+                    elif now - t_first > got_s:
+                        underrun = True
+                    got_s += len(msg) / BYTES_PER_S
+                    continue
+                data = json.loads(msg)
+                if data["type"] == "error":
+                    totals.errors.append(f"{data.get('code')}: {data.get('message')}")
+                elif data["type"] == "turn.done" and data["turn_id"] == turn_id:
+                    totals.turns_done += 1
+                    if "ttfa_ms" in data.get("metrics", {}):
+                        totals.ttfa_ms.append(data["metrics"]["ttfa_ms"])
+                    break
+            await sender
+            totals.audio_s += got_s
+            totals.turns_with_underrun += underrun
+            # The listener hears the rest of the turn, then the user talks for a moment.
+            remaining = got_s - (time.perf_counter() - (t_first or time.perf_counter()))
+            await asyncio.sleep(max(0.0, remaining) + rng.uniform(0.5, 2.0))
+    except Exception as err:
+        totals.errors.append(f"session: {err!r}")
+    finally:
+        await ws.close()
+
+
+async def main_async(args: argparse.Namespace, pid: int) -> dict[str, Any]:
+    url = f"ws://127.0.0.1:{args.port}/v1/stream"
+    totals = Totals()
+    # warm-up turn, then the starting RSS
+    await session(url, time.monotonic() + 0.1, random.Random(0), Totals(), args.words_per_s)
+    rss_start = rss_mb(pid)
+    until = time.monotonic() + args.duration
+    rss_samples: list[tuple[float, float]] = []
+
+    async def sample() -> None:
+        t0 = time.monotonic()
+        while time.monotonic() < until + 10:
+            rss_samples.append((round(time.monotonic() - t0, 1), round(rss_mb(pid), 1)))
+            print(f"\r{rss_samples[-1][0]:6.0f} s  turns done {totals.turns_done}  errors {len(totals.errors)}  "
+                  f"RSS {rss_samples[-1][1]:.0f} MB", end="", flush=True)
+            await asyncio.sleep(5)
+
+    sampler = asyncio.create_task(sample())
+    await asyncio.gather(*(session(url, until, random.Random(i + 1), totals, args.words_per_s)
+                           for i in range(args.sessions)))
+    sampler.cancel()
+    print()
+    rss_end = rss_mb(pid)
+    return {
+        "sessions": args.sessions,
+        "duration_s": args.duration,
+        "words_per_s": args.words_per_s,
+        "turns_sent": totals.turns_sent,
+        "turns_done": totals.turns_done,
+        "lost_turns": totals.turns_sent - totals.turns_done,
+        "errors": len(totals.errors),
+        "error_samples": totals.errors[:10],
+        "turns_with_underrun": totals.turns_with_underrun,
+        "ttfp_first_byte": summary_ms(totals.ttfp_s),
+        "ttfa_audible_server_ms": summary_ms([v / 1000 for v in totals.ttfa_ms]),
+        "audio_s_total": round(totals.audio_s, 1),
+        "rss_start_mb": round(rss_start, 1),
+        "rss_end_mb": round(rss_end, 1),
+        "rss_growth_pct": round(100 * (rss_end - rss_start) / rss_start, 2),
+        "rss_samples": rss_samples,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=100)
+    ap.add_argument("--duration", type=float, default=300.0)
+    ap.add_argument("--words-per-s", type=float, default=20.0)
+    ap.add_argument("--port", type=int, default=8766)
+    ap.add_argument("--out", default="benchmarks/results/soak_cpu.json")
+    args = ap.parse_args()
+    server = start_server(args.port)
+    try:
+        results = asyncio.run(main_async(args, server.pid))
+    finally:
+        server.terminate()
+        server.wait(30)
+    results["command"] = "python " + " ".join(sys.argv)
+    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
+                          "note": "server and load generator share the same 2 cores"}
+    results["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in results.items() if k != "rss_samples"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
