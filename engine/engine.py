@@ -64,6 +64,7 @@ class _Live:
     feeder: ClauseFeeder | WordFeeder
     trimmer: LeadInTrimmer
     buffered_chars: int = 0
+    held_text: str = ""  # text of chunks the lead-in trimmer held back, emitted with the next audio
 
 
 class Engine:
@@ -317,15 +318,19 @@ class Engine:
     def _emit(self, live: _Live, pcm: np.ndarray, final: bool, text: str) -> None:
         req = live.request
         out = live.trimmer.push(np.asarray(pcm, np.float32), final)
-        if out.size or final:
-            chunk = AudioChunk(out, req.sample_rate_hz, req.samples_emitted, final=final, text=text)
-            if out.size and req.t_first_emit is None:
-                req.t_first_emit = time.perf_counter()
-                live.stream.metrics.trimmed_samples = live.trimmer.trimmed_samples
-            req.samples_emitted += out.size
-            if final:
-                self._release(live)  # freed before the caller can see the end of the stream
-            self._to_loop(live, live.stream._deliver, chunk)
+        text = f"{live.held_text} {text}".strip() if live.held_text else text
+        if not (out.size or final):
+            live.held_text = text
+            return
+        live.held_text = ""
+        chunk = AudioChunk(out, req.sample_rate_hz, req.samples_emitted, final=final, text=text)
+        if out.size and req.t_first_emit is None:
+            req.t_first_emit = time.perf_counter()
+            live.stream.metrics.trimmed_samples = live.trimmer.trimmed_samples
+        req.samples_emitted += out.size
+        if final:
+            self._release(live)  # freed before the caller can see the end of the stream
+        self._to_loop(live, live.stream._deliver, chunk)
 
     def _to_loop(self, live: _Live, fn: Any, arg: object) -> None:
         """Hand a result to the stream's event loop; a caller whose loop is gone loses its stream."""
