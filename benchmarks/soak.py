@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--duration", type=float, default=300.0)
     ap.add_argument("--words-per-s", type=float, default=20.0)
-    ap.add_argument("--port", type=int, default=8766)
+    ap.add_argument("--port", type=int, default=8782)
     ap.add_argument("--out", default="benchmarks/results/soak_cpu.json")
     args = ap.parse_args()
     server = start_server(args.port)

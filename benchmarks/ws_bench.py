@@ -216,7 +216,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results/ws_cpu.json")
-    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--port", type=int, default=8781)
     ap.add_argument("--turns", type=int, default=60)
     ap.add_argument("--concurrent", type=int, default=20)
     ap.add_argument("--stagger", type=float, default=5.0, help="(c): sessions start within this many seconds")
