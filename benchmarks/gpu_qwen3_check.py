@@ -124,6 +124,7 @@ def parity(site: str, device: str, work: Path) -> dict[str, Any]:
                 greedy=True,
                 forced_frames=p["frames"],
                 seed=0,
+                extra={"whole_text": p.get("whole_text", False)},
             )
             r32, r16 = ref32.ref[f"{key}/codes"], ref16.ref[f"{key}/codes"]
             c32, c16 = run_codes(ours32, p["text"], params), run_codes(ours16, p["text"], params)

@@ -34,7 +34,7 @@ from ..model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, St
 from .codec_state import CodecStatePool
 from .config import Qwen3TTSConfig
 from .kv_cache import SlotKVCache
-from .prompt import build_prompt
+from .prompt import Prompt, build_prompt
 from .sampler import RowParams, apply_repetition_penalty, sample
 from .tokenizer import TextStream, TextTokenizer
 from .weights import Modules
@@ -70,6 +70,7 @@ class _Slot:
     instruct_ids: list[int]
     forced_frames: int | None  # StreamParams.forced_frames
     greedy: tuple[bool, bool]  # (codebook 0, codebooks 1..15): host copy of the device rows
+    whole_text: bool  # wait for the end of the text and put all of it in the prompt (see prompt.py)
     prefilled: bool = False
     frames: int = 0  # frames emitted
     position: int = 0  # talker positions written (KV length)
@@ -203,6 +204,7 @@ class Qwen3TTSModel(Model):
             instruct_ids=instruct_ids,
             forced_frames=params.forced_frames,
             greedy=(greedy, cp_greedy),
+            whole_text=bool(extra.get("whole_text", False)),
         )
 
     def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
@@ -217,9 +219,9 @@ class Qwen3TTSModel(Model):
         if st is None or st.done:
             return False
         if not st.prefilled:
-            return bool(st.text.ids) or st.text.final
+            return st.text.final if st.whole_text else bool(st.text.ids) or st.text.final
         # the feed after frame k-1 carries text token k
-        return st.text.final or len(st.text.ids) > st.frames
+        return st.text.final or len(st.text.ids) > st.frames  # (whole text: final already)
 
     def close_slot(self, slot: int) -> None:
         # KV rows need no clearing (see kv_cache.py); decoder state and sampling rows are reset by
@@ -241,6 +243,9 @@ class Qwen3TTSModel(Model):
             elif not st.prefilled and not st.text.ids:  # the text ended empty
                 st.done = True
                 results[s] = GenerateResult(s, None, 0, True)
+            elif not st.prefilled and len(self._prompt(st)) >= self.options.max_seq_len:
+                # refused before any work of this step, so the other slots are untouched
+                raise ModelError(s, f"prompt longer than max_seq_len {self.options.max_seq_len}")
             else:
                 (running if st.prefilled else new).append(s)
         batch = new + running
@@ -262,19 +267,7 @@ class Qwen3TTSModel(Model):
 
     def _prefill(self, slots: list[int]) -> tuple[Tensor, Tensor]:
         cfg, dev = self.cfg, self.device
-        prompts = []
-        for s in slots:
-            st = self._slots[s]
-            prompts.append(
-                build_prompt(
-                    cfg,
-                    self.tokenizer.role_ids,
-                    st.text.ids[0],
-                    st.language_id,
-                    st.speaker_id,
-                    st.instruct_ids,
-                )
-            )
+        prompts = [self._prompt(self._slots[s]) for s in slots]
         lengths = [len(p) for p in prompts]
         t = max(lengths)
         text = torch.full((len(slots), t), cfg.tts_pad_id, dtype=torch.int64)
@@ -297,12 +290,24 @@ class Qwen3TTSModel(Model):
             st.prefilled, st.position = True, n
         return last, self.talker.logits(last)
 
+    def _prompt(self, st: _Slot) -> Prompt:
+        return build_prompt(
+            self.cfg,
+            self.tokenizer.role_ids,
+            st.text.ids,
+            st.language_id,
+            st.speaker_id,
+            st.instruct_ids,
+            whole_text=st.whole_text,
+        )
+
     def _feed(self, slots: list[int]) -> tuple[Tensor, Tensor]:
         cfg, dev = self.cfg, self.device
         host = []
         for s in slots:
             st = self._slots[s]
-            k = st.frames  # text token index carried by this feed
+            # text token index carried by this feed; with the whole text in the prompt: pad from here on
+            k = len(st.text.ids) + 1 if st.whole_text else st.frames
             tid = (
                 st.text.ids[k]
                 if k < len(st.text.ids)

@@ -14,7 +14,8 @@ embeddings. With a known language and a CustomVoice speaker:
     tts_bos                              codec_pad
     text[0]                              codec_bos
 
-The rest of the text follows one token per frame (talker.py).
+The rest of the text follows one token per frame (talker.py). With the whole text known up front
+(``whole_text``), all of it goes into the prompt instead (see ``build_prompt``).
 """
 
 from __future__ import annotations
@@ -37,11 +38,17 @@ class Prompt:
 def build_prompt(
     cfg: Qwen3TTSConfig,
     role_ids: Sequence[int],
-    first_text_id: int,
+    text_ids: Sequence[int],
     language_id: int | None,
     speaker_id: int | None,
     instruct_ids: Sequence[int] = (),
+    whole_text: bool = False,
 ) -> Prompt:
+    """The prefill positions. Streamed text (default): only ``text_ids[0]`` goes in; the rest follows
+    one token per frame. ``whole_text`` (the package's ``non_streaming_mode=True``, its default for
+    CustomVoice): every text token goes in, each over codec_pad, then tts_eos over codec_pad and
+    tts_pad over codec_bos; every later step is fed tts_pad.
+    """
     t = cfg.talker
     if language_id is None:
         codec = [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id]
@@ -51,6 +58,12 @@ def build_prompt(
         codec.append(speaker_id)
     codec += [t.codec_pad_id, t.codec_bos_id]
     head = [*instruct_ids, *role_ids]
-    text = head + [cfg.tts_pad_id] * (len(codec) - 2) + [cfg.tts_bos_id, first_text_id]
-    codecs: list[int | None] = [None] * len(head) + codec
+    text = head + [cfg.tts_pad_id] * (len(codec) - 2) + [cfg.tts_bos_id]
+    codecs: list[int | None] = [None] * len(head) + codec[:-1]
+    if whole_text:
+        text += [*text_ids, cfg.tts_eos_id, cfg.tts_pad_id]
+        codecs += [t.codec_pad_id] * (len(text_ids) + 1) + [t.codec_bos_id]
+    else:
+        text.append(text_ids[0])
+        codecs.append(t.codec_bos_id)
     return Prompt(tuple(text), tuple(codecs))

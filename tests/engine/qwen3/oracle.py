@@ -26,7 +26,8 @@ SETUP = "tests/engine/qwen3/oracle_setup.sh"
 
 # (name, preset, seed, shard size, random-code frames, prompts). Prompt 2 runs 90 frames: past the
 # codec's 72-frame window and past the end of its text (tts-eos, then tts-pad feeds). Prompt 3 uses a
-# dialect speaker with "chinese" (the package swaps in the dialect id). "tiny" has the 1.7B-style
+# dialect speaker with "chinese" (the package swaps in the dialect id). Prompt 4 puts the whole text in
+# the prompt (``non_streaming_mode=True``, the package's default for CustomVoice). "tiny" has the 1.7B-style
 # projection into a narrower code predictor and is saved in shards; "tiny-base" is a Base model
 # (speaker encoder tensors in the file, no speaker) with an equally wide code predictor (0.6B-style).
 CHECKPOINTS: list[dict[str, Any]] = [
@@ -49,6 +50,13 @@ CHECKPOINTS: list[dict[str, Any]] = [
                 "speaker": "eric",
                 "language": "chinese",
                 "frames": 30,
+            },
+            {
+                "text": "The whole text in the prompt, the package's default.",
+                "speaker": "serena",
+                "language": "english",
+                "frames": 25,
+                "whole_text": True,
             },
         ],
     },

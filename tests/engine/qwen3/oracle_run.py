@@ -124,7 +124,7 @@ def run_checkpoint(ckpt: dict, device: str, dtype: torch.dtype, out: dict[str, n
                 instruct_ids=[None],
                 languages=[p["language"]],
                 speakers=[p["speaker"]],
-                non_streaming_mode=False,
+                non_streaming_mode=bool(p.get("whole_text", False)),
                 **kw,
             )
             wavs, sr = model.speech_tokenizer.decode([{"audio_codes": codes[0]}])

@@ -46,7 +46,12 @@ def test_tokenizer_ids_equal_the_official_processor(
 def test_greedy_codes_equal_the_official_package(oracle: OracleRun, models: dict, name: str, i: int) -> None:
     p = _prompt(name, i)
     params = StreamParams(
-        voice=p["speaker"] or "", language=p["language"], greedy=True, forced_frames=p["frames"], seed=0
+        voice=p["speaker"] or "",
+        language=p["language"],
+        greedy=True,
+        forced_frames=p["frames"],
+        seed=0,
+        extra={"whole_text": p.get("whole_text", False)},
     )
     codes = run_stream(models[name], 0, [p["text"]], params)
     ref = oracle.ref[f"{name}/p{i}/codes"]

@@ -133,3 +133,37 @@ def test_split_regex_follows_the_official_loader(bpe: Qwen2Tokenizer) -> None:
     assert split_regex_for("4.57.3", 5_000) == QWEN2_SPLIT
     assert [p for p, _ in bpe.split(" McDonald")] == [" Mc", "Donald"]
     assert [p for p, _ in StandInTokenizer().split(" McDonald")] == [" McDonald"]
+
+
+def test_whole_text_mode_waits_for_the_end_then_prefills_it_all(tiny: Qwen3TTSModel) -> None:
+    params = StreamParams(voice="ryan", greedy=True, forced_frames=12, seed=0, extra={"whole_text": True})
+    whole = run_stream(tiny, 0, [TEXT], params)
+    tiny.open_slot(1, params)
+    tiny.add_text(1, ["Hello ", "world, "], final=False)
+    assert not tiny.ready(1)  # unlike streamed text, nothing starts before the end of the text
+    tiny.add_text(1, [TEXT[len("Hello world, ") :]], final=True)
+    frames = []
+    while tiny.ready(1):
+        r = tiny.generate([1])[0]
+        frames.append(r.frames)
+        if r.finished:
+            break
+    tiny.close_slot(1)
+    np.testing.assert_array_equal(np.concatenate(frames), whole)
+    assert (whole != run_stream(tiny, 0, [TEXT], PARAMS)[:12]).any()  # a different prompt layout
+
+
+def test_a_prompt_that_does_not_fit_fails_only_its_own_stream(device: str) -> None:
+    from engine.model import ModelError
+    from engine.qwen3 import load_qwen3
+
+    model = load_qwen3(None, "tiny", device=device, seed=3, max_slots=2, max_batch_size=2, max_seq_len=32)
+    model.open_slot(0, StreamParams(greedy=True, forced_frames=3, extra={"whole_text": True}))
+    model.add_text(0, [" ".join(["word"] * 40)], final=True)
+    model.open_slot(1, StreamParams(greedy=True, forced_frames=3))
+    model.add_text(1, ["Short."], final=True)
+    with pytest.raises(ModelError) as err:
+        model.generate([1, 0])
+    assert err.value.slot == 0
+    model.close_slot(0)
+    assert run_stream(model, 1, ["Short."], StreamParams(greedy=True, forced_frames=3)).shape == (3, 16)
