@@ -121,7 +121,10 @@ async def peer_loop(url: str, index: int, turns: int, mode: str, words_per_s: fl
     return out
 
 
-async def scenario(url: str, peers: int, turns: int, mode: str, words_per_s: float) -> dict[str, Any]:
+async def scenario(
+    url: str, peers: int, turns: int, mode: str, words_per_s: float, cpu: CpuMeter
+) -> dict[str, Any]:
+    cpu.lap()
     t0 = time.perf_counter()
     results = await asyncio.gather(*(peer_loop(url, i, turns, mode, words_per_s) for i in range(peers)))
     flat = [r for rs in results for r in rs]
@@ -151,17 +154,52 @@ async def scenario(url: str, peers: int, turns: int, mode: str, words_per_s: flo
             "turns_over_30ms": sum(p > 30 for p in p99s),
         },
         "wall_s": round(time.perf_counter() - t0, 1),
+        "cpu": cpu.lap(),
     }
     print(json.dumps(row), flush=True)
     return row
 
 
-def start_server(port: int) -> subprocess.Popen[bytes]:
+class CpuMeter:
+    """Cores' worth of CPU used by this benchmark (client + server) and by everything else.
+
+    The machine is shared: a number taken while something else runs is marked as such.
+    """
+
+    def __init__(self, server_pid: int) -> None:
+        self._server_pid = server_pid
+        self._tick_s = 1 / os.sysconf("SC_CLK_TCK")
+        self._start = self._read()
+
+    def _read(self) -> tuple[float, float, float, float]:
+        """(machine busy CPU s, server CPU s, this process's CPU s, wall s)"""
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+        with open(f"/proc/{self._server_pid}/stat") as f:
+            server = sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13])
+        mine = os.times()
+        return busy * self._tick_s, server * self._tick_s, mine.user + mine.system, time.monotonic()
+
+    def lap(self) -> dict[str, float]:
+        end = self._read()
+        busy, server, client, wall = (e - s for e, s in zip(end, self._start, strict=True))
+        self._start = end
+        return {
+            "server_cores": round(server / wall, 2),
+            "client_cores": round(client / wall, 2),
+            "other_processes_cores": round(max(0.0, busy - server - client) / wall, 2),
+        }
+
+
+def start_server(port: int, log_path: str | None) -> subprocess.Popen[bytes]:
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the server's
+    level = "info" if log_path else "warning"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--log-level", level],
         cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
     )
     for _ in range(300):
         try:
@@ -174,14 +212,14 @@ def start_server(port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("server did not start")
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+async def main_async(args: argparse.Namespace, cpu: CpuMeter) -> list[dict[str, Any]]:
     url = f"http://127.0.0.1:{args.port}"
-    await scenario(url, 2, 2, "whole", args.words_per_s)  # warm-up, not reported
+    await scenario(url, 2, 2, "whole", args.words_per_s, cpu)  # warm-up, not reported
     rows = []
     for peers in args.peers:
         turns = args.turns if peers == 1 else max(3, args.turns // peers + 1)
         for mode in args.modes:
-            rows.append(await scenario(url, peers, turns, mode, args.words_per_s))
+            rows.append(await scenario(url, peers, turns, mode, args.words_per_s, cpu))
     return rows
 
 
@@ -193,11 +231,12 @@ def main() -> None:
     ap.add_argument("--modes", type=lambda s: s.split(","), default=["whole", "stream"])
     ap.add_argument("--turns", type=int, default=40, help="turns at 1 peer; N peers do turns/N + 1 each")
     ap.add_argument("--words-per-s", type=float, default=20.0)
+    ap.add_argument("--server-log", help="write the server's log (info level) here")
     args = ap.parse_args()
     load_before = os.getloadavg()
-    server = start_server(args.port)
+    server = start_server(args.port, args.server_log)
     try:
-        rows = asyncio.run(main_async(args))
+        rows = asyncio.run(main_async(args, CpuMeter(server.pid)))
     finally:
         server.terminate()
         server.wait(10)

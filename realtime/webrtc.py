@@ -291,6 +291,8 @@ class WebRtcPeer:
             await session.start()
             while True:
                 await session.receive(await self._inbox.get())
+        except Exception:
+            log.exception("peer %s: session failed", self.peer_id)
         finally:
             self.close("session ended")
 
