@@ -4,7 +4,9 @@ Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by sl
 
     open_slot   sampling parameters -> device rows; codec state row reset
     add_text    complete words -> token ids (tokenizer.TextStream)
-    generate    NEW:     prefill the prompt (needs the first text token, or the end of the text)
+    generate    NEW:     prefill the prompt (needs the first text token, or the end of the text;
+                         with ``extra["whole_text"]`` all of the text, as the package's default
+                         non-streaming mode)
                 RUNNING: feed the last frame + the next text token (or tts-eos once, then tts-pad
                          after the end of the text); a stream whose next token has not arrived is
                          not ready: it waits rather than padding
@@ -58,6 +60,8 @@ class ServeOptions:
             raise ValueError(f"codec_mode must be one of {CODEC_MODES}, got {self.codec_mode!r}")
         if not 1 <= self.max_batch_size <= self.max_slots:
             raise ValueError("need 1 <= max_batch_size <= max_slots")
+        if self.max_seq_len < 16:
+            raise ValueError("max_seq_len must be >= 16 (a prompt is about 12 positions)")
         if self.max_seq_len < 32:
             raise ValueError("max_seq_len must be >= 32")
 
