@@ -23,8 +23,12 @@ DEVICE = os.environ.get("VOICEWIRE_TEST_DEVICE", "cpu")
 
 @pytest.fixture(scope="session")
 def device() -> str:
-    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
-        pytest.skip("VOICEWIRE_TEST_DEVICE=cuda but no CUDA device")
+    if DEVICE.startswith("cuda"):
+        if not torch.cuda.is_available():
+            pytest.skip("VOICEWIRE_TEST_DEVICE=cuda but no CUDA device")
+        # fp32 bounds (1e-5 streaming, 1e-4 parity) need fp32 math: cuDNN convs default to TF32
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     return DEVICE
 
 
