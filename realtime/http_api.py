@@ -11,6 +11,7 @@ from aiohttp import web
 from engine import Engine, EngineBusy, StreamError
 
 from .audio import pcm16_bytes
+from .gateway import GATEWAY
 
 # OpenAI's built-in voice names; a drop-in client always sends one. They all map to this server's
 # default voice (the model's own voice names are accepted too).
@@ -90,8 +91,8 @@ def _parse_speech(body: Any, engine: Engine, max_chars: int) -> tuple[str, str, 
 
 
 async def speech_handler(request: web.Request) -> web.StreamResponse:
-    engine: Engine = request.app["engine"]
-    cfg = request.app["config"]
+    gw = request.app[GATEWAY]
+    engine, cfg = gw.engine, gw.config
     if request.content_length is not None and request.content_length > cfg.max_http_body_bytes:
         return _error(413, "body_too_large", f"bodies are limited to {cfg.max_http_body_bytes} bytes")
     try:
@@ -134,7 +135,8 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
 
 
 async def healthz_handler(request: web.Request) -> web.Response:
-    engine: Engine = request.app["engine"]
+    gw = request.app[GATEWAY]
+    engine = gw.engine
     info = engine.model.info
     return web.json_response(
         {
@@ -142,6 +144,6 @@ async def healthz_handler(request: web.Request) -> web.Response:
             "model": info.name,
             "sample_rate": info.sample_rate_hz,
             "active_streams": engine.active_streams(),
-            "sessions": len(request.app["sessions"]),
+            "sessions": len(gw.sessions),
         }
     )

@@ -11,10 +11,10 @@ from aiohttp import web
 
 from engine import Engine
 
-from .auth import Authenticator, AuthError, api_key_from_headers
+from .auth import AuthError, api_key_from_headers
 from .config import GatewayConfig
+from .gateway import GATEWAY, Gateway
 from .http_api import healthz_handler, speech_handler
-from .metrics import GatewayMetrics
 from .webrtc import setup_webrtc
 from .websocket import stream_handler
 
@@ -27,25 +27,21 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
     """The app. If ``engine`` is given the caller owns it; otherwise the app starts and stops one."""
     config = config or GatewayConfig()
     app = web.Application(client_max_size=config.max_http_body_bytes)
-    app["config"] = config
-    app["sessions"] = set()
     owns_engine = engine is None
-    app["engine"] = engine or Engine(config.engine)
-    app["auth"] = Authenticator(config.auth)
-    app["metrics"] = GatewayMetrics(app["engine"])
-    app["draining"] = False
+    gw = Gateway.create(config, engine or Engine(config.engine))
+    app[GATEWAY] = gw
 
     async def on_startup(app: web.Application) -> None:
         if owns_engine:
-            await asyncio.get_running_loop().run_in_executor(None, app["engine"].start)
+            await asyncio.get_running_loop().run_in_executor(None, gw.engine.start)
 
     async def on_shutdown(app: web.Application) -> None:
-        for session in list(app["sessions"]):
+        for session in list(gw.sessions):
             await session.close()
 
     async def on_cleanup(app: web.Application) -> None:
         if owns_engine:
-            await asyncio.get_running_loop().run_in_executor(None, app["engine"].close)
+            await asyncio.get_running_loop().run_in_executor(None, gw.engine.close)
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
@@ -71,27 +67,31 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
 
 async def readyz_handler(request: web.Request) -> web.Response:
     """Ready to take sessions: the engine runs and the server is not draining."""
-    if request.app["draining"]:
+    gw = request.app[GATEWAY]
+    if gw.draining:
         return web.json_response({"status": "draining"}, status=503)
     try:
-        request.app["engine"].model  # noqa: B018 - raises until the engine has started
+        gw.engine.model  # noqa: B018 - raises until the engine has started
     except RuntimeError:
         return web.json_response({"status": "starting"}, status=503)
     return web.json_response({"status": "ready"})
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    return web.Response(body=request.app["metrics"].render(), content_type="text/plain", charset="utf-8")
+    return web.Response(
+        body=request.app[GATEWAY].metrics.render(), content_type="text/plain", charset="utf-8"
+    )
 
 
 async def session_token_handler(request: web.Request) -> web.Response:
     """Mint a short-lived single-use session token for a browser. Needs the API key when auth is on."""
-    auth: Authenticator = request.app["auth"]
+    gw = request.app[GATEWAY]
+    auth = gw.auth
     try:
         if auth.config.enabled:
             auth.check_api_key(api_key_from_headers(request.headers))
     except AuthError as err:
-        request.app["metrics"].errors.labels(err.code).inc()
+        gw.metrics.errors.labels(err.code).inc()
         return web.json_response({"error": {"code": err.code, "message": err.message}}, status=err.status)
     token, exp = auth.mint()
     return web.json_response({"token": token, "expires_at": exp, "ttl_s": auth.config.token_ttl_s})
@@ -99,9 +99,10 @@ async def session_token_handler(request: web.Request) -> web.Response:
 
 async def drain(app: web.Application, timeout_s: float) -> None:
     """Refuse new sessions, let current turns finish (at most ``timeout_s``)."""
-    app["draining"] = True
+    gw = app[GATEWAY]
+    gw.draining = True
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while any(s.open_turns for s in app["sessions"]) and asyncio.get_running_loop().time() < deadline:
+    while any(s.open_turns for s in gw.sessions) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
 
 
@@ -120,7 +121,7 @@ async def serve(config: GatewayConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
-        log.info("draining: %d sessions open", len(app["sessions"]))
+        log.info("draining: %d sessions open", len(app[GATEWAY].sessions))
         await drain(app, config.drain_timeout_s)
     finally:
         await runner.cleanup()

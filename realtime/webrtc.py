@@ -42,7 +42,9 @@ from aiortc.sdp import SessionDescription
 from engine import AudioChunk
 
 from .audio import FrameCutter, Resampler
+from .auth import token_from_request
 from .config import GatewayConfig
+from .gateway import GATEWAY
 from .pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
 from .protocol import dumps
 from .session import AudioSettings, Session, Turn
@@ -50,7 +52,6 @@ from .session import AudioSettings, Session, Turn
 log = logging.getLogger("voicewire.webrtc")
 
 CONTROL_LABEL = "control"
-PEERS_KEY = "webrtc_peers"
 NEGOTIATION_TIMEOUT_S = 10.0  # setRemote + gather + setLocal: ~20 ms on loopback with no STUN/TURN
 CONNECT_TIMEOUT_S = 15.0  # answer sent -> control channel open; a peer that never connects is freed
 # end_turn waits for the turn's queued audio to be paced out; a track nobody pulls (RTP never
@@ -137,7 +138,7 @@ async def read_offer(request: web.Request) -> str:
     except ValueError:
         raise OfferError(400, "invalid_json", "the body is not valid JSON") from None
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app["config"].max_http_body_bytes
+        limit = request.app[GATEWAY].config.max_http_body_bytes
         raise OfferError(413, "body_too_large", f"offers are limited to {limit} bytes") from None
     if not isinstance(body, dict):
         raise OfferError(400, "invalid_request", 'the body must be {"sdp": ..., "type": "offer"}')
@@ -273,9 +274,9 @@ class WebRtcPeer:
         if channel.label != CONTROL_LABEL or self.session is not None:
             log.info("peer %s: ignoring data channel %r", self.peer_id, channel.label)
             return
-        engine = self._app["engine"]
-        sink = WebRtcSink(channel, self.track, engine.model.info.sample_rate_hz)
-        self.session = Session(engine, sink, self.peer_id)
+        gw = self._app[GATEWAY]
+        sink = WebRtcSink(channel, self.track, gw.engine.model.info.sample_rate_hz)
+        self.session = Session(gw.engine, sink, self.peer_id, gw.config.limits, gw.metrics, "webrtc")
         self.session.audio = AudioSettings(format="opus", sample_rate=SAMPLE_RATE_HZ)
         channel.on("message", self._inbox.put_nowait)
         channel.on("close", lambda: self.close("control channel closed"))
@@ -286,7 +287,9 @@ class WebRtcPeer:
             self.close(f"connection {self.pc.connectionState}, ICE {self.pc.iceConnectionState}")
 
     async def _run_session(self, session: Session) -> None:
-        self._app["sessions"].add(session)
+        gw = self._app[GATEWAY]
+        gw.sessions.add(session)
+        gw.metrics.sessions.labels("webrtc").inc()
         try:
             await session.start()
             while True:
@@ -321,25 +324,30 @@ class WebRtcPeer:
             if task is not current:
                 task.cancel()
         try:
-            if self.session is not None:
-                self._app["sessions"].discard(self.session)
+            if self.session is not None and self.session in self._app[GATEWAY].sessions:
+                self._app[GATEWAY].sessions.discard(self.session)
+                self._app[GATEWAY].metrics.sessions.labels("webrtc").dec()
                 await self.session.close()  # frees engine streams before the slower transport teardown
             self.track.stop()
             await self.pc.close()
         finally:
             # Last, so that shutdown still finds (and awaits) a peer that is half closed.
-            self._app[PEERS_KEY].discard(self)
+            self._app[GATEWAY].peers.discard(self)
 
 
 # --- HTTP -----------------------------------------------------------------------------------------------
 async def offer_handler(request: web.Request) -> web.Response:
     app = request.app
-    config: GatewayConfig = app["config"]
+    gw = app[GATEWAY]
+    config = gw.config
+    refused = gw.admit(request, token_from_request(request.query, request.headers))
+    if refused is not None:
+        return refused
     try:
         sdp = await read_offer(request)
     except OfferError as err:
         return _error(err.status, err.code, err.message)
-    peers: set[WebRtcPeer] = app[PEERS_KEY]
+    peers = gw.peers
     if len(peers) >= config.max_webrtc_peers:
         return _error(503, "too_many_peers", f"this server takes at most {config.max_webrtc_peers} calls")
     peer = WebRtcPeer(app, RTCPeerConnection(rtc_configuration(config)))
@@ -357,13 +365,12 @@ async def offer_handler(request: web.Request) -> web.Response:
 
 def setup_webrtc(app: web.Application) -> None:
     """Add ``POST /offer`` and close every peer on shutdown."""
-    app[PEERS_KEY] = set()
 
     async def on_startup(app: web.Application) -> None:
-        install_ice_knobs(app["config"])
+        install_ice_knobs(app[GATEWAY].config)
 
     async def on_shutdown(app: web.Application) -> None:
-        await asyncio.gather(*(peer.close("server shutdown") for peer in list(app[PEERS_KEY])))
+        await asyncio.gather(*(peer.close("server shutdown") for peer in list(app[GATEWAY].peers)))
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)

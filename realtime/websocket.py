@@ -15,7 +15,8 @@ from aiohttp import WSMsgType, web
 from engine import AudioChunk
 
 from .audio import TurnAudioEncoder
-from .auth import TOKEN_SUBPROTOCOL_PREFIX, AuthError, api_key_from_headers, token_from_request
+from .auth import TOKEN_SUBPROTOCOL_PREFIX, token_from_request
+from .gateway import GATEWAY, Gateway
 from .protocol import MAX_MESSAGE_BYTES, dumps
 from .session import Session, SinkStalled, Turn
 
@@ -80,38 +81,12 @@ class WebSocketSink:
             raise SinkStalled(f"no progress writing to the client for {self._stall_timeout_s:g} s") from None
 
 
-def refuse(request: web.Request, status: int, code: str, message: str) -> web.Response:
-    """Refuse a session-opening request before anything is allocated for it."""
-    metrics = request.app.get("metrics")
-    if metrics is not None:
-        metrics.errors.labels(code).inc()
-    log.info("refused %s %s: %s", request.method, request.path, code)
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
-
-
-def admit(request: web.Request, token: str | None) -> web.Response | None:
-    """Draining, capacity, origin and credentials: a refusal response, or None to go ahead."""
-    app = request.app
-    if app["draining"]:
-        return refuse(request, 503, "draining", "the server is shutting down")
-    if len(app["sessions"]) >= app["config"].max_sessions:
-        return refuse(request, 503, "too_many_sessions", "the server is at its session limit")
-    try:
-        app["auth"].authorize(
-            origin=request.headers.get("Origin"), api_key=api_key_from_headers(request.headers), token=token
-        )
-    except AuthError as err:
-        return refuse(request, err.status, err.code, err.message)
-    return None
-
-
 async def stream_handler(request: web.Request) -> web.StreamResponse:
-    refused = admit(request, token_from_request(request.query, request.headers))
+    gw = request.app[GATEWAY]
+    refused = gw.admit(request, token_from_request(request.query, request.headers))
     if refused is not None:
         return refused
-    app = request.app
-    engine = app["engine"]
-    cfg = app["config"]
+    engine, cfg = gw.engine, gw.config
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     ws = web.WebSocketResponse(
         max_msg_size=MAX_MESSAGE_BYTES,  # larger: aiohttp closes with 1009 (message too big)
@@ -127,12 +102,11 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
         # Bounded kernel buffering per client: a reader that stops is noticed in seconds, not megabytes.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.ws_send_buffer_bytes)
     sink = WebSocketSink(ws, engine.model.info.sample_rate_hz, cfg.write_stall_timeout_s)
-    session = Session(engine, sink, uuid.uuid4().hex[:12], cfg.limits, app["metrics"], "websocket")
-    sessions: set[Session] = app["sessions"]
-    sessions.add(session)
-    app["metrics"].sessions.labels("websocket").inc()
+    session = Session(engine, sink, uuid.uuid4().hex[:12], cfg.limits, gw.metrics, "websocket")
+    gw.sessions.add(session)
+    gw.metrics.sessions.labels("websocket").inc()
     receiver = asyncio.create_task(_receive(ws, session))
-    watchdog = asyncio.create_task(_watch(ws, session, app))
+    watchdog = asyncio.create_task(_watch(ws, session, gw))
     close: tuple[int, str] | None = None
     try:
         await session.start()
@@ -149,14 +123,14 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
         for task in (receiver, watchdog):
             task.cancel()
         await asyncio.gather(receiver, watchdog, return_exceptions=True)
-        sessions.discard(session)
-        app["metrics"].sessions.labels("websocket").dec()
+        gw.sessions.discard(session)
+        gw.metrics.sessions.labels("websocket").dec()
         await session.close()
         if close is not None:
             code, why = close
             log.info("session %s: closing with %d (%s)", session.session_id, code, why)
             if code == CLOSE_SLOW_CONSUMER:
-                app["metrics"].errors.labels(why).inc()
+                gw.metrics.errors.labels(why).inc()
             else:
                 with contextlib.suppress(Exception):
                     await session.send_error(why, f"session closed: {why.replace('_', ' ')}")
@@ -179,7 +153,7 @@ async def _receive(ws: web.WebSocketResponse, session: Session) -> None:
             return
 
 
-async def _watch(ws: web.WebSocketResponse, session: Session, app: web.Application) -> tuple[int, str]:
+async def _watch(ws: web.WebSocketResponse, session: Session, gw: Gateway) -> tuple[int, str]:
     """Returns when the session must close: lifetime, idle time, a stalled client, or server drain."""
     reasons = {"session_expired": CLOSE_SESSION_EXPIRED, "idle_timeout": CLOSE_IDLE}
     while True:
@@ -189,5 +163,5 @@ async def _watch(ws: web.WebSocketResponse, session: Session, app: web.Applicati
         why = session.expired(time.monotonic())
         if why is not None:
             return reasons[why], why
-        if app["draining"] and session.open_turns == 0:
+        if gw.draining and session.open_turns == 0:
             return CLOSE_DRAINING, "draining"

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from engine import Engine
 from realtime.config import GatewayConfig
+from realtime.gateway import GATEWAY
 from realtime.server import create_app
-from realtime.webrtc import PEERS_KEY
 
 
 @dataclass
@@ -24,11 +24,11 @@ class Gateway:
 
     @property
     def peers(self) -> set[Any]:
-        return self.app[PEERS_KEY]
+        return self.app[GATEWAY].peers
 
     @property
     def sessions(self) -> set[Any]:
-        return self.app["sessions"]
+        return self.app[GATEWAY].sessions
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from engine import Engine
-from realtime.webrtc import PEERS_KEY, drop_mdns_candidates
+from realtime.gateway import GATEWAY
+from realtime.webrtc import drop_mdns_candidates
 from tests.asr import transcribe, wer
 from tests.realtime.gateway import gateway, wait_gone
 from tests.realtime.webrtc_client import AUDIBLE_DBFS, FRAME_SAMPLES, ClientPeer, TurnLog
@@ -232,7 +233,7 @@ async def test_server_shutdown_closes_connected_peers(engine: Engine) -> None:
         await peers[0].speak(turn, words_per_s=60)
         app = gw.app
     # runner.cleanup() has returned: every peer and session is gone, the engine holds nothing
-    assert not app[PEERS_KEY] and not app["sessions"] and engine.active_streams() == 0
+    assert not app[GATEWAY].peers and not app[GATEWAY].sessions and engine.active_streams() == 0
     for p in peers:
         for _ in range(100):
             if p.pc.connectionState == "closed" or p.channel.readyState == "closed":
