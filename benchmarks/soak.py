@@ -24,7 +24,7 @@ from typing import Any
 import websockets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ws_bench import BYTES_PER_S, SENTENCES, start_server, summary_ms  # noqa: E402
+from ws_bench import BYTES_PER_S, SENTENCES, start_server, summary_ms
 
 
 @dataclass
