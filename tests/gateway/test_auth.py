@@ -95,6 +95,23 @@ async def test_every_auth_path(engine: Engine) -> None:
             )
         assert err.value.response.status_code == 403
         assert json.loads(err.value.response.body)["error"]["code"] == "origin_not_allowed"
+        # WebRTC signalling passes the same admission: refused before the offer is even read
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://{base}/offer", json={"sdp": "v=0", "type": "offer"}) as r:
+                assert (r.status, (await r.json())["error"]["code"]) == (401, "missing_credentials")
+            async with http.post(
+                f"http://{base}/offer",
+                json={"sdp": "v=0", "type": "offer"},
+                headers={"Origin": "http://evil.example.test"},
+            ) as r:
+                assert (r.status, (await r.json())["error"]["code"]) == (403, "origin_not_allowed")
+            _, minted = await _mint(base)
+            async with http.post(
+                f"http://{base}/offer?token={minted['token']}",
+                json={"sdp": "v=0", "type": "offer"},
+                headers={"Origin": ORIGIN},
+            ) as r:
+                assert r.status == 400  # admitted; then the (bad) SDP itself is refused
         # the API key itself opens a session (server to server, no Origin)
         await _ws_ok(f"ws://{base}/v1/stream", additional_headers={"Authorization": f"Bearer {KEY}"})
         await asyncio.sleep(0.1)
