@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -40,22 +41,25 @@ def engine() -> Iterator[Engine]:
 
 @contextlib.asynccontextmanager
 async def running_gateway(engine: Engine, **config: Any) -> AsyncIterator[str]:
-    """A real aiohttp gateway on 127.0.0.1 (free port) around ``engine``; yields the base URL."""
-    from aiohttp import web
+    """A real aiohttp gateway on 127.0.0.1 (free port) around ``engine``; yields "127.0.0.1:PORT"."""
+    from tests.realtime.gateway import gateway
 
-    from realtime.config import GatewayConfig
-    from realtime.server import create_app
+    async with gateway(engine, **config) as gw:
+        yield gw.url.removeprefix("http://")
 
-    app = create_app(GatewayConfig(**config), engine=engine)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_engine_idle(engine: Engine, timeout_s: float = 2.0) -> None:
+    """Until the engine holds no stream; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while engine.active_streams() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert engine.active_streams() == 0, f"engine still holds {engine.active_streams()} streams"
 
 
 @pytest.fixture

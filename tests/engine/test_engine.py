@@ -11,18 +11,11 @@ from engine import Engine, EngineBusy, EngineConfig, StreamError, StreamParams
 from engine.level import first_audible_sample
 from engine.model import GenerateResult
 from engine.models.hibari_voice import HibariModel
+from tests.conftest import wait_engine_idle
 
 
 async def _collect(stream) -> list:  # type: ignore[no-untyped-def]
     return [c async for c in stream]
-
-
-async def _wait_idle(engine: Engine, timeout_s: float = 2.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if engine.active_streams() == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"engine still holds {engine.active_streams()} streams")
 
 
 async def test_concurrent_streams_have_contiguous_offsets_and_a_final_marker(engine: Engine) -> None:
@@ -41,7 +34,7 @@ async def test_concurrent_streams_have_contiguous_offsets_and_a_final_marker(eng
             assert c.sample_offset == offset and c.sample_rate_hz == 24_000
             offset += c.pcm.size
         assert offset > 24_000 * 0.8  # each sentence is about a second or more
-    await _wait_idle(engine)
+    await wait_engine_idle(engine)
 
 
 async def test_lead_in_silence_is_trimmed(engine: Engine) -> None:
@@ -62,7 +55,7 @@ async def test_cancel_frees_the_stream_and_drops_queued_audio(engine: Engine) ->
     assert first.pcm.size
     s.cancel()
     assert [c async for c in s] == []
-    await _wait_idle(engine)
+    await wait_engine_idle(engine)
     model = engine.model
     assert isinstance(model, HibariModel) and model.open_slots == 0
 
@@ -126,7 +119,7 @@ async def test_a_failing_stream_ends_with_an_error_and_others_complete() -> None
             eng.open_stream()
         for h in held:
             h.cancel()
-        await _wait_idle(eng)
+        await wait_engine_idle(eng)
     finally:
         eng.close()
 

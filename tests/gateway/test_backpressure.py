@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import websockets
 
-from tests.conftest import TurnResult, read_turn, send_words
+from tests.conftest import TurnResult, free_port, read_turn, send_words
 
 STALL_S = 30.0  # how long the slow clients stop reading
 STALLED_CLIENTS = 10
@@ -31,12 +31,6 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _stalled_client(base: str) -> websockets.ClientConnection:
@@ -60,7 +54,7 @@ async def _drain_until_closed(ws: websockets.ClientConnection) -> int | None:
 
 
 async def test_slow_consumers_are_closed_and_do_not_hurt_others() -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from engine import Engine, EngineConfig
 from engine.model import GenerateResult
 from engine.models.hibari_voice import HibariModel
 from tests.asr import transcribe, wer
-from tests.conftest import TurnResult, read_turn, running_gateway, send_words
+from tests.conftest import TurnResult, free_port, read_turn, running_gateway, send_words
 
 LONG = (
     "This turn goes on and on, sentence after sentence, so that it is still playing when the client vanishes. "
@@ -114,14 +113,8 @@ async def test_metrics_and_readyz(gateway: str) -> None:
     await ws.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--drain-timeout", "15"],

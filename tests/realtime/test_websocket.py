@@ -13,7 +13,7 @@ import websockets
 
 from engine import Engine
 from tests.asr import transcribe, wer
-from tests.conftest import TurnResult, read_turn, send_words
+from tests.conftest import TurnResult, read_turn, send_words, wait_engine_idle
 
 TURNS = [
     "Hello, thanks for calling. How can I help you today?",
@@ -32,14 +32,6 @@ async def _connect(base: str):  # type: ignore[no-untyped-def]
     created = json.loads(await ws.recv())
     assert created["type"] == "session.created" and created["audio"]["sample_rate"] == 24000
     return ws
-
-
-async def _wait_idle(engine: Engine, timeout_s: float = 2.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if engine.active_streams() == 0:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"engine still holds {engine.active_streams()} streams")
 
 
 async def test_three_streamed_turns_are_intelligible_and_really_stream(gateway: str, engine: Engine) -> None:
@@ -62,7 +54,7 @@ async def test_three_streamed_turns_are_intelligible_and_really_stream(gateway: 
         assert long.audio_times[0] < long.t_last_sent, "first audio must arrive before the last delta is sent"
     finally:
         await ws.close()
-    await _wait_idle(engine)
+    await wait_engine_idle(engine)
 
 
 async def test_cancel_stops_audio_within_100ms_and_next_turn_works(gateway: str, engine: Engine) -> None:
@@ -81,7 +73,7 @@ async def test_cancel_stops_audio_within_100ms_and_next_turn_works(gateway: str,
         late = [t - t_cancel for t in res.audio_times if t - t_cancel > 0.100]
         assert not late, f"audio arrived {late[0] * 1000:.0f} ms after the cancel"
         assert res.done is not None and res.done["reason"] == "cancelled"
-        await _wait_idle(engine)
+        await wait_engine_idle(engine)
         # text for the cancelled turn is refused; a new turn plays
         await ws.send(json.dumps({"type": "text.delta", "turn_id": "long", "text": "more"}))
         err = json.loads(await ws.recv())
@@ -94,7 +86,7 @@ async def test_cancel_stops_audio_within_100ms_and_next_turn_works(gateway: str,
         assert wer(TURNS[2], transcribe(nxt.pcm(), 24_000)) <= 0.15
     finally:
         await ws.close()
-    await _wait_idle(engine)
+    await wait_engine_idle(engine)
 
 
 BAD_INPUTS = [
@@ -147,7 +139,7 @@ async def test_bad_inputs_get_error_codes_and_leave_sessions_usable(gateway: str
     finally:
         await bad.close()
         await good.close()
-    await _wait_idle(engine)
+    await wait_engine_idle(engine)
 
 
 async def test_opus_format_at_48k_decodes_to_intelligible_speech(gateway: str) -> None:
