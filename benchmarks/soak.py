@@ -47,7 +47,14 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def session(url: str, until: float, rng: random.Random, totals: Totals, words_per_s: float) -> None:
+async def session(
+    url: str,
+    until: float,
+    rng: random.Random,
+    totals: Totals,
+    words_per_s: float,
+    user_turn_s: tuple[float, float],
+) -> None:
     await asyncio.sleep(rng.uniform(0, 5))
     try:
         ws = await websockets.connect(url, max_size=None)
@@ -100,7 +107,7 @@ async def session(url: str, until: float, rng: random.Random, totals: Totals, wo
             totals.turns_with_underrun += underrun
             # The listener hears the rest of the turn, then the user talks for a moment.
             remaining = got_s - (time.perf_counter() - (t_first or time.perf_counter()))
-            await asyncio.sleep(max(0.0, remaining) + rng.uniform(0.5, 2.0))
+            await asyncio.sleep(max(0.0, remaining) + rng.uniform(*user_turn_s))
     except Exception as err:
         totals.errors.append(f"session: {err!r}")
     finally:
@@ -111,7 +118,7 @@ async def main_async(args: argparse.Namespace, pid: int) -> dict[str, Any]:
     url = f"ws://127.0.0.1:{args.port}/v1/stream"
     totals = Totals()
     # warm-up turn, then the starting RSS
-    await session(url, time.monotonic() + 0.1, random.Random(0), Totals(), args.words_per_s)
+    await session(url, time.monotonic() + 0.1, random.Random(0), Totals(), args.words_per_s, args.user_turn_s)
     rss_start = rss_mb(pid)
     until = time.monotonic() + args.duration
     rss_samples: list[tuple[float, float]] = []
@@ -120,13 +127,21 @@ async def main_async(args: argparse.Namespace, pid: int) -> dict[str, Any]:
         t0 = time.monotonic()
         while time.monotonic() < until + 10:
             rss_samples.append((round(time.monotonic() - t0, 1), round(rss_mb(pid), 1)))
-            print(f"\r{rss_samples[-1][0]:6.0f} s  turns done {totals.turns_done}  errors {len(totals.errors)}  "
-                  f"RSS {rss_samples[-1][1]:.0f} MB", end="", flush=True)
+            print(
+                f"\r{rss_samples[-1][0]:6.0f} s  turns done {totals.turns_done}  errors {len(totals.errors)}  "
+                f"RSS {rss_samples[-1][1]:.0f} MB",
+                end="",
+                flush=True,
+            )
             await asyncio.sleep(5)
 
     sampler = asyncio.create_task(sample())
-    await asyncio.gather(*(session(url, until, random.Random(i + 1), totals, args.words_per_s)
-                           for i in range(args.sessions)))
+    await asyncio.gather(
+        *(
+            session(url, until, random.Random(i + 1), totals, args.words_per_s, args.user_turn_s)
+            for i in range(args.sessions)
+        )
+    )
     sampler.cancel()
     print()
     rss_end = rss_mb(pid)
@@ -137,6 +152,7 @@ async def main_async(args: argparse.Namespace, pid: int) -> dict[str, Any]:
         "sessions": args.sessions,
         "duration_s": args.duration,
         "words_per_s": args.words_per_s,
+        "user_turn_s": list(args.user_turn_s),
         "turns_sent": totals.turns_sent,
         "turns_done": totals.turns_done,
         "lost_turns": totals.turns_sent - totals.turns_done,
@@ -160,6 +176,12 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--duration", type=float, default=300.0)
     ap.add_argument("--words-per-s", type=float, default=20.0)
+    ap.add_argument(
+        "--user-turn-s",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        default=(0.5, 2.0),
+        help="pause after each turn has played (the user talking), uniform in MIN,MAX seconds",
+    )
     ap.add_argument("--port", type=int, default=8782)
     ap.add_argument("--out", default="benchmarks/results/soak_cpu.json")
     args = ap.parse_args()
@@ -170,8 +192,11 @@ def main() -> None:
         server.terminate()
         server.wait(30)
     results["command"] = "python " + " ".join(sys.argv)
-    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "note": "server and load generator share the same 2 cores"}
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "note": "server and load generator share the same 2 cores",
+    }
     results["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
