@@ -7,13 +7,23 @@ a stream has written itself (``key <= position``), and every position is written
 
 Memory: 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 114 KiB per position in bf16 (either
 size: both talkers have 8x128 KV heads); 1,536 positions (about 2 minutes of audio) x 16 slots
-= 2.8 GiB. A paged cache can replace this when slots x max_len no longer fits (issue 5).
+= 2.8 GiB; 512 positions (30 s of audio) x 257 slots = 14.7 GiB. A paged cache can replace this when
+slots x max_len no longer fits.
+
+Two decode paths: ``decode`` gathers the batch's rows up to a host-known length and runs SDPA (the
+eager reference); ``decode_in_place`` attends over the cache where it lies with the Triton
+decode-attention kernel on CUDA (kernels/decode_attention.py: lengths read on the device, a plan made
+once per step for all layers, so it can be captured in a CUDA graph), and elsewhere with SDPA over
+all ``max_len`` positions under a per-row mask (static shapes: the same graph-shaped code on the CPU).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from .layers import SelfAttendingKV
 
 
 class SlotKVCache:
@@ -40,6 +50,11 @@ class SlotKVCache:
     def decode(self, slots: Tensor, positions: Tensor, read_len: int) -> _DecodeView:
         """Write one entry per slot at ``positions`` (B,); attend over [0, read_len), masked per slot."""
         return _DecodeView(self, slots, positions, read_len)
+
+    def decode_in_place(self, slots: Tensor, positions: Tensor, use_kernel: bool) -> InPlaceDecodeView:
+        """Write one entry per slot at ``positions`` (B,) and attend over each slot's [0, position]
+        without gathering: no host-known lengths, static shapes (CUDA-graph safe)."""
+        return InPlaceDecodeView(self, slots, positions, use_kernel)
 
 
 class _PrefillView:
@@ -68,3 +83,46 @@ class _DecodeView:
         # decode-attention kernel reads them in place (kernels/, issue 5).
         n = self.read_len
         return kc[:, :, :n].index_select(0, self.slots), vc[:, :, :n].index_select(0, self.slots)
+
+
+class InPlaceDecodeView(SelfAttendingKV):
+    """One query token per row; the attention metadata is planned once here and reused by every layer."""
+
+    def __init__(self, cache: SlotKVCache, slots: Tensor, positions: Tensor, use_kernel: bool) -> None:
+        self.cache, self.slots, self.positions = cache, slots, positions
+        self.idx = (slots[:, None], cache._kv_heads[None, :], positions[:, None])
+        self.use_kernel = use_kernel
+        if use_kernel:
+            from kernels.decode_attention import plan_decode_attention
+
+            kv_heads = cache.k.shape[2]
+            # the bound is the cache length, so one captured plan serves every step of a bucket; splits
+            # past a row's length read nothing (kernels/decode_attention.py)
+            self.plan = plan_decode_attention(
+                slots.shape[0], kv_heads, cache.max_len, cache.k.device, cache.k.dtype
+            )
+            self.slots32 = slots.to(torch.int32)
+            self.lengths32 = (positions + 1).to(torch.int32)
+        else:
+            keys = torch.arange(cache.max_len, device=slots.device)
+            self.mask = (keys[None, :] <= positions[:, None])[:, None, None]  # (B, 1, 1, max_len)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.cache.k[layer].index_put_(self.idx, k[:, :, 0])
+        self.cache.v[layer].index_put_(self.idx, v[:, :, 0])
+        return k, v
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        self.update(layer, k, v)
+        kc, vc = self.cache.k[layer], self.cache.v[layer]
+        if self.use_kernel:
+            from kernels.decode_attention import decode_attention
+
+            out = decode_attention(
+                q[:, :, 0], kc, vc, self.slots32, self.lengths32, scale=q.shape[-1] ** -0.5, plan=self.plan
+            )
+            return out[:, :, None]  # (B, H, 1, hd)
+        k_all, v_all = kc.index_select(0, self.slots), vc.index_select(0, self.slots)
+        return F.scaled_dot_product_attention(
+            q, k_all, v_all, attn_mask=self.mask, enable_gqa=q.shape[1] != k_all.shape[1]
+        )

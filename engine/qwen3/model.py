@@ -30,14 +30,17 @@ from typing import cast
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
 from .codec_state import CodecStatePool
 from .config import Qwen3TTSConfig
+from .cuda_graphs import CudaGraphs, bucket_for
+from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
 from .kv_cache import SlotKVCache
+from .layers import DecoderLayer
 from .prompt import Prompt, build_prompt
-from .sampler import RowParams, apply_repetition_penalty, sample
+from .slot_state import SamplingRow, SlotState
 from .tokenizer import TextStream, TextTokenizer
 from .weights import Modules
 
@@ -54,6 +57,14 @@ class ServeOptions:
     codec_mode: str = "stateful"  # "stateful" | "windowed" (stateless re-decode, the reference path)
     windowed_left_context: int = 72  # frames re-decoded before each chunk in windowed mode
     random_frames_per_token: float = 3.0  # random weights: frames per text token when not forced
+    cuda_graphs: bool = True  # capture the frame step and the codec per bucket (CUDA only)
+    attention_kernel: bool = True  # talker decode attention through the Triton kernel (CUDA only)
+    compile_elementwise: bool = False  # torch.compile the norms / RoPE / SwiGLU act (fused_ops.py)
+    decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
+    max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
+    prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
+    codec_batch_buckets: tuple[int, ...] = ()  # () = powers of 2 up to max_batch_size
+    codec_graph_frames: int = 12  # chunks of 1..this many frames have codec graphs; longer run eagerly
 
     def __post_init__(self) -> None:
         if self.codec_mode not in CODEC_MODES:
@@ -113,27 +124,35 @@ class Qwen3TTSModel(Model):
             voices=voices,
         )
         n, dev = options.max_slots, self.device
+        # one extra row everywhere: the padding slot of the graph buckets (slot_state.py)
+        self.pad_slot = n
         self.kv = SlotKVCache(
-            t.num_layers, n, t.num_kv_heads, options.max_seq_len, t.head_dim, self.dtype, dev
+            t.num_layers, n + 1, t.num_kv_heads, options.max_seq_len, t.head_dim, self.dtype, dev
         )
         self.codec_states = CodecStatePool(
-            n, self.codec.state_width, next(self.codec.parameters()).dtype, dev
+            n + 1, self.codec.state_width, next(self.codec.parameters()).dtype, dev
         )
-        self._last_codes = torch.zeros(n, t.num_code_groups, dtype=torch.int64, device=dev)
-        self._seen = torch.zeros(n, t.vocab_size, dtype=torch.bool, device=dev)  # repetition penalty
-        self._suppress = torch.zeros(t.vocab_size, dtype=torch.bool, device=dev)
-        self._suppress[list(t.suppressed_ids)] = True
-        # per-slot sampling rows: talker (codebook 0) and code predictor (1..15)
-        self._greedy = torch.zeros(n, 2, dtype=torch.bool, device=dev)
-        self._temp = torch.ones(n, 2, dtype=torch.float32, device=dev)
-        self._top_k = torch.ones(n, 2, dtype=torch.int64, device=dev)
-        self._top_p = torch.ones(n, 2, dtype=torch.float32, device=dev)
-        self._penalty = torch.ones(n, dtype=torch.float32, device=dev)
-        self._seed = torch.zeros(n, dtype=torch.int64, device=dev)
-        # cp codebook-embedding tables stacked once: (15, vocab, H) for one gather per feed
-        self._cp_tables = torch.stack(
-            [cast(nn.Embedding, e).weight for e in self.code_predictor.codec_embedding]
+        self.state = SlotState(n, t.num_code_groups, t.vocab_size, options.max_seq_len, dev)
+        for layer in (*self.talker.layers, *self.code_predictor.layers):
+            cast(DecoderLayer, layer).fuse()  # q|k|v and gate|up: 3 fewer GEMM launches per layer
+        if options.compile_elementwise and dev.type == "cuda":
+            from .fused_ops import compile_elementwise
+
+            compile_elementwise((self.talker, self.code_predictor))
+        self.step = FrameStep(
+            cfg,
+            self.talker,
+            self.code_predictor,
+            self.kv,
+            self.state,
+            use_attention_kernel=options.attention_kernel and dev.type == "cuda",
         )
+        self.decode_buckets = options.decode_buckets or _default_buckets(options.max_batch_size)
+        self.codec_buckets = options.codec_batch_buckets or _powers_of_two(options.max_batch_size)
+        self.prefill_batches = _powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
+        self.prefill_lens = tuple(b for b in options.prefill_len_buckets if b <= options.max_seq_len)
+        self.graphs = CudaGraphs(dev, options.cuda_graphs)
+        self._register_graphs()
         self._slots: dict[int, _Slot] = {}
 
     # --- slot life ---------------------------------------------------------------------------------
@@ -192,14 +211,24 @@ class Qwen3TTSModel(Model):
         if penalty <= 0:
             raise ModelError(slot, "repetition_penalty must be > 0")
         # validated on the host; the device rows are written once per stream
-        for col, (temp, top_k, top_p) in enumerate(rows):
-            self._temp[slot, col] = temp
-            self._top_k[slot, col] = top_k if top_k > 0 else vocab[col]  # 0 disables top-k (HF)
-            self._top_p[slot, col] = top_p
-        self._greedy[slot, 0], self._greedy[slot, 1] = greedy, cp_greedy
-        self._penalty[slot] = penalty
-        self._seed[slot] = (params.seed if params.seed is not None else random.getrandbits(32)) & 0xFFFFFFFF
-        self._seen[slot] = False
+        whole_text = bool(extra.get("whole_text", False))
+        self.state.open(
+            slot,
+            SamplingRow(
+                greedy=(greedy, cp_greedy),
+                temperature=(rows[0][0], rows[1][0]),
+                # 0 disables top-k (HF)
+                top_k=(
+                    rows[0][1] if rows[0][1] > 0 else vocab[0],
+                    rows[1][1] if rows[1][1] > 0 else vocab[1],
+                ),
+                top_p=(rows[0][2], rows[1][2]),
+                repetition_penalty=penalty,
+                seed=(params.seed if params.seed is not None else random.getrandbits(32)) & 0xFFFFFFFF,
+                eos_always_masked=self.random_weights or params.forced_frames is not None,
+            ),
+            whole_text,
+        )
         self.codec_states.reset(slot)
         self._slots[slot] = _Slot(
             text=TextStream(self.tokenizer),
@@ -208,15 +237,20 @@ class Qwen3TTSModel(Model):
             instruct_ids=instruct_ids,
             forced_frames=params.forced_frames,
             greedy=(greedy, cp_greedy),
-            whole_text=bool(extra.get("whole_text", False)),
+            whole_text=whole_text,
         )
 
     def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
         st = self._slot(slot)
+        before = len(st.text.ids)
         try:
             st.text.push(pieces, final)
         except ValueError as err:
             raise ModelError(slot, str(err)) from None
+        # the device queue holds max_seq_len tokens: a stream needs one position per streamed token, so
+        # it stops before reading past them (a too-long whole-text prompt is refused by generate)
+        room = self.state.max_text_tokens
+        self.state.append_text(slot, min(before, room), st.text.ids[before:room])
 
     def ready(self, slot: int) -> bool:
         st = self._slots.get(slot)
@@ -252,47 +286,93 @@ class Qwen3TTSModel(Model):
                 raise ModelError(s, f"prompt longer than max_seq_len {self.options.max_seq_len}")
             else:
                 (running if st.prefilled else new).append(s)
-        batch = new + running
+        batch: list[int] = []
+        parts: list[Tensor] = []  # device codes of each graph call, in ``batch`` order
+        for i in range(0, len(new), self.prefill_batches[-1]):
+            group = new[i : i + self.prefill_batches[-1]]
+            parts.append(self._run_prefill(group))
+            batch += group
+        for i in range(0, len(running), self.decode_buckets[-1]):
+            group = running[i : i + self.decode_buckets[-1]]
+            parts.append(self._run_decode(group))
+            batch += group
         if batch:
-            hidden, logits = [], []
-            if new:
-                h, lg = self._prefill(new)
-                hidden.append(h)
-                logits.append(lg)
-            if running:
-                h, lg = self._feed(running)
-                hidden.append(h)
-                logits.append(lg)
-            codes = self._sample_frame(batch, torch.cat(hidden), torch.cat(logits))
-            host = codes.cpu().numpy()  # the one device->host copy of the step
+            host = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
             for i, s in enumerate(batch):
                 results[s] = self._record(s, host[i])
         return [results[s] for s in slots]
 
-    def _prefill(self, slots: list[int]) -> tuple[Tensor, Tensor]:
-        cfg, dev = self.cfg, self.device
-        prompts = [self._prompt(self._slots[s]) for s in slots]
-        lengths = [len(p) for p in prompts]
-        t = max(lengths)
-        text = torch.full((len(slots), t), cfg.tts_pad_id, dtype=torch.int64)
-        codec = torch.zeros(len(slots), t, dtype=torch.int64)
-        has_codec = torch.zeros(len(slots), t, 1, dtype=torch.bool)
-        for i, p in enumerate(prompts):
-            text[i, : len(p)] = torch.tensor(p.text_ids)
-            for j, c in enumerate(p.codec_ids):
-                if c is not None:
-                    codec[i, j], has_codec[i, j] = c, True
-        text, codec, has_codec = text.to(dev), codec.to(dev), has_codec.to(dev)
-        x = self.talker.embed_text(text) + self.talker.codec_embedding(codec) * has_codec  # (B, T, H)
-        positions = torch.arange(t, device=dev).expand(len(slots), t)
-        mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None]
-        slot_idx = torch.tensor(slots, dtype=torch.int64, device=dev)
-        hidden = self.talker(x, positions, self.kv.prefill(slot_idx, t), mask)  # (B, T, H)
-        last = hidden[torch.arange(len(slots), device=dev), torch.tensor(lengths, device=dev) - 1]
-        for s, n in zip(slots, lengths, strict=True):
+    def _run_decode(self, group: list[int]) -> Tensor:
+        b = bucket_for(len(group), self.decode_buckets)
+        rows = np.full(b, self.pad_slot, np.int64)
+        rows[: len(group)] = group
+        codes = self.graphs.run(("decode", b), rows)
+        for s in group:
+            self._slots[s].position += 1
+        return codes[: len(group)].clone()  # the static output is overwritten by the next replay
+
+    def _run_prefill(self, group: list[int]) -> Tensor:
+        prompts = [self._prompt(self._slots[s]) for s in group]
+        longest = max(len(p) for p in prompts)
+        b = bucket_for(len(group), self.prefill_batches)
+        t = next((n for n in self.prefill_lens if n >= longest), longest)  # no graph: exact length
+        rows = np.array(
+            [
+                pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, t)
+                for p, s in zip(prompts, group, strict=True)
+            ]
+            + [pack_prefill_row([0], [NO_CODEC], self.pad_slot, t)] * (b - len(group)),
+            dtype=np.int64,
+        )
+        if self.graphs.has(("prefill", b, t)):
+            codes = self.graphs.run(("prefill", b, t), rows)
+        else:  # a prompt longer than every length bucket (whole-text mode): eager, exact shape
+            codes = self.step.prefill(torch.from_numpy(rows).to(self.device))
+        for s, p in zip(group, prompts, strict=True):
             st = self._slots[s]
-            st.prefilled, st.position = True, n
-        return last, self.talker.logits(last)
+            st.prefilled, st.position = True, len(p)
+        return codes[: len(group)].clone()
+
+    def _to_host(self, codes: Tensor) -> np.ndarray:
+        """The step's one device->host copy: (B, 16) codes through pinned memory."""
+        if codes.device.type != "cuda":
+            return codes.numpy()
+        host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
+        host.copy_(codes, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+        return host.numpy()
+
+    def _register_graphs(self) -> None:
+        """Every bucket's body with padding-slot example rows (captured in ``warmup``)."""
+        pad = self.pad_slot
+        for b in self.decode_buckets:
+            self.graphs.add(("decode", b), self.step.decode, torch.full((b,), pad, dtype=torch.int64))
+        for b in self.prefill_batches:
+            for t in self.prefill_lens:
+                row = pack_prefill_row([0], [NO_CODEC], pad, t)
+                self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
+        if self.options.codec_mode != "stateful":
+            return
+        q = self.cfg.talker.num_code_groups
+        for b in self.codec_buckets:
+            for t in range(1, self.options.codec_graph_frames + 1):
+                example = torch.zeros(b, q * t + 1, dtype=torch.int64)
+                example[:, -1] = pad
+                self.graphs.add(("codec", b, t), self._codec_body, example)
+
+    def _codec_body(self, packed: Tensor) -> Tensor:
+        """packed (B, 16 T + 1): codes (frame-major) | slot -> pcm (B, T * 1920); slot state advanced."""
+        b, width = packed.shape
+        q = self.cfg.talker.num_code_groups
+        codes = packed[:, :-1].view(b, width // q, q).transpose(1, 2)  # (B, 16, T)
+        slots = packed[:, -1]
+        state, start = self.codec_states.gather(slots)
+        pcm, state, start = self.codec.stream(codes, state, start)
+        self.codec_states.scatter(slots, state, start)
+        self.codec_states.positions[self.pad_slot].zero_()
+        return pcm
 
     def _prompt(self, st: _Slot) -> Prompt:
         return build_prompt(
@@ -304,81 +384,6 @@ class Qwen3TTSModel(Model):
             st.instruct_ids,
             whole_text=st.whole_text,
         )
-
-    def _feed(self, slots: list[int]) -> tuple[Tensor, Tensor]:
-        cfg, dev = self.cfg, self.device
-        host = []
-        for s in slots:
-            st = self._slots[s]
-            # text token index carried by this feed; with the whole text in the prompt: pad from here on
-            k = len(st.text.ids) + 1 if st.whole_text else st.frames
-            tid = (
-                st.text.ids[k]
-                if k < len(st.text.ids)
-                else cfg.tts_eos_id
-                if k == len(st.text.ids)
-                else cfg.tts_pad_id
-            )
-            host.append((s, st.position, tid))
-        meta = torch.tensor(host, dtype=torch.int64).to(dev)  # (B, 3) one host->device copy
-        slot_idx, positions, text_ids = meta[:, 0], meta[:, 1], meta[:, 2]
-        prev = self._last_codes.index_select(0, slot_idx)  # (B, 16)
-        groups = torch.arange(prev.shape[1] - 1, device=dev)[None, :]
-        codec = torch.cat(
-            (self.talker.codec_embedding(prev[:, :1]), self._cp_tables[groups, prev[:, 1:]]), dim=1
-        ).sum(dim=1)  # (B, H): the sum of the frame's 16 code embeddings
-        x = (codec + self.talker.embed_text(text_ids))[:, None]  # (B, 1, H)
-        read_len = max(p for _, p, _ in host) + 1
-        mask = (torch.arange(read_len, device=dev)[None, :] <= positions[:, None])[:, None, None]  # (B,1,1,S)
-        kv = self.kv.decode(slot_idx, positions, read_len)
-        hidden = self.talker(x, positions[:, None], kv, mask)[:, 0]
-        for s in slots:
-            self._slots[s].position += 1
-        return hidden, self.talker.logits(hidden)
-
-    def _sample_frame(self, slots: list[int], hidden: Tensor, logits: Tensor) -> Tensor:
-        """hidden (B, H), logits (B, V) -> codes (B, 16) of the next frame, state rows updated."""
-        dev, t = self.device, self.cfg.talker
-        host = []
-        for s in slots:
-            st = self._slots[s]
-            # random weights and forced lengths never stop on EOS; real ones not in the first frames
-            no_eos = self.random_weights or self._forced(st) is not None
-            no_eos = no_eos or st.frames < self.cfg.generation.min_new_tokens
-            host.append((s, st.frames, int(no_eos)))
-        meta = torch.tensor(host, dtype=torch.int64).to(dev)
-        slot_idx, step, eos_masked = meta[:, 0], meta[:, 1], meta[:, 2].bool()
-        scores = apply_repetition_penalty(
-            logits, self._seen.index_select(0, slot_idx), self._penalty[slot_idx]
-        )
-        scores[:, t.codec_eos_id] = torch.where(eos_masked, float("-inf"), scores[:, t.codec_eos_id])
-        scores = scores.masked_fill(self._suppress, float("-inf"))
-        seed = self._seed[slot_idx]
-        talker_params = RowParams(
-            self._greedy[slot_idx, 0],
-            self._temp[slot_idx, 0],
-            self._top_k[slot_idx, 0],
-            self._top_p[slot_idx, 0],
-            seed,
-            step,
-        )
-        drawn = [not self._slots[s].greedy[0] for s in slots], [not self._slots[s].greedy[1] for s in slots]
-        code0 = sample(scores, talker_params, 0, any(drawn[0]))
-        cp_params = RowParams(
-            self._greedy[slot_idx, 1],
-            self._temp[slot_idx, 1],
-            self._top_k[slot_idx, 1],
-            self._top_p[slot_idx, 1],
-            seed,
-            step,
-        )
-        rest = self.code_predictor.predict(
-            hidden, self.talker.codec_embedding(code0), lambda j, lg: sample(lg, cp_params, j, any(drawn[1]))
-        )
-        codes = torch.cat((code0[:, None], rest), dim=1)
-        self._last_codes.index_copy_(0, slot_idx, codes)
-        self._seen.index_put_((slot_idx, code0), torch.ones_like(code0, dtype=torch.bool))
-        return codes
 
     def _forced(self, st: _Slot) -> int | None:
         if st.forced_frames is not None:
@@ -404,6 +409,8 @@ class Qwen3TTSModel(Model):
     # --- decode --------------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
+        """All due chunks of all streams: one codec call (graph) per (frame count, batch bucket),
+        every call queued before the one device->host copy of the PCM."""
         out: list[np.ndarray | None] = [None] * len(work)
         if self.options.codec_mode == "windowed":
             return [self._decode_windowed(w) if w.n_frames else np.zeros(0, np.float32) for w in work]
@@ -413,17 +420,40 @@ class Qwen3TTSModel(Model):
                 out[i] = np.zeros(0, np.float32)
             else:
                 by_len.setdefault(w.n_frames, []).append(i)
-        for items in by_len.values():
-            codes = np.stack([self._frames(work[i]) for i in items])  # (G, n, 16)
-            codes_t = torch.from_numpy(codes).to(self.device).transpose(1, 2)  # (G, 16, n)
-            slot_idx = torch.tensor([work[i].slot for i in items], dtype=torch.int64, device=self.device)
-            state, start = self.codec_states.gather(slot_idx)
-            pcm, state, start = self.codec.stream(codes_t, state, start)
-            self.codec_states.scatter(slot_idx, state, start)
-            host = pcm.cpu().numpy()
-            for row, i in enumerate(items):
-                out[i] = host[row]
+        calls: list[tuple[list[int], Tensor]] = []
+        q = self.cfg.talker.num_code_groups
+        biggest = self.codec_buckets[-1]
+        for n, items in by_len.items():
+            for j in range(0, len(items), biggest):
+                group = items[j : j + biggest]
+                b = bucket_for(len(group), self.codec_buckets)
+                rows = np.zeros((b, q * n + 1), np.int64)
+                rows[:, -1] = self.pad_slot
+                for r, i in enumerate(group):
+                    rows[r, :-1] = self._frames(work[i]).reshape(-1)
+                    rows[r, -1] = work[i].slot
+                if self.graphs.has(("codec", b, n)):
+                    pcm = self.graphs.run(("codec", b, n), rows)
+                else:  # a chunk longer than the graphed frame counts: eager, exact shape
+                    pcm = self._codec_body(torch.from_numpy(rows).to(self.device))
+                calls.append((group, pcm[: len(group)].clone()))
+        if calls:
+            host = self._pcm_to_host([pcm for _, pcm in calls])
+            for (group, _), pcm_host in zip(calls, host, strict=True):
+                for r, i in enumerate(group):
+                    out[i] = pcm_host[r]
         return [o if o is not None else np.zeros(0, np.float32) for o in out]
+
+    def _pcm_to_host(self, pcms: list[Tensor]) -> list[np.ndarray]:
+        if pcms[0].device.type != "cuda":
+            return [p.numpy() for p in pcms]
+        hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in pcms]
+        for h, p in zip(hosts, pcms, strict=True):
+            h.copy_(p, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+        return [h.numpy() for h in hosts]
 
     def _decode_windowed(self, w: DecodeWork) -> np.ndarray:
         st = self._slots.get(w.slot)
@@ -448,9 +478,11 @@ class Qwen3TTSModel(Model):
 
     # --- misc ----------------------------------------------------------------------------------------
     def warmup(self) -> None:
-        """One short utterance through generate and decode on slot 0 (before any stream is open)."""
+        """Capture the CUDA graphs, then one short utterance through generate and decode on slot 0
+        (before any stream is open)."""
         if self._slots:
             return
+        self.graphs.capture()
         self.open_slot(0, StreamParams(greedy=True, forced_frames=2, seed=0, voice=""))
         self.add_text(0, ["Hello."], True)
         frames = []
@@ -469,3 +501,22 @@ class Qwen3TTSModel(Model):
         if st is None:
             raise ModelError(slot, f"slot {slot} is not open")
         return st
+
+
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+    out = [1]
+    while out[-1] < limit:
+        out.append(min(2 * out[-1], limit))
+    return tuple(out)
+
+
+def _default_buckets(limit: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96 ...: a padded bucket runs at most 1/3 empty rows."""
+    out = [b for b in (1, 2, 4, 8) if b < limit]
+    b = 8
+    while b < limit:
+        b += max(4, 1 << (b.bit_length() - 2))
+        out.append(min(b, limit))
+    if not out or out[-1] != limit:
+        out.append(limit)
+    return tuple(sorted(set(out)))

@@ -59,7 +59,7 @@ class Talker(nn.Module):
         """Text-track embeddings: (*,) token ids -> (*, hidden)."""
         return self.text_projection(self.text_embedding(ids))
 
-    def forward(self, x: Tensor, positions: Tensor, kv: KVStore, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor, kv: KVStore, mask: Tensor | None) -> Tensor:
         """x (B, T, H) input embeddings at ``positions`` (B, T) -> final-norm hidden states (B, T, H)."""
         cos, sin = cos_sin(positions, self.rope_freqs)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)

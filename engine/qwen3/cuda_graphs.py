@@ -1,0 +1,117 @@
+"""CUDA graphs of the serving path: one captured body per (kind, bucket), typed static buffers.
+
+A body is a function of one packed int64 input tensor (slots, prompts or codes; padding rows point at
+the padding slot) that returns one output tensor, reading and writing only device tensors. Per key:
+
+    static input (fixed shape)  --copy-->  captured body  -->  static output (fixed shape)
+
+``run`` takes the host's rows, checks their shape against the key's buffer (a mismatch is a bug and
+raises), stages them through pinned memory with one non-blocking copy, replays, and returns the
+static output; the caller copies what it needs before the next replay of the same key.
+
+All graphs share one memory pool and are captured largest first, so the pool is sized by the largest
+body (nano-vllm's habit): replays are sequential on one stream, so intermediates can share memory.
+
+Off CUDA (or with graphs disabled) the same static buffers feed the same body eagerly: the CPU tests
+run exactly the code that is captured on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+Body = Callable[[Tensor], Tensor]
+WARMUP_RUNS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, torch.compile guards
+
+
+@dataclass
+class _Entry:
+    body: Body
+    input: Tensor  # static, int64
+    output: Tensor | None = None  # static once captured (or after the first eager run)
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= n (buckets ascending)."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} rows exceed the largest graph bucket {buckets[-1]}")
+
+
+class CudaGraphs:
+    def __init__(self, device: torch.device, enabled: bool) -> None:
+        self.device = device
+        self.enabled = enabled and device.type == "cuda"
+        self._entries: dict[Hashable, _Entry] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self.capture_s = 0.0
+
+    def add(self, key: Hashable, body: Body, example: Tensor) -> None:
+        """Register a body for inputs shaped like ``example`` (int64; its rows must be harmless to run:
+        padding slots). Captured by ``capture``."""
+        if key in self._entries:
+            raise ValueError(f"graph {key!r} registered twice")
+        if example.dtype != torch.int64:
+            raise TypeError(f"graph inputs are int64, got {example.dtype} for {key!r}")
+        self._entries[key] = _Entry(body, example.to(self.device).clone())
+
+    def capture(self) -> None:
+        """Warm and capture every registered body, largest input first."""
+        if not self.enabled:
+            return
+        import time
+
+        t0 = time.perf_counter()
+        order = sorted(self._entries.values(), key=lambda e: e.input.numel(), reverse=True)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for e in order:
+                for _ in range(WARMUP_RUNS):
+                    e.body(e.input)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        for e in order:
+            if e.graph is not None:
+                continue
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                e.output = e.body(e.input)
+            e.graph = g
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.perf_counter() - t0
+
+    def has(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def run(self, key: Hashable, rows: np.ndarray) -> Tensor:
+        """rows: the full static input of ``key`` (padding included), int64 -> the static output."""
+        e = self._entries.get(key)
+        if e is None:
+            raise KeyError(f"no graph {key!r}; registered: {sorted(map(str, self._entries))}")
+        if rows.shape != tuple(e.input.shape) or rows.dtype != np.int64:
+            raise ValueError(
+                f"graph {key!r} takes int64 {tuple(e.input.shape)}, got {rows.dtype} {rows.shape}"
+            )
+        if self.device.type == "cuda":
+            # a fresh pinned block per call: the caching host allocator keeps it until the copy ran
+            staged = torch.from_numpy(rows).pin_memory()
+            e.input.copy_(staged, non_blocking=True)
+        else:
+            e.input.copy_(torch.from_numpy(rows))
+        if e.graph is not None:
+            e.graph.replay()
+        else:
+            e.output = e.body(e.input)
+        assert e.output is not None
+        return e.output
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,134 @@
+"""One frame step of Qwen3-TTS on the device, for a fixed batch of slots: the body a CUDA graph captures.
+
+    decode:  slots (B,) -> last frame + next text token (from the slot's device text queue) -> talker
+             one-token step (KV written and attended in place) -> sample codebook 0 -> code predictor's
+             15 passes, each sampled -> codes (B, 16); position, frame count, last frame and
+             repetition history advanced in the slot rows
+    prefill: packed prompts (B, 2T + 2) -> talker over T positions -> the same sampling tail
+
+Everything here reads and writes device tensors only (slot_state.py): no host value, no sync, no
+Python branch on data, and fixed shapes for a fixed batch; so the same code runs eagerly on the CPU
+(the tests) and as a captured graph per batch bucket on CUDA (cuda_graphs.py). Rows of a bucket that
+no stream uses carry the padding slot.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from .code_predictor import CodePredictor
+from .config import Qwen3TTSConfig
+from .kv_cache import SlotKVCache
+from .sampler import RowParams, apply_repetition_penalty, sample
+from .slot_state import SlotState
+from .talker import Talker
+
+NO_CODEC = -1  # packed prefill rows: "no codec-track id at this position"
+
+
+def pack_prefill_row(text_ids: list[int], codec_ids: list[int | None], slot: int, width: int) -> list[int]:
+    """One prompt as a row of the prefill input: text | codec | length | slot, padded to ``width``."""
+    n = len(text_ids)
+    pad_text = [0] * (width - n)
+    codec = [NO_CODEC if c is None else c for c in codec_ids]
+    return [*text_ids, *pad_text, *codec, *([NO_CODEC] * (width - n)), n, slot]
+
+
+class FrameStep:
+    def __init__(
+        self,
+        cfg: Qwen3TTSConfig,
+        talker: Talker,
+        code_predictor: CodePredictor,
+        kv: SlotKVCache,
+        state: SlotState,
+        use_attention_kernel: bool,
+    ) -> None:
+        self.cfg, self.talker, self.code_predictor = cfg, talker, code_predictor
+        self.kv, self.state, self.use_kernel = kv, state, use_attention_kernel
+        t = cfg.talker
+        dev = state.position.device
+        self.suppress = torch.zeros(t.vocab_size, dtype=torch.bool, device=dev)
+        self.suppress[list(t.suppressed_ids)] = True
+        # code-predictor codebook tables stacked once: (15, vocab, H) for one gather per feed
+        self.cp_tables = torch.stack([cast(nn.Embedding, e).weight for e in code_predictor.codec_embedding])
+        self.groups = torch.arange(t.num_code_groups - 1, device=dev)[None, :]  # (1, 15)
+
+    # --- the two bodies ---------------------------------------------------------------------------
+    def decode(self, slots: Tensor) -> Tensor:
+        """slots (B,) int64 -> codes (B, 16) of each slot's next frame."""
+        st, cfg = self.state, self.cfg
+        pos = st.position[slots]  # (B,)
+        frames = st.frames[slots]
+        prev = st.last_codes[slots]  # (B, 16)
+        # text token carried by this feed: token k = frames (streamed text; token 0 was in the prompt),
+        # tts-eos once at the end of the text, tts-pad after it (and always after a whole-text prompt).
+        n_text = st.text_len[slots]
+        k = torch.where(st.whole_text[slots], n_text + 1, frames)
+        queued = st.text[slots, k.clamp(0, st.max_text_tokens - 1)]
+        eos = torch.full_like(k, cfg.tts_eos_id)
+        pad = torch.full_like(k, cfg.tts_pad_id)
+        text_id = torch.where(k < n_text, queued, torch.where(k == n_text, eos, pad))
+        codec = torch.cat(
+            (self.talker.codec_embedding(prev[:, :1]), self.cp_tables[self.groups, prev[:, 1:]]), dim=1
+        ).sum(dim=1)  # (B, H): the sum of the last frame's 16 code embeddings
+        x = (codec + self.talker.embed_text(text_id))[:, None]  # (B, 1, H)
+        kv = self.kv.decode_in_place(slots, pos, self.use_kernel)
+        hidden = self.talker(x, pos[:, None], kv, None)  # the in-place KV view masks by position
+        st.position.index_copy_(0, slots, pos + 1)
+        return self._sample(slots, frames, hidden[:, 0])
+
+    def prefill(self, packed: Tensor) -> Tensor:
+        """packed (B, 2T + 2) int64 rows of ``pack_prefill_row`` -> codes (B, 16) of each first frame."""
+        b, width = packed.shape
+        t = (width - 2) // 2
+        text, codec = packed[:, :t], packed[:, t : 2 * t]
+        lengths, slots = packed[:, 2 * t], packed[:, 2 * t + 1]
+        dev = packed.device
+        has_codec = (codec != NO_CODEC)[..., None]
+        x = self.talker.embed_text(text) + self.talker.codec_embedding(codec.clamp(min=0)) * has_codec
+        positions = torch.arange(t, device=dev).expand(b, t)
+        mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None]
+        # right-padded rows write garbage KV past their prompt; each position is rewritten by the
+        # slot's own next step before any query can see it (the mask admits keys <= position)
+        hidden = self.talker(x, positions, self.kv.prefill(slots, t), mask)  # (B, T, H)
+        last = hidden[torch.arange(b, device=dev), lengths - 1]
+        self.state.position.index_copy_(0, slots, lengths)
+        return self._sample(slots, self.state.frames[slots], last)
+
+    # --- the shared tail ------------------------------------------------------------------------
+    def _sample(self, slots: Tensor, frames: Tensor, hidden: Tensor) -> Tensor:
+        """hidden (B, H) of each slot's last position -> codes (B, 16); slot rows advanced."""
+        st, t = self.state, self.cfg.talker
+        logits = self.talker.logits(hidden)  # (B, V) float32
+        scores = apply_repetition_penalty(logits, st.seen[slots], st.penalty[slots])
+        # EOS masked for random weights / forced lengths, and in the first min_new_tokens frames
+        no_eos = st.eos_masked[slots] | (frames < self.cfg.generation.min_new_tokens)
+        scores[:, t.codec_eos_id] = torch.where(no_eos, float("-inf"), scores[:, t.codec_eos_id])
+        scores = scores.masked_fill(self.suppress, float("-inf"))
+        seed = st.seed[slots]
+
+        def row(col: int) -> RowParams:
+            return RowParams(
+                st.greedy[slots, col],
+                st.temperature[slots, col],
+                st.top_k[slots, col],
+                st.top_p[slots, col],
+                seed,
+                frames,
+            )
+
+        code0 = sample(scores, row(0), 0)
+        cp_params = row(1)
+        rest = self.code_predictor.predict(
+            hidden, self.talker.codec_embedding(code0), lambda j, lg: sample(lg, cp_params, j)
+        )
+        codes = torch.cat((code0[:, None], rest), dim=1)  # (B, 16)
+        st.last_codes.index_copy_(0, slots, codes)
+        st.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
+        st.frames.index_copy_(0, slots, frames + 1)
+        st.rezero_padding()
+        return codes

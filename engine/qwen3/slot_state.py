@@ -1,0 +1,93 @@
+"""Every per-stream value the frame step reads or writes, as device tensors indexed by slot.
+
+Rows ``0 .. max_slots - 1`` belong to streams; row ``max_slots`` is the padding slot: the rows of a
+batch bucket that no stream uses point at it, so a captured graph always runs its full bucket and
+the padding writes land where nobody reads (its position and frame count are re-zeroed after each
+step, so its KV writes stay in range).
+
+The host writes a row when a stream opens (sampling parameters, flags) and when text arrives (token
+ids); the frame step (frame_step.py) reads and advances the rest on the device: no per-stream value
+crosses to the host during a step except the sampled codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """Host-validated sampling parameters of one stream: index 0 = codebook 0, 1 = codebooks 1..15."""
+
+    greedy: tuple[bool, bool]
+    temperature: tuple[float, float]
+    top_k: tuple[int, int]  # already mapped: >= vocab disables
+    top_p: tuple[float, float]
+    repetition_penalty: float
+    seed: int  # 0 <= seed < 2**32
+    eos_always_masked: bool  # random weights or a forced length: never stop on EOS
+
+
+class SlotState:
+    def __init__(
+        self,
+        max_slots: int,
+        num_code_groups: int,
+        talker_vocab: int,
+        max_text_tokens: int,
+        device: torch.device,
+    ) -> None:
+        n, dev = max_slots + 1, device
+        self.pad_slot = max_slots
+        self.max_text_tokens = max_text_tokens
+        self.last_codes = torch.zeros(
+            n, num_code_groups, dtype=torch.int64, device=dev
+        )  # (N+1, 16) the frame fed next
+        self.position = torch.zeros(n, dtype=torch.int64, device=dev)  # talker positions written = KV length
+        self.frames = torch.zeros(
+            n, dtype=torch.int64, device=dev
+        )  # frames sampled so far (the sampling-noise step)
+        self.seen = torch.zeros(n, talker_vocab, dtype=torch.bool, device=dev)  # repetition history
+        # text queue: token ids received so far, how many, and whether they all went into the prompt
+        self.text = torch.zeros(n, max_text_tokens, dtype=torch.int64, device=dev)
+        self.text_len = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.whole_text = torch.zeros(n, dtype=torch.bool, device=dev)
+        # sampling rows; column 0 = talker (codebook 0), column 1 = code predictor (codebooks 1..15)
+        self.greedy = torch.zeros(n, 2, dtype=torch.bool, device=dev)
+        self.temperature = torch.ones(n, 2, dtype=torch.float32, device=dev)
+        self.top_k = torch.ones(n, 2, dtype=torch.int64, device=dev)
+        self.top_p = torch.ones(n, 2, dtype=torch.float32, device=dev)
+        self.penalty = torch.ones(n, dtype=torch.float32, device=dev)
+        self.seed = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.eos_masked = torch.zeros(n, dtype=torch.bool, device=dev)
+
+    def open(self, slot: int, row: SamplingRow, whole_text: bool) -> None:
+        """Reset a slot's row for a new stream (a few small host->device writes, once per stream)."""
+        self.greedy[slot] = torch.tensor(row.greedy)
+        self.temperature[slot] = torch.tensor(row.temperature)
+        self.top_k[slot] = torch.tensor(row.top_k)
+        self.top_p[slot] = torch.tensor(row.top_p)
+        self.penalty[slot] = row.repetition_penalty
+        self.seed[slot] = row.seed
+        self.eos_masked[slot] = row.eos_always_masked
+        self.whole_text[slot] = whole_text
+        self.seen[slot] = False
+        self.position[slot] = 0
+        self.frames[slot] = 0
+        self.text_len[slot] = 0
+
+    def append_text(self, slot: int, start: int, ids: Sequence[int]) -> None:
+        """Token ids ``start .. start + len(ids)`` of a slot's text arrived (the host checked the room)."""
+        if not ids:
+            return
+        end = start + len(ids)
+        self.text[slot, start:end] = torch.tensor(list(ids), dtype=torch.int64)
+        self.text_len[slot] = end
+
+    def rezero_padding(self) -> None:
+        """Keep the padding slot's counters at 0 (called inside the step: graph-capturable)."""
+        self.position[self.pad_slot].zero_()
+        self.frames[self.pad_slot].zero_()
