@@ -65,15 +65,21 @@ async def _say(engine_config: EngineConfig, text: str, out_path: str, speed: flo
 
 
 class _JsonFormatter(logging.Formatter):
+    """One JSON object per line; records logged with ``extra`` ids (session, turn) carry them."""
+
+    FIELDS = ("session_id", "turn_id", "transport")
+
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {
-                "ts": round(record.created, 3),
-                "level": record.levelname,
-                "logger": record.name,
-                "message": record.getMessage(),
-            }
-        )
+        out: dict[str, object] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        out.update({k: getattr(record, k) for k in self.FIELDS if getattr(record, k, None) is not None})
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
 
 
 def _setup_logging(level: str, fmt: str) -> None:
@@ -127,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     say.add_argument("-o", "--output", default="out.wav")
     say.add_argument("--speed", type=float, default=1.0)
     _add_model_args(say)
-    probe = sub.add_parser("probe", help="measure a running server: TTFB, audible TTFA, underruns, end-to-end")
+    probe = sub.add_parser(
+        "probe", help="measure a running server: TTFB, audible TTFA, underruns, end-to-end"
+    )
     add_probe_arguments(probe)
     args = parser.parse_args(argv)
 

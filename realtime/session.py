@@ -192,10 +192,21 @@ class Session:
             return "idle_timeout"
         return None
 
+    def _ids(self, turn_id: TurnId | None = None) -> dict[str, Any]:
+        """Structured log fields (``--log-format json`` prints them)."""
+        return {"session_id": self.session_id, "turn_id": turn_id, "transport": self.transport}
+
     async def send_error(self, code: str, message: str, turn_id: TurnId | None = None) -> None:
         if self.metrics is not None:
             self.metrics.errors.labels(code).inc()
-        log.info("session %s turn %r: error %s: %s", self.session_id, turn_id, code, message)
+        log.info(
+            "session %s turn %r: error %s: %s",
+            self.session_id,
+            turn_id,
+            code,
+            message,
+            extra=self._ids(turn_id),
+        )
         await self.sink.send_json(error_message(code, message, turn_id))
 
     # --- input -------------------------------------------------------------------------------------
@@ -299,7 +310,11 @@ class Session:
             except asyncio.CancelledError:
                 raise
             except SinkStalled:
-                log.warning("session %s: the client stopped reading; cancelling its turns", self.session_id)
+                log.warning(
+                    "session %s: the client stopped reading; cancelling its turns",
+                    self.session_id,
+                    extra=self._ids(),
+                )
                 self.slow_consumer = True
                 for t in self._turns.values():
                     t.cancelled = True
@@ -308,7 +323,12 @@ class Session:
                 self._turns.clear()
                 return
             except Exception:
-                log.exception("session %s: turn %r failed in the transport", self.session_id, turn.turn_id)
+                log.exception(
+                    "session %s: turn %r failed in the transport",
+                    self.session_id,
+                    turn.turn_id,
+                    extra=self._ids(turn.turn_id),
+                )
                 turn.stream.cancel()
             finally:
                 if self._order and self._order[0] is turn:
@@ -372,6 +392,7 @@ class Session:
             turn.turn_id,
             reason,
             done["audio_ms"],
+            extra=self._ids(turn.turn_id),
         )
         await self.sink.send_json(done)
 

@@ -117,7 +117,18 @@ async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
     port = free_port()
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--drain-timeout", "15"],
+        [
+            sys.executable,
+            "-m",
+            "realtime.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--drain-timeout",
+            "15",
+            "--log-format",
+            "json",
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -151,6 +162,12 @@ async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
             assert proc.wait(timeout=20) == 0
         except subprocess.TimeoutExpired:
             raise AssertionError((tmp_path / "server.log").read_text()[-3000:]) from None
+        # structured logs: one JSON object per line, the turn's lines carry its session and turn ids
+        lines = [
+            json.loads(x) for x in (tmp_path / "server.log").read_text().splitlines() if x.startswith("{")
+        ]
+        turn_lines = [x for x in lines if x.get("turn_id") == "last"]
+        assert turn_lines and all(x["session_id"] and x["transport"] == "websocket" for x in turn_lines)
     finally:
         if proc.poll() is None:
             proc.kill()
