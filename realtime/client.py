@@ -44,7 +44,9 @@ OPUS_FRAME_S = 0.020  # one Opus packet per binary message
 MAX_AUDIO_MESSAGE_BYTES = 16 * 1024 * 1024  # a long clause of 48 kHz PCM16 is ~1 MB
 # Errors answered to a turn's first text.delta: the server never opened the turn, so no
 # turn.done will follow and the turn fails here.
-TURN_REFUSED_CODES = frozenset({"server_busy", "too_many_turns", "invalid_field", "invalid_voice", "rate_limited"})
+TURN_REFUSED_CODES = frozenset(
+    {"server_busy", "too_many_turns", "invalid_field", "invalid_voice", "rate_limited"}
+)
 
 TurnId = str | int
 
@@ -202,7 +204,11 @@ class Turn:
             yield item
         done = await self._done  # raises when the turn failed
         if done.reason == "error":
-            raise self.errors[-1] if self.errors else VoicewireError("model_error", "the turn failed", self.turn_id)
+            raise (
+                self.errors[-1]
+                if self.errors
+                else VoicewireError("model_error", "the turn failed", self.turn_id)
+            )
 
     def __aiter__(self) -> AsyncIterator[ReceivedAudio]:
         return self.audio()
@@ -371,7 +377,9 @@ class ProtocolClient:
             reply = self._expect("session.updated")
             await self._send({"type": "session.update", **update})
             refused = self._expect("error")
-            finished, _ = await asyncio.wait({reply, refused}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            finished, _ = await asyncio.wait(
+                {reply, refused}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
             for fut in (reply, refused):
                 if fut not in finished:
                     fut.cancel()
@@ -434,7 +442,9 @@ class VoicewireClient(ProtocolClient):
         try:
             async for raw in self._ws:
                 if isinstance(raw, bytes):
-                    self._on_audio(ReceivedAudio(raw, self.audio_format, self.sample_rate_hz, time.perf_counter()))
+                    self._on_audio(
+                        ReceivedAudio(raw, self.audio_format, self.sample_rate_hz, time.perf_counter())
+                    )
                 else:
                     self._on_json(json.loads(raw))
         except websockets.ConnectionClosed as err:

@@ -139,7 +139,9 @@ class Arrival:
 
     t_s: float  # perf_counter on arrival
     samples: int
-    onset_sample: int | None = None  # first audible window inside it (turn-relative onset is found by the caller)
+    onset_sample: int | None = (
+        None  # first audible window inside it (turn-relative onset is found by the caller)
+    )
 
 
 @dataclass(frozen=True)
@@ -278,7 +280,9 @@ def _measure(rec: TurnRecord, arrivals: list[Arrival], rate: int, t_first: float
     rec.audio_ms = round(sum(a.samples for a in arrivals) * 1000 / rate, 1)
 
 
-async def _measure_webrtc(rec: TurnRecord, client: ProtocolClient, t_first: float, t_done: float, cfg: ProbeConfig) -> None:
+async def _measure_webrtc(
+    rec: TurnRecord, client: ProtocolClient, t_first: float, t_done: float, cfg: ProbeConfig
+) -> None:
     from .webrtc_client import SAMPLE_RATE_HZ, WebRtcClient
 
     assert isinstance(client, WebRtcClient)
@@ -384,7 +388,9 @@ class Probe:
             elif self.sessions_opened < self.cfg.max_sessions:
                 session, client = self.sessions_opened, await self.connect()
             else:
-                self.records.append(TurnRecord(-1, n, round(t_next - self._t0, 3), 0, "refused", "no free session"))
+                self.records.append(
+                    TurnRecord(-1, n, round(t_next - self._t0, 3), 0, "refused", "no free session")
+                )
                 n += 1
                 continue
             task = asyncio.create_task(one(session, client, n))
@@ -448,7 +454,10 @@ class Probe:
         summary: dict[str, Any] = {
             "turns": len(self.records),
             "completed": sum(1 for r in self.records if r.reason == "completed"),
-            "errors": {k: sum(1 for r in self.records if r.reason == k) for k in ("error", "failed", "timeout", "refused")},
+            "errors": {
+                k: sum(1 for r in self.records if r.reason == k)
+                for k in ("error", "failed", "timeout", "refused")
+            },
             "sessions": self.sessions_opened,
             "audio_s": round(sum(r.audio_ms for r in done) / 1000, 2),
             "underruns": sum(r.underruns for r in done),
@@ -503,7 +512,16 @@ def format_table(result: dict[str, Any]) -> str:
         f"{s['audio_s']:.1f} s of audio; underruns {s['underruns']} in {s['turns_with_underruns']} turns",
         f"{'':16}{'n':>5}" + "".join(f"{'p' + str(q):>9}" for q in PERCENTILES) + f"{'max':>9}",
     ]
-    rows = ["ttfb_ms", "ttfa_ms", "e2e_ms", "server_ttfp_ms", "server_ttfa_ms", "jitter_buffer_ms", "rtp_jitter_ms", "connect_ms"]
+    rows = [
+        "ttfb_ms",
+        "ttfa_ms",
+        "e2e_ms",
+        "server_ttfp_ms",
+        "server_ttfa_ms",
+        "jitter_buffer_ms",
+        "rtp_jitter_ms",
+        "connect_ms",
+    ]
     for key in rows:
         v = s.get(key)
         if not v or not v.get("n"):
@@ -533,7 +551,12 @@ def plot(result: dict[str, Any], path: str) -> None:
     for name, values in series.items():
         v = np.sort([x for x in values if x is not None])
         if v.size:
-            ax_cdf.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=f"{name} (p50 {np.median(v):.0f} ms)")
+            ax_cdf.step(
+                v,
+                np.arange(1, v.size + 1) / v.size,
+                where="post",
+                label=f"{name} (p50 {np.median(v):.0f} ms)",
+            )
     ax_cdf.set_xlabel("ms from the first text sent")
     ax_cdf.set_ylabel("fraction of turns")
     ax_cdf.set_title("latency distribution")
@@ -544,7 +567,14 @@ def plot(result: dict[str, Any], path: str) -> None:
         ax_time.scatter(t, series[name], s=12, marker=marker, label=name, alpha=0.8)
     under = [x for x in turns if x["underruns"]]
     if under:
-        ax_time.scatter([x["t_start_s"] for x in under], [x["ttfa_ms"] or 0 for x in under], s=60, facecolors="none", edgecolors="red", label="turn with underruns")
+        ax_time.scatter(
+            [x["t_start_s"] for x in under],
+            [x["ttfa_ms"] or 0 for x in under],
+            s=60,
+            facecolors="none",
+            edgecolors="red",
+            label="turn with underruns",
+        )
     ax_time.set_xlabel("turn start (s into the run)")
     ax_time.set_ylabel("ms")
     ax_time.set_title("latency over time")
@@ -563,16 +593,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=("ws", "webrtc"), default="ws")
     p.add_argument("--duration", type=float, default=30.0, help="seconds during which turns start")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=int, default=1, help="closed loop: sessions speaking turns back to back")
+    load.add_argument(
+        "--concurrency", type=int, default=1, help="closed loop: sessions speaking turns back to back"
+    )
     load.add_argument("--rate", type=float, help="open loop: Poisson turn arrivals per second")
-    p.add_argument("--first-token-ms", type=float, default=0.0, help="the simulated LLM's time to first token")
+    p.add_argument(
+        "--first-token-ms", type=float, default=0.0, help="the simulated LLM's time to first token"
+    )
     text = p.add_mutually_exclusive_group()
-    text.add_argument("--tokens-per-s", type=float, default=30.0, help="simulated LLM speed (a token is a word)")
+    text.add_argument(
+        "--tokens-per-s", type=float, default=30.0, help="simulated LLM speed (a token is a word)"
+    )
     text.add_argument("--whole", action="store_true", help="send each reply in one text.delta")
-    p.add_argument("--buffer-ms", type=float, default=40.0, help="client playout buffer for the underrun count")
+    p.add_argument(
+        "--buffer-ms", type=float, default=40.0, help="client playout buffer for the underrun count"
+    )
     p.add_argument("--gap-s", type=float, default=0.2, help="closed loop: pause between a session's turns")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--api-key", default=os.environ.get("VOICEWIRE_API_KEY"), help="for a server started with --api-key (default: $VOICEWIRE_API_KEY)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VOICEWIRE_API_KEY"),
+        help="for a server started with --api-key (default: $VOICEWIRE_API_KEY)",
+    )
     p.add_argument("--out", default="probe.json", help="JSON results")
     p.add_argument("--plot", default="probe.png", help="PNG plot ('' for none)")
 

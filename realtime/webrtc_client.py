@@ -91,7 +91,9 @@ class WebRtcClient(ProtocolClient):
         self.channel: Any = None
 
     @classmethod
-    async def connect(cls, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> WebRtcClient:
+    async def connect(
+        cls, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0
+    ) -> WebRtcClient:
         """Offer, answer, wait for ``session.created``. ``api_key``: sent as ``Authorization: Bearer``."""
         client = cls()
         try:

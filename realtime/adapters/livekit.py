@@ -75,7 +75,9 @@ class VoicewireTTS(tts.TTS):
         """Open the session now, so the first turn does not pay for the WebSocket handshake."""
         self._prewarm = asyncio.ensure_future(self.client())
 
-    def stream(self, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> VoicewireSynthesizeStream:
+    def stream(
+        self, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
+    ) -> VoicewireSynthesizeStream:
         stream = VoicewireSynthesizeStream(tts=self, conn_options=conn_options)
         self._streams.add(stream)
         return stream
