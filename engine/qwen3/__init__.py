@@ -63,6 +63,7 @@ def load_qwen3(
     codec_mode: str = "stateful",
     windowed_left_context: int = 72,
     warmup: bool = False,
+    options: ServeOptions | None = None,
 ) -> Qwen3TTSModel:
     """A Qwen3-TTS model for the engine.
 
@@ -70,12 +71,14 @@ def load_qwen3(
     variant), or None for random weights of ``size`` ("tiny", "tiny-base", "0.6b", "1.7b") and
     ``model_type`` ("custom_voice" | "base"), seeded by ``seed``; random models stop after a forced
     frame count (``StreamParams.forced_frames``, else 3 frames per text token) instead of EOS.
-    ``codec_dtype`` defaults to ``dtype``. Raises :class:`CheckpointError` for a bad checkpoint.
+    ``codec_dtype`` defaults to ``dtype``. ``options`` (all serving knobs, CUDA graphs included)
+    replaces the individual ``max_*`` / ``codec_*`` arguments. ``warmup`` captures the CUDA graphs.
+    Raises :class:`CheckpointError` for a bad checkpoint.
     """
     dev = torch.device(device)
     dt = parse_dtype(dtype)
     cdt = parse_dtype(codec_dtype) if codec_dtype is not None else dt
-    options = ServeOptions(
+    options = options or ServeOptions(
         max_slots=max_slots,
         max_batch_size=max_batch_size,
         max_seq_len=max_seq_len,

@@ -64,7 +64,7 @@ class CudaGraphs:
 
     def capture(self) -> None:
         """Warm and capture every registered body, largest input first."""
-        if not self.enabled:
+        if not self.enabled or all(e.graph is not None for e in self._entries.values()):
             return
         import time
 

@@ -56,10 +56,16 @@ class FrameStep:
         # code-predictor codebook tables stacked once: (15, vocab, H) for one gather per feed
         self.cp_tables = torch.stack([cast(nn.Embedding, e).weight for e in code_predictor.codec_embedding])
         self.groups = torch.arange(t.num_code_groups - 1, device=dev)[None, :]  # (1, 15)
+        self.sample = sample  # fused_ops.compile_sampler swaps in a compiled version
 
     # --- the two bodies ---------------------------------------------------------------------------
     def decode(self, slots: Tensor) -> Tensor:
         """slots (B,) int64 -> codes (B, 16) of each slot's next frame."""
+        frames, hidden = self.talker_step(slots)
+        return self.sample_tail(slots, frames, hidden)
+
+    def talker_step(self, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """The talker part of ``decode``: slots (B,) -> (frames so far (B,), hidden (B, H))."""
         st, cfg = self.state, self.cfg
         pos = st.position[slots]  # (B,)
         frames = st.frames[slots]
@@ -79,7 +85,7 @@ class FrameStep:
         kv = self.kv.decode_in_place(slots, pos, self.use_kernel)
         hidden = self.talker(x, pos[:, None], kv, None)  # the in-place KV view masks by position
         st.position.index_copy_(0, slots, pos + 1)
-        return self._sample(slots, frames, hidden[:, 0])
+        return frames, hidden[:, 0]
 
     def prefill(self, packed: Tensor) -> Tensor:
         """packed (B, 2T + 2) int64 rows of ``pack_prefill_row`` -> codes (B, 16) of each first frame."""
@@ -97,10 +103,10 @@ class FrameStep:
         hidden = self.talker(x, positions, self.kv.prefill(slots, t), mask)  # (B, T, H)
         last = hidden[torch.arange(b, device=dev), lengths - 1]
         self.state.position.index_copy_(0, slots, lengths)
-        return self._sample(slots, self.state.frames[slots], last)
+        return self.sample_tail(slots, self.state.frames[slots], last)
 
     # --- the shared tail ------------------------------------------------------------------------
-    def _sample(self, slots: Tensor, frames: Tensor, hidden: Tensor) -> Tensor:
+    def sample_tail(self, slots: Tensor, frames: Tensor, hidden: Tensor) -> Tensor:
         """hidden (B, H) of each slot's last position -> codes (B, 16); slot rows advanced."""
         st, t = self.state, self.cfg.talker
         logits = self.talker.logits(hidden)  # (B, V) float32
@@ -121,10 +127,10 @@ class FrameStep:
                 frames,
             )
 
-        code0 = sample(scores, row(0), 0)
+        code0 = self.sample(scores, row(0), 0)
         cp_params = row(1)
         rest = self.code_predictor.predict(
-            hidden, self.talker.codec_embedding(code0), lambda j, lg: sample(lg, cp_params, j)
+            hidden, self.talker.codec_embedding(code0), lambda j, lg: self.sample(lg, cp_params, j)
         )
         codes = torch.cat((code0[:, None], rest), dim=1)  # (B, 16)
         st.last_codes.index_copy_(0, slots, codes)

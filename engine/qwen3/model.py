@@ -135,10 +135,6 @@ class Qwen3TTSModel(Model):
         self.state = SlotState(n, t.num_code_groups, t.vocab_size, options.max_seq_len, dev)
         for layer in (*self.talker.layers, *self.code_predictor.layers):
             cast(DecoderLayer, layer).fuse()  # q|k|v and gate|up: 3 fewer GEMM launches per layer
-        if options.compile_elementwise and dev.type == "cuda":
-            from .fused_ops import compile_elementwise
-
-            compile_elementwise((self.talker, self.code_predictor))
         self.step = FrameStep(
             cfg,
             self.talker,
@@ -147,6 +143,11 @@ class Qwen3TTSModel(Model):
             self.state,
             use_attention_kernel=options.attention_kernel and dev.type == "cuda",
         )
+        if options.compile_elementwise and dev.type == "cuda":
+            from .fused_ops import compile_elementwise, compile_sampler
+
+            compile_elementwise((self.talker, self.code_predictor))
+            compile_sampler(self.step)
         self.decode_buckets = options.decode_buckets or _default_buckets(options.max_batch_size)
         self.codec_buckets = options.codec_batch_buckets or _powers_of_two(options.max_batch_size)
         self.prefill_batches = _powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
@@ -477,6 +478,7 @@ class Qwen3TTSModel(Model):
         return frames.astype(np.int64, copy=False)
 
     # --- misc ----------------------------------------------------------------------------------------
+    @torch.no_grad()
     def warmup(self) -> None:
         """Capture the CUDA graphs, then one short utterance through generate and decode on slot 0
         (before any stream is open)."""

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Device runs of issue 5 (serving speed on the H200). Usage, from the repo root on the device:
+#   bash benchmarks/gpu_issue5.sh step   # GPU tests, frame step (eager / graphs / compile), codec, 0.6B
+#   bash benchmarks/gpu_issue5.sh sbs    # side by side with the official qwen-tts (carry .whl) + serving sweep
+# Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+mode=${1:-step}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; } > "$OUT/machine_$mode.txt" 2>&1
+if [ "$mode" = step ]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  tail -5 "$OUT/pytest_gpu.txt"
+  timeout 220 python3 benchmarks/serving_bench.py --size 1.7b --sections step,codec --step-variants eager,graphs \
+    --step-batches 1,8,32,64,128 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | tail -25
+  timeout 130 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants compile \
+    --step-batches 1,64 --out "$OUT/compile_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | tail -8
+  timeout 80 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants graphs \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | tail -6
+fi
+if [ "$mode" = sbs ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/oracle_site \
+    .whl/qwen3-oracle/*.whl || exit 1
+  timeout 590 python3 benchmarks/side_by_side.py --size 1.7b --oracle-site /tmp/oracle_site --workdir /tmp/sbs \
+    --out "$OUT/side_by_side_1.7b.json" ${SBS_ARGS:-} -- --plot "$OUT/serving_1.7b.png" ${BENCH_ARGS:-} 2>&1 | tail -60
+  cp /tmp/sbs/official.log "$OUT/official.log" 2>/dev/null; tail -c 200000 /tmp/sbs/ours.log > "$OUT/ours.log" 2>/dev/null
+fi

@@ -1,0 +1,649 @@
+"""Serving benchmark of the Qwen3-TTS engine on one GPU: frame step, codec, and the engine under load.
+
+    # on the lent H200 (random weights with the real shapes, bf16; or --checkpoint DIR):
+    python3 benchmarks/serving_bench.py --size 1.7b --sections step,codec,single,serve --out r.json --plot r.png
+    # CPU smoke test of the harness (tiny model, seconds):
+    python benchmarks/serving_bench.py --smoke --out /tmp/s.json --plot /tmp/s.png
+
+Sections (each kept in the JSON even if another fails):
+
+* ``step``: the frame step (talker step + 15 code-predictor passes + sampling of all 16 codebooks)
+  per batch size, as ``eager`` (the same body, not captured), ``graphs`` (one CUDA graph per batch
+  bucket) and ``compile`` (graphs around torch.compile'd norms / RoPE / SwiGLU / sampler). GPU time
+  by CUDA events over back-to-back replays; host-inclusive time = wall of ``model.generate``
+  (input staging, replay, the one device->host copy, bookkeeping). Per stage (graphs): talker,
+  code predictor (greedy picks), sampling + state updates (the rest of the tail), each captured
+  alone. Beside it the weight-bytes floor: bytes a step must read (talker once, the code predictor's
+  backbone once per pass) over the measured device copy rate. Also: graph replay == eager codes
+  (greedy, real shapes).
+* ``codec``: the streaming codec decoder per (streams, frames) graph, vs eager.
+* ``single``: one stream at a time, 10-s utterances (125 frames): engine TTFP, end-to-end, RTF.
+* ``serve``: the engine in-process (its worker thread, deadline-first scheduler, chunk schedule),
+  requests from ``benchmarks/data/utterance_lengths.json`` (forced lengths, random weights):
+  an open-loop Poisson sweep of request rates and a closed-loop concurrency sweep. Per request:
+  TTFP (first text -> first audio chunk on the caller's loop), end-to-end, RTF; underruns with
+  playback simulated from the first chunk and no extra buffer (a late chunk stalls playback, which
+  resumes when it arrives); per-request and per-chunk on-time rates; aggregate audio-s/s; worker
+  time split into frame steps and codec calls, and the frame-step GPU time from the ``step`` table.
+
+Text: each request sends its whole text at once, then ends (the LLM-streaming case is tested
+elsewhere); the talker still reads it one token per frame. Lead-in trimming is off (threshold
+-300 dBFS): random weights have no leading silence, so TTFP is the first chunk out.
+
+The length table was made with: rng = np.random.default_rng(20261129); 480 lognormal(log 3.4 s, 0.62)
++ 20 uniform(12, 30) s, shuffled, x 12.5 frames/s, rounded, clipped to [6, 375] frames.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.config import EngineConfig, LevelConfig  # noqa: E402
+from engine.engine import Engine, EngineBusy  # noqa: E402
+from engine.model import StreamParams  # noqa: E402
+from engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3  # noqa: E402
+from engine.qwen3.cuda_graphs import bucket_for  # noqa: E402
+
+LENGTHS = ROOT / "benchmarks" / "data" / "utterance_lengths.json"
+SR = 24_000
+FRAME_S = 0.08
+WORDS = "the quick brown fox jumps over the lazy dog while the evening sun sets behind the hills".split()
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def gpu_ms(fn: Callable[[], Any], dev: torch.device, iters: int, reps: int = 3) -> float:
+    """Median over reps of (events around ``iters`` back-to-back calls) / iters; wall clock on CPU."""
+    fn()
+    sync(dev)
+    out = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(iters):
+                fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b) / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            out.append((time.perf_counter() - t0) * 1e3 / iters)
+    return float(statistics.median(out))
+
+
+def capture(fn: Callable[[], Any], dev: torch.device) -> Callable[[], Any]:
+    """fn as a replayable CUDA graph (identity off CUDA)."""
+    if dev.type != "cuda":
+        return fn
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def copy_rate_gb_s(dev: torch.device) -> float | None:
+    if dev.type != "cuda":
+        return None
+    src = torch.empty(1 << 31, dtype=torch.uint8, device=dev).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = gpu_ms(lambda: dst.copy_(src), dev, 10)
+    return 2 * (1 << 31) / (ms / 1e3) / 1e9
+
+
+def weight_bytes_per_step(model: Qwen3TTSModel) -> dict[str, float]:
+    """Bytes of weights one frame step must read: the talker and the heads once, the code
+    predictor's backbone once per pass (161 MB at 1.7B: larger than the 60 MB L2, re-read 15x)."""
+
+    def nbytes(m: torch.nn.Module) -> int:
+        return sum(p.numel() * p.element_size() for p in m.parameters())
+
+    t, cp = model.talker, model.code_predictor
+    passes = model.cfg.talker.num_code_groups - 1
+    talker = sum(nbytes(layer) for layer in t.layers) + nbytes(t.norm) + nbytes(t.codec_head)
+    cp_backbone = (
+        sum(nbytes(layer) for layer in cp.layers) + nbytes(cp.norm) + nbytes(cp.small_to_mtp_projection)
+    )
+    heads = sum(nbytes(h) for h in cp.lm_head)
+    return {
+        "talker_bytes": float(talker),
+        "code_predictor_bytes_per_pass": float(cp_backbone),
+        "code_predictor_heads_bytes": float(heads),
+        "step_bytes": float(talker + passes * cp_backbone + heads),
+    }
+
+
+def build(args: argparse.Namespace, **serve: Any) -> Qwen3TTSModel:
+    opts = ServeOptions(
+        max_slots=serve.pop("max_slots", args.max_slots),
+        max_batch_size=serve.pop("max_batch_size", args.max_batch),
+        max_seq_len=args.max_seq_len,
+        codec_batch_buckets=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= args.max_batch),
+        **serve,
+    )
+    torch.manual_seed(0)
+    return load_qwen3(
+        args.checkpoint, args.size, device=args.device, dtype=args.dtype, options=opts, warmup=True
+    )
+
+
+def open_streams(model: Qwen3TTSModel, slots: list[int], frames: int, greedy: bool) -> None:
+    words = " ".join(WORDS * 4)
+    for s in slots:
+        model.open_slot(s, StreamParams(forced_frames=frames, seed=s + 1, greedy=greedy))
+        model.add_text(s, [words], True)
+
+
+def close_streams(model: Qwen3TTSModel, slots: list[int]) -> None:
+    for s in slots:
+        model.close_slot(s)
+
+
+# --- section: step ---------------------------------------------------------------------------------
+def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
+    out: dict[str, Any] = {"context_frames": args.step_context, "variants": {}}
+    rate = copy_rate_gb_s(dev)
+    out["copy_rate_gb_s"] = rate
+    codes_by_variant: dict[str, np.ndarray] = {}
+    for variant in args.step_variants:
+        t0 = time.perf_counter()
+        try:
+            model = build(
+                args,
+                cuda_graphs=variant != "eager",
+                compile_elementwise=variant == "compile",
+                codec_mode="windowed",  # no codec graphs needed here
+            )
+        except Exception as err:
+            out["variants"][variant] = {"error": repr(err), "traceback": traceback.format_exc()[-2000:]}
+            continue
+        res: dict[str, Any] = {"build_and_capture_s": round(time.perf_counter() - t0, 1)}
+        res["capture_s"] = round(model.graphs.capture_s, 1)
+        res["graphs"] = len(model.graphs)
+        if "floor" not in out:
+            w = weight_bytes_per_step(model)
+            out["floor"] = dict(w)
+            if rate:
+                out["floor"]["step_floor_ms"] = w["step_bytes"] / (rate * 1e9) * 1e3
+        # graph replay == eager codes at the real shapes: greedy, 12 frames, one stream
+        open_streams(model, [0], 12, greedy=True)
+        frames = []
+        while model.ready(0):
+            r = model.generate([0])[0]
+            frames.append(r.frames)
+            if r.finished:
+                break
+        close_streams(model, [0])
+        codes_by_variant[variant] = np.concatenate(frames)
+        per_b: dict[str, Any] = {}
+        batches = args.eager_batches if variant == "eager" else args.step_batches
+        for b in batches:
+            if b <= args.max_batch:
+                per_b[str(b)] = time_batch(model, b, args, dev)
+                print(f"[step {variant}] B={b}: {json.dumps(per_b[str(b)])}", flush=True)
+        res["batches"] = per_b
+        out["variants"][variant] = res
+        del model
+        gc.collect()  # the graph catalog holds bound methods of the model: a reference cycle
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    base = codes_by_variant.get("eager")
+    out["greedy_codes_equal_eager"] = {
+        v: bool(np.array_equal(c, base)) if base is not None else None for v, c in codes_by_variant.items()
+    }
+    return out
+
+
+def time_batch(model: Qwen3TTSModel, b: int, args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
+    slots = list(range(b))
+    open_streams(model, slots, args.step_context + 200, greedy=False)
+    model.generate(slots)  # prefill (in groups of max_prefill_batch)
+    for _ in range(args.step_context):  # reach the context length of a typical stream
+        model.generate(slots)
+    row: dict[str, Any] = {}
+    # host-inclusive: the whole generate() call, one device->host copy included
+    walls = []
+    for _ in range(args.step_iters):
+        t1 = time.perf_counter()
+        model.generate(slots)
+        walls.append((time.perf_counter() - t1) * 1e3)
+    row["generate_wall_ms_median"] = med(walls)
+    row["generate_wall_ms_p90"] = pct(walls, 90)
+    bucket = bucket_for(b, model.decode_buckets)
+    idx = torch.full((bucket,), model.pad_slot, dtype=torch.int64, device=dev)
+    idx[:b] = torch.arange(b, device=dev)
+    step = model.step
+    if model.graphs.enabled:
+        rows = idx.cpu().numpy()
+        row["step_gpu_ms"] = gpu_ms(lambda: model.graphs.run(("decode", bucket), rows), dev, 20)
+        # stages, each captured alone on the same inputs
+        frames_t, hidden = step.talker_step(idx)
+        emb0 = model.talker.codec_embedding(hidden.new_zeros(bucket, dtype=torch.int64))
+        talker = capture(lambda: step.talker_step(idx), dev)
+        tail = capture(lambda: step.sample_tail(idx, frames_t, hidden), dev)
+        cp = capture(lambda: model.code_predictor.predict(hidden, emb0, lambda j, lg: lg.argmax(-1)), dev)
+        row["talker_gpu_ms"] = gpu_ms(talker, dev, 20)
+        row["code_predictor_gpu_ms"] = gpu_ms(cp, dev, 20)
+        row["sampling_and_state_gpu_ms"] = gpu_ms(tail, dev, 20) - row["code_predictor_gpu_ms"]
+    else:
+        row["step_gpu_ms"] = gpu_ms(lambda: step.decode(idx), dev, 3)
+    row["host_ms"] = row["generate_wall_ms_median"] - row["step_gpu_ms"]
+    row["bucket"] = bucket
+    close_streams(model, slots)
+    return row
+
+
+# --- section: codec --------------------------------------------------------------------------------
+def section_codec(model: Qwen3TTSModel, args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
+    q = model.cfg.talker.num_code_groups
+    res: dict[str, Any] = {}
+    rng = np.random.default_rng(0)
+    for b in (1, 4, 16, 64):
+        for t in (1, 2, 4, 12):
+            if b > model.codec_buckets[-1] or not model.graphs.has(("codec", b, t)):
+                continue
+            rows = rng.integers(0, 2048, (b, q * t + 1)).astype(np.int64)
+            rows[:, -1] = model.pad_slot
+            ms = gpu_ms(lambda rows=rows, b=b, t=t: model.graphs.run(("codec", b, t), rows), dev, 10)
+            res[f"B{b}_T{t}"] = {"graph_ms": ms, "frames_per_s": b * t / (ms / 1e3)}
+    for b, t in ((1, 1), (16, 4), (64, 12)):
+        if b > model.codec_buckets[-1]:
+            continue
+        rows = rng.integers(0, 2048, (b, q * t + 1)).astype(np.int64)
+        rows[:, -1] = model.pad_slot
+        x = torch.from_numpy(rows).to(dev)
+        res.setdefault(f"B{b}_T{t}", {})["eager_ms"] = gpu_ms(lambda x=x: model._codec_body(x), dev, 3)
+    return res
+
+
+# --- requests --------------------------------------------------------------------------------------
+class Lengths:
+    def __init__(self, scale: float = 1.0) -> None:
+        table = json.loads(LENGTHS.read_text())
+        self.frames = [max(1, round(f * scale)) for f in table["frames"]]
+        self.i = 0
+
+    def next(self) -> int:
+        f = self.frames[self.i % len(self.frames)]
+        self.i += 1
+        return f
+
+
+async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str, Any]]) -> None:
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(max(1, frames // 3)))
+    t_submit = time.perf_counter()
+    try:
+        stream = engine.open_stream(StreamParams(forced_frames=frames, seed=seed))
+    except EngineBusy:
+        out.append({"rejected": True, "t_submit": t_submit})
+        return
+    stream.push_text(text + ".")
+    stream.end()
+    chunks: list[tuple[float, int]] = []
+    error = None
+    try:
+        async for chunk in stream:
+            if chunk.pcm.size:
+                chunks.append((time.perf_counter(), chunk.pcm.size))
+    except Exception as err:
+        error = repr(err)
+    t_done = time.perf_counter()
+    m = stream.metrics
+    rec: dict[str, Any] = {"frames": frames, "t_submit": t_submit, "t_done": t_done, "error": error}
+    if chunks and m.t_first_text is not None:
+        t0 = chunks[0][0]
+        # playback from the first chunk, zero extra buffer; a late chunk stalls playback
+        played_until = t0 + chunks[0][1] / SR
+        stalls, stall_s, late_chunks = 0, 0.0, 0
+        for t_arr, n in chunks[1:]:
+            if t_arr > played_until:
+                stalls += 1
+                late_chunks += 1
+                stall_s += t_arr - played_until
+                played_until = t_arr
+            played_until += n / SR
+        audio_s = sum(n for _, n in chunks) / SR
+        rec.update(
+            ttfp_ms=(t0 - m.t_first_text) * 1e3,
+            e2e_s=t_done - m.t_first_text,
+            audio_s=audio_s,
+            rtf=(chunks[-1][0] - m.t_first_text) / audio_s,
+            chunks=len(chunks),
+            late_chunks=late_chunks,
+            stalls=stalls,
+            stall_s=stall_s,
+            arrivals=[(t, n) for t, n in chunks],
+        )
+    out.append(rec)
+
+
+def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[str, Any]:
+    ok = [r for r in recs if "ttfp_ms" in r]
+    ttfp = [r["ttfp_ms"] for r in ok]
+    audio_in_window = sum(n for r in ok for t, n in r["arrivals"] if t_start <= t <= t_end) / SR
+    chunks = sum(r["chunks"] for r in ok)
+    late = sum(r["late_chunks"] for r in ok)
+    return {
+        "requests": len(recs),
+        "completed": len(ok),
+        "rejected": sum(1 for r in recs if r.get("rejected")),
+        "errors": sum(1 for r in recs if r.get("error")),
+        "ttfp_ms_p50": med(ttfp),
+        "ttfp_ms_p95": pct(ttfp, 95),
+        "ttfp_ms_p99": pct(ttfp, 99),
+        "ttfp_ms_max": max(ttfp) if ttfp else None,
+        "e2e_s_p50": med([r["e2e_s"] for r in ok]),
+        "rtf_p50": med([r["rtf"] for r in ok]),
+        "rtf_p95": pct([r["rtf"] for r in ok], 95),
+        "underrun_requests": sum(1 for r in ok if r["stalls"]),
+        "request_on_time_rate": (sum(1 for r in ok if not r["stalls"]) / len(ok)) if ok else None,
+        "chunk_on_time_rate": (1 - late / chunks) if chunks else None,
+        "stall_s_total": sum(r["stall_s"] for r in ok),
+        "audio_s_per_s": audio_in_window / (t_end - t_start),
+    }
+
+
+def engine_delta(engine: Engine, before: dict[str, Any]) -> dict[str, Any]:
+    st = engine.stats
+    hist = {k: v - before["hist"].get(k, 0) for k, v in st.batch_sizes.items()}
+    return {
+        "steps": st.steps - before["steps"],
+        "generate_s": st.generate_s - before["generate_s"],
+        "decode_s": st.decode_s - before["decode_s"],
+        "batch_hist": {str(k): v for k, v in sorted(hist.items()) if v},
+    }
+
+
+def engine_snapshot(engine: Engine) -> dict[str, Any]:
+    st = engine.stats
+    return {
+        "steps": st.steps,
+        "generate_s": st.generate_s,
+        "decode_s": st.decode_s,
+        "hist": dict(st.batch_sizes),
+    }
+
+
+async def open_loop(
+    engine: Engine, rate: float, duration_s: float, lengths: Lengths, seed: int
+) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    recs: list[dict[str, Any]] = []
+    tasks = []
+    before = engine_snapshot(engine)
+    t_start = time.perf_counter()
+    t_next = t_start
+    lag = []
+    i = 0
+    while t_next < t_start + duration_s:
+        now = time.perf_counter()
+        if t_next > now:
+            await asyncio.sleep(t_next - now)
+        lag.append(time.perf_counter() - t_next)
+        tasks.append(asyncio.create_task(one_request(engine, lengths.next(), seed * 100_000 + i, recs)))
+        i += 1
+        t_next += rng.exponential(1.0 / rate)
+    t_end = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+    out = summarize(recs, t_start, t_end)
+    out.update(rate=rate, duration_s=duration_s, arrival_lag_ms_p99=pct([x * 1e3 for x in lag], 99))
+    out["engine"] = engine_delta(engine, before)
+    return out
+
+
+async def closed_loop(
+    engine: Engine, conc: int, duration_s: float, lengths: Lengths, seed: int
+) -> dict[str, Any]:
+    recs: list[dict[str, Any]] = []
+    before = engine_snapshot(engine)
+    t_start = time.perf_counter()
+    t_stop = t_start + duration_s
+
+    async def client(c: int) -> None:
+        j = 0
+        while time.perf_counter() < t_stop:
+            await one_request(engine, lengths.next(), seed * 100_000 + c * 1000 + j, recs)
+            j += 1
+
+    await asyncio.wait_for(asyncio.gather(*(client(c) for c in range(conc))), timeout=duration_s + 120)
+    out = summarize(recs, t_start, t_stop)
+    out.update(concurrency=conc, duration_s=duration_s)
+    out["engine"] = engine_delta(engine, before)
+    return out
+
+
+def section_serve(model: Qwen3TTSModel, args: argparse.Namespace) -> dict[str, Any]:
+    cfg = EngineConfig(
+        model="qwen3-tts",
+        max_streams=args.max_slots,
+        level=LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0),
+    )
+    engine = Engine(cfg, model=model).start()
+    res: dict[str, Any] = {"open_loop": [], "closed_loop": [], "single_10s": None}
+
+    async def main() -> None:
+        lengths = Lengths(args.length_scale)
+        await closed_loop(engine, 4, 2.0, lengths, 999)  # warm the worker and the loop
+        if "single" in args.sections:
+            recs: list[dict[str, Any]] = []
+            t0 = time.perf_counter()
+            for i in range(args.single_n):
+                await one_request(engine, args.single_frames, 7_000 + i, recs)
+            s = summarize(recs, t0, time.perf_counter())
+            s["frames"] = args.single_frames
+            res["single_10s"] = s
+            print(f"[single] {json.dumps(s)}", flush=True)
+        if "serve" not in args.sections:
+            return
+        for k, rate in enumerate(args.rates):
+            r = await open_loop(engine, rate, args.rate_duration_s, lengths, 1 + k)
+            res["open_loop"].append(r)
+            print(f"[open] {json.dumps(r)}", flush=True)
+        for k, c in enumerate(args.concurrency):
+            r = await closed_loop(engine, c, args.closed_duration_s, lengths, 50 + k)
+            res["closed_loop"].append(r)
+            print(f"[closed] {json.dumps(r)}", flush=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
+    return res
+
+
+def plot(res: dict[str, Any], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [p for p in res.get("serve", {}).get("open_loop", []) if p.get("ttfp_ms_p50") is not None]
+    if not pts:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    rates = [p["rate"] for p in pts]
+    ax.plot(rates, [p["ttfp_ms_p50"] for p in pts], "o-", label="TTFP p50")
+    ax.plot(rates, [p["ttfp_ms_p95"] for p in pts], "s-", label="TTFP p95")
+    ax.axhline(100, color="grey", ls=":", lw=1)
+    ax.set_xlabel("request rate (Poisson, req/s)")
+    ax.set_ylabel("engine TTFP (ms)")
+    ax.set_yscale("log")
+    ax2 = ax.twinx()
+    ax2.bar(
+        rates,
+        [p["underrun_requests"] / max(1, p["completed"]) * 100 for p in pts],
+        width=max(rates) / 40,
+        color="tab:red",
+        alpha=0.35,
+        label="requests with underruns (%)",
+    )
+    ax2.set_ylabel("requests with an underrun (%)")
+    ax2.set_ylim(0, 100)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def env(dev: torch.device) -> dict[str, Any]:
+    import platform
+
+    e: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": str(dev)}
+    try:
+        import triton
+
+        e["triton"] = triton.__version__
+    except ImportError:
+        e["triton"] = None
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        e.update(gpu=p.name, sm_count=p.multi_processor_count, cuda=torch.version.cuda)
+    return e
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1.7b")
+    ap.add_argument("--checkpoint", default=None, help="official-layout directory instead of random weights")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--sections", default="step,codec,single,serve")
+    ap.add_argument("--step-variants", default="eager,graphs,compile")
+    ap.add_argument("--step-batches", default="1,8,32,64,128")
+    ap.add_argument("--eager-batches", default="1,64", help="the eager variant is slow: fewer sizes")
+    ap.add_argument("--step-context", type=int, default=60, help="frames generated before timing")
+    ap.add_argument("--step-iters", type=int, default=20)
+    ap.add_argument("--max-batch", type=int, default=128)
+    ap.add_argument("--max-slots", type=int, default=256)
+    ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--rates", default="1,10,20,40,60,80")
+    ap.add_argument("--rate-duration-s", type=float, default=12.0)
+    ap.add_argument("--concurrency", default="1,16,64,128")
+    ap.add_argument("--closed-duration-s", type=float, default=8.0)
+    ap.add_argument("--single-frames", type=int, default=125)
+    ap.add_argument("--single-n", type=int, default=5)
+    ap.add_argument("--length-scale", type=float, default=1.0)
+    ap.add_argument("--compile", action="store_true", help="serve with torch.compile'd elementwise ops")
+    ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, short sweeps")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--plot", default=None)
+    ap.add_argument("--command", default=" ".join(sys.argv), help="recorded in the JSON")
+    args = ap.parse_args()
+    if args.smoke:
+        args.size, args.device, args.dtype = "tiny", "cpu", "float32"
+        args.max_batch, args.max_slots, args.max_seq_len = 8, 16, 512
+        args.step_variants, args.step_batches, args.step_iters, args.step_context = (
+            "eager,graphs",
+            "1,4",
+            3,
+            4,
+        )
+        args.rates, args.rate_duration_s, args.concurrency, args.closed_duration_s = "1,4", 2.0, "2", 2.0
+        args.single_frames, args.single_n, args.length_scale = 25, 2, 0.3
+        torch.set_num_threads(2)
+    args.sections = [s for s in args.sections.split(",") if s]
+    args.step_variants = [s for s in args.step_variants.split(",") if s]
+    args.step_batches = [int(x) for x in args.step_batches.split(",") if x]
+    args.eager_batches = [int(x) for x in args.eager_batches.split(",") if x]
+    args.rates = [float(x) for x in args.rates.split(",") if x]
+    args.concurrency = [int(x) for x in args.concurrency.split(",") if x]
+    dev = torch.device(args.device)
+    res: dict[str, Any] = {
+        "command": args.command,
+        "env": env(dev),
+        "size": args.size,
+        "checkpoint": args.checkpoint,
+        "dtype": args.dtype,
+        "lengths": {k: v for k, v in json.loads(LENGTHS.read_text()).items() if k != "frames"},
+    }
+    res["lengths"]["scale"] = args.length_scale
+
+    def save() -> None:
+        Path(args.out).write_text(json.dumps(res, indent=1, default=str))
+
+    def run(name: str, fn: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        print(f"== {name}", flush=True)
+        try:
+            res[name] = fn()
+        except Exception as err:
+            res[name] = {"error": repr(err), "traceback": traceback.format_exc()[-3000:]}
+            print(res[name]["traceback"], flush=True)
+        res.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+        save()
+
+    if "step" in args.sections:
+        run("step", lambda: section_step(args, dev))
+    if {"codec", "single", "serve"} & set(args.sections):
+        t0 = time.perf_counter()
+        model = build(args, compile_elementwise=args.compile)
+        res["serve_model"] = {
+            "compile_elementwise": args.compile,
+            "build_and_capture_s": round(time.perf_counter() - t0, 1),
+            "capture_s": round(model.graphs.capture_s, 1),
+            "graphs": len(model.graphs),
+            "decode_buckets": model.decode_buckets,
+            "codec_buckets": model.codec_buckets,
+        }
+        if "codec" in args.sections:
+            run("codec", lambda: section_codec(model, args, dev))
+        if {"single", "serve"} & set(args.sections):
+            run("serve", lambda: section_serve(model, args))
+            for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):
+                p.pop("arrivals", None)
+    # frame-step GPU time of the serve runs, from the step table (graphs variant)
+    table = res.get("step", {}).get("variants", {}).get("graphs", {}).get("batches", {})
+    if table:
+        for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):
+            est = 0.0
+            for b, n in p["engine"]["batch_hist"].items():
+                near = min(table, key=lambda k, b=b: abs(int(k) - int(b)))
+                est += n * table[near]["step_gpu_ms"] / 1e3
+            p["engine"]["frame_step_gpu_s_estimate"] = est
+    save()
+    if args.plot:
+        title = f"Qwen3-TTS-{args.size} {args.dtype}, {res['env'].get('gpu', args.device)}: engine TTFP vs Poisson rate"
+        plot(res, args.plot, title)
+    print(json.dumps({k: v for k, v in res.items() if k in ("step", "codec")}, default=str)[:6000])
+
+
+if __name__ == "__main__":
+    main()
