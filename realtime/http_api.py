@@ -126,7 +126,8 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         await resp.write_eof()
     except StreamError:
         # Headers are out: the only honest signal left is to cut the body short.
-        request.transport and request.transport.close()  # type: ignore[func-returns-value]
+        if request.transport is not None:
+            request.transport.close()
     except (ConnectionResetError, OSError):
         pass
     finally:
