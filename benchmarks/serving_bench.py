@@ -63,6 +63,7 @@ from engine.qwen3.cuda_graphs import bucket_for  # noqa: E402
 LENGTHS = ROOT / "benchmarks" / "data" / "utterance_lengths.json"
 SR = 24_000
 FRAME_S = 0.08
+MIN_REQUESTS_PER_RATE = 20
 WORDS = "the quick brown fox jumps over the lazy dog while the evening sun sets behind the hills".split()
 
 
@@ -411,6 +412,7 @@ async def open_loop(
     t_next = t_start
     lag = []
     i = 0
+    duration_s = max(duration_s, MIN_REQUESTS_PER_RATE / rate)  # enough requests for a p95
     while t_next < t_start + duration_s:
         now = time.perf_counter()
         if t_next > now:
@@ -630,7 +632,8 @@ def main() -> None:
             for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):
                 p.pop("arrivals", None)
     # frame-step GPU time of the serve runs, from the step table (graphs variant)
-    table = res.get("step", {}).get("variants", {}).get("graphs", {}).get("batches", {})
+    served = "compile" if args.compile else "graphs"
+    table = res.get("step", {}).get("variants", {}).get(served, {}).get("batches", {})
     if table:
         for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):
             est = 0.0

@@ -8,6 +8,7 @@ mean fp32 for the 1e-5 / 1e-4 bounds.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from engine.model import StreamParams
 from engine.qwen3 import load_qwen3
 from engine.qwen3.codec_decoder import CodecDecoder
 from engine.qwen3.config import preset
+from engine.qwen3.testing import write_random_checkpoint
 from engine.qwen3.weights import build_modules, randomize
 
 from .conftest import run_stream
@@ -47,11 +49,14 @@ def _stream_vs_offline(codec: CodecDecoder, n: int, schedule: ChunkSchedule) -> 
     return float((torch.cat(pieces, dim=1) - offline).abs().max())
 
 
-def test_cuda_fp32_gives_the_cpu_codes_and_audio() -> None:
+def test_cuda_fp32_gives_the_cpu_codes_and_audio(tmp_path: Path) -> None:
     params = StreamParams(voice="vivian", greedy=True, forced_frames=40, seed=0)
     text = ["The GPU speaks exactly like the CPU, frame for frame."]
-    cpu = load_qwen3(None, "tiny", device="cpu", seed=4, max_seq_len=128)
-    gpu = load_qwen3(None, "tiny", device="cuda", seed=4, max_seq_len=128)
+    # one checkpoint for both: ``randomize`` draws from a generator on the model's device, and CUDA's
+    # Philox stream is not the CPU's Mersenne Twister
+    write_random_checkpoint(str(tmp_path), "tiny", seed=4)
+    cpu = load_qwen3(str(tmp_path), device="cpu", max_seq_len=128)
+    gpu = load_qwen3(str(tmp_path), device="cuda", max_seq_len=128)
     a, b = run_stream(cpu, 0, text, params), run_stream(gpu, 0, text, params)
     np.testing.assert_array_equal(a, b)
     wa = cpu.codec.decode(torch.from_numpy(a).T[None])[0].numpy()
