@@ -18,6 +18,21 @@ if [ "$mode" = step ]; then
   timeout 80 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants graphs \
     --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | tail -6
 fi
+if [ "$mode" = serve ]; then
+  # the engine sweep again (random weights, same shapes), compile variant, then graphs only
+  timeout 330 python3 benchmarks/serving_bench.py --size 1.7b --sections single,serve --compile \
+    --rates 1,20,40,60,80 --rate-duration-s 8 --concurrency 16,64,128 --closed-duration-s 6 \
+    --out "$OUT/serve_1.7b_compile.json" --plot "$OUT/serving_1.7b.png" > "$OUT/serve_compile.log" 2>&1
+  grep -E "^\[(single|open|closed)\]" "$OUT/serve_compile.log" | cut -c1-420
+  grep -m3 -E "invalid codes|Error|assert" "$OUT/serve_compile.log" | cut -c1-300
+  if [ $SECONDS -lt 450 ]; then
+    timeout $((580 - SECONDS)) python3 benchmarks/serving_bench.py --size 1.7b --sections serve \
+      --rates 20,40 --rate-duration-s 8 --concurrency 64 --closed-duration-s 6 \
+      --out "$OUT/serve_1.7b_graphs.json" > "$OUT/serve_graphs.log" 2>&1
+    grep -E "^\[(open|closed)\]" "$OUT/serve_graphs.log" | cut -c1-300
+    grep -m3 -E "invalid codes|Error|assert" "$OUT/serve_graphs.log" | cut -c1-300
+  fi
+fi
 if [ "$mode" = sbs ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/oracle_site \
     .whl/qwen3-oracle/*.whl || exit 1

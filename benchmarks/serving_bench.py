@@ -486,6 +486,7 @@ def section_serve(model: Qwen3TTSModel, args: argparse.Namespace) -> dict[str, A
         asyncio.run(main())
     finally:
         engine.close()
+    res["invalid_code_rows"] = model.invalid_code_rows
     return res
 
 

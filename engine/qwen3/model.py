@@ -23,6 +23,7 @@ never waits on the host except for the one copy of the sampled codes.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from .tokenizer import TextStream, TextTokenizer
 from .weights import Modules
 
 CODEC_MODES = ("stateful", "windowed")
+log = logging.getLogger("voicewire.qwen3")
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class Qwen3TTSModel(Model):
         self.graphs = CudaGraphs(dev, options.cuda_graphs)
         self._register_graphs()
         self._slots: dict[int, _Slot] = {}
+        self.invalid_code_rows = 0  # rows of sampled codes rejected by _invalid_rows (expected: 0)
 
     # --- slot life ---------------------------------------------------------------------------------
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -299,9 +302,33 @@ class Qwen3TTSModel(Model):
             batch += group
         if batch:
             host = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
+            bad = self._invalid_rows(host)
             for i, s in enumerate(batch):
-                results[s] = self._record(s, host[i])
+                if bad[i]:
+                    self.invalid_code_rows += 1
+                    log.error(
+                        "slot %d: invalid codes %s (step with %d new + %d running, frame %d)",
+                        s,
+                        host[i].tolist(),
+                        len(new),
+                        len(running),
+                        self._slots[s].frames,
+                    )
+                    self._slots[s].done = True
+                    results[s] = GenerateResult(s, None, 0, True, error="the model produced invalid codes")
+                else:
+                    results[s] = self._record(s, host[i])
         return [results[s] for s in slots]
+
+    def _invalid_rows(self, host: np.ndarray) -> np.ndarray:
+        """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
+        stream). Never expected; checked on the host copy the step makes anyway, so a device-side
+        fault fails one stream with an error instead of asserting inside the codec for all."""
+        codebook = self.cfg.codec.codebook_size
+        code0 = host[:, 0]
+        ok0 = ((code0 >= 0) & (code0 < codebook)) | (code0 == self.cfg.talker.codec_eos_id)
+        ok_rest = ((host[:, 1:] >= 0) & (host[:, 1:] < codebook)).all(axis=1)
+        return ~(ok0 & ok_rest)
 
     def _run_decode(self, group: list[int]) -> Tensor:
         b = bucket_for(len(group), self.decode_buckets)
