@@ -20,13 +20,13 @@ if [ "$mode" = step ]; then
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only
-  timeout 330 python3 benchmarks/serving_bench.py --size 1.7b --sections single,serve --compile \
-    --rates 1,20,40,60,80 --rate-duration-s 8 --concurrency 16,64,128 --closed-duration-s 6 \
+  timeout 250 python3 benchmarks/serving_bench.py --size 1.7b --sections single,serve --compile \
+    --rates 1,20,40,80 --rate-duration-s 8 --concurrency 16,64,128 --closed-duration-s 6 \
     --out "$OUT/serve_1.7b_compile.json" --plot "$OUT/serving_1.7b.png" > "$OUT/serve_compile.log" 2>&1
   grep -E "^\[(single|open|closed)\]" "$OUT/serve_compile.log" | cut -c1-420
   grep -m3 -E "invalid codes|Error|assert" "$OUT/serve_compile.log" | cut -c1-300
-  if [ $SECONDS -lt 450 ]; then
-    timeout $((580 - SECONDS)) python3 benchmarks/serving_bench.py --size 1.7b --sections serve \
+  if [ $SECONDS -lt 250 ]; then
+    timeout $((325 - SECONDS)) python3 benchmarks/serving_bench.py --size 1.7b --sections serve \
       --rates 20,40 --rate-duration-s 8 --concurrency 64 --closed-duration-s 6 \
       --out "$OUT/serve_1.7b_graphs.json" > "$OUT/serve_graphs.log" 2>&1
     grep -E "^\[(open|closed)\]" "$OUT/serve_graphs.log" | cut -c1-300
