@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.qwen3.rope import cos_sin, inv_freq, mrope_cos_sin
-from engine.qwen3.sampler import RowParams, apply_repetition_penalty, exponential_noise, sample
+from engine.qwen3.sampler import RowParams, apply_repetition_penalty, exponential_noise, sample, uniform_open
 
 
 def test_mrope_with_equal_position_streams_is_plain_rope() -> None:
@@ -94,3 +94,12 @@ def test_noise_is_a_function_of_seed_step_and_codebook(vocab: int) -> None:
     assert not torch.equal(e[0], e[2]) and not torch.equal(e[0], e[3])
     assert not torch.equal(e[0], exponential_noise(seed, step, 5, vocab)[0])
     assert abs(float(e.mean()) - 1.0) < 0.05  # Exp(1)
+
+
+def test_uniform_noise_stays_strictly_inside_0_1_at_the_extreme_hashes() -> None:
+    # u == 1 would make the Exp(1) noise 0, and p / 0 = NaN would win the argmax for a token of
+    # probability 0 (a suppressed control id for the talker): seen on the GPU under load
+    r = torch.tensor([0, 1, 511, 512, 2**31, 2**32 - 512, 2**32 - 1], dtype=torch.int64)
+    u = uniform_open(r)
+    assert bool((u > 0).all()) and bool((u < 1).all())
+    assert bool((-torch.log(u) > 0).all())
