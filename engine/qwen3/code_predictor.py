@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import CodePredictorConfig
-from .layers import ContiguousKV, DecoderLayer, RMSNorm
+from .layers import ContiguousKV, RMSNorm, decoder_layers
 from .rope import cos_sin, inv_freq
 
 # pick(codebook index 1..15, logits (B, vocab) float32) -> codes (B,) long
@@ -34,19 +34,7 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.cfg = cfg
         n = cfg.num_code_groups - 1
-        self.layers = nn.ModuleList(
-            DecoderLayer(
-                cfg.hidden_size,
-                cfg.intermediate_size,
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                cfg.head_dim,
-                cfg.rms_norm_eps,
-                cfg.attention_bias,
-                i,
-            )
-            for i in range(cfg.num_layers)
-        )
+        self.layers = decoder_layers(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, talker_hidden) for _ in range(n))
         self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(n))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .config import CodePredictorConfig, TalkerConfig
 from .rope import rotate
 
 
@@ -174,6 +175,23 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: KVStore, mask: Tensor | None) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def decoder_layers(cfg: TalkerConfig | CodePredictorConfig) -> nn.ModuleList:
+    """The talker's and the code predictor's stacks of Qwen3 blocks (same block, other sizes)."""
+    return nn.ModuleList(
+        DecoderLayer(
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.rms_norm_eps,
+            cfg.attention_bias,
+            i,
+        )
+        for i in range(cfg.num_layers)
+    )
 
 
 class ContiguousKV:

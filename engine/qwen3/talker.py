@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import TalkerConfig
-from .layers import DecoderLayer, KVStore, RMSNorm
+from .layers import KVStore, RMSNorm, decoder_layers
 from .rope import cos_sin, inv_freq
 
 
@@ -37,19 +37,7 @@ class Talker(nn.Module):
         self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
         self.text_projection = TextProjection(cfg.text_hidden_size, cfg.text_hidden_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(
-                cfg.hidden_size,
-                cfg.intermediate_size,
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                cfg.head_dim,
-                cfg.rms_norm_eps,
-                cfg.attention_bias,
-                i,
-            )
-            for i in range(cfg.num_layers)
-        )
+        self.layers = decoder_layers(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # Plain RoPE: the prompt's three MRoPE position streams are equal (rope.py explains).
