@@ -42,7 +42,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import check_index, check_same_device_unit_stride, check_values_in_range
+from kernels.launch_checks import (
+    LOG2_E,
+    MIN_DOT_DIM,
+    SUPPORTED_DTYPES,
+    check_index,
+    check_same_device_unit_stride,
+    check_values_in_range,
+)
 
 # Tile of keys per loop iteration: 64 tokens x 128 dims x 2 B = 16 KiB of K (and as much V) per stage,
 # loaded with cp.async, 16 B per thread per load (seen in the sm_90 PTX of Triton 3.9).
@@ -65,10 +72,6 @@ PROGRAMS_PER_SM = 3
 WAVE_EFFICIENCY_SLACK = 0.85
 # Multiprocessor count assumed off-GPU (the CPU interpreter); it only shapes the split plan.
 CPU_FAKE_SM_COUNT = 8
-# tl.dot needs every matmul dimension >= 16.
-MIN_DOT_DIM = 16
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-LOG2_E = 1.4426950408889634
 
 
 @triton.jit

@@ -6,6 +6,12 @@ import os
 
 import torch
 
+# Shared by the kernels: tl.dot needs every matmul dimension >= 16; what the launchers accept;
+# log2(e), for softmax in base 2 (exp2 is one instruction).
+MIN_DOT_DIM = 16
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+LOG2_E = 1.4426950408889634
+
 
 def interpreter_enabled() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 set before import)."""

@@ -46,7 +46,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import check_index, check_same_device_unit_stride, check_values_in_range
+from kernels.launch_checks import (
+    LOG2_E,
+    MIN_DOT_DIM,
+    SUPPORTED_DTYPES,
+    check_index,
+    check_same_device_unit_stride,
+    check_values_in_range,
+)
 
 # Hugging Face config `sliding_window` of the Qwen3-TTS-12Hz codec decoder's 8 transformer layers.
 CODEC_WINDOW = 72
@@ -55,11 +62,7 @@ CODEC_WINDOW = 72
 MAX_CHUNK_FRAMES = 128
 # The ring is one tile: 256 entries x 64 dims x 2 B = 32 KiB per K and V.
 MAX_RING_CAPACITY = 256
-# tl.dot needs every matmul dimension >= 16.
-MIN_DOT_DIM = 16
 NUM_WARPS = 4
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-LOG2_E = 1.4426950408889634
 
 
 @triton.jit
