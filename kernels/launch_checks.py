@@ -35,7 +35,7 @@ def check_same_device_unit_stride(tensors: dict[str, torch.Tensor], device: torc
     for name, tensor in tensors.items():
         if tensor.device != device:
             raise ValueError(f"{name} is on {tensor.device}, expected {device}")
-        if tensor.stride(-1) != 1:
+        if tensor.stride(-1) != 1 and tensor.shape[-1] > 1:  # a size-1 dim's stride is never used
             raise ValueError(
                 f"{name} must have stride 1 in its last dimension, got strides {tensor.stride()}"
             )

@@ -14,7 +14,7 @@ no stream uses carry the padding slot.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +25,9 @@ from .kv_cache import SlotKVCache
 from .sampler import RowParams, apply_repetition_penalty, sample
 from .slot_state import SlotState
 from .talker import Talker
+
+if TYPE_CHECKING:
+    from .fused_decode import FusedDecode
 
 NO_CODEC = -1  # packed prefill rows: "no codec-track id at this position"
 
@@ -46,6 +49,7 @@ class FrameStep:
         kv: SlotKVCache,
         state: SlotState,
         use_attention_kernel: bool,
+        fused_kernels: bool = False,
     ) -> None:
         self.cfg, self.talker, self.code_predictor = cfg, talker, code_predictor
         self.kv, self.state, self.use_kernel = kv, state, use_attention_kernel
@@ -57,6 +61,12 @@ class FrameStep:
         self.cp_tables = torch.stack([cast(nn.Embedding, e).weight for e in code_predictor.codec_embedding])
         self.groups = torch.arange(t.num_code_groups - 1, device=dev)[None, :]  # (1, 15)
         self.sample = sample  # fused_ops.compile_sampler swaps in a compiled version
+        # the decode work on fused Triton kernels (fused_decode.py): CUDA, or the CPU interpreter in tests
+        self.fused: FusedDecode | None = None
+        if fused_kernels:
+            from .fused_decode import FusedDecode
+
+            self.fused = FusedDecode(cfg, talker, code_predictor, kv, self.suppress)
 
     # --- the two bodies ---------------------------------------------------------------------------
     def decode(self, slots: Tensor) -> Tensor:
@@ -81,11 +91,14 @@ class FrameStep:
         codec = torch.cat(
             (self.talker.codec_embedding(prev[:, :1]), self.cp_tables[self.groups, prev[:, 1:]]), dim=1
         ).sum(dim=1)  # (B, H): the sum of the last frame's 16 code embeddings
-        x = (codec + self.talker.embed_text(text_id))[:, None]  # (B, 1, H)
-        kv = self.kv.decode_in_place(slots, pos, self.use_kernel)
-        hidden = self.talker(x, pos[:, None], kv, None)  # the in-place KV view masks by position
+        x = codec + self.talker.embed_text(text_id)  # (B, H)
+        if self.fused is not None:
+            hidden = self.fused.talker_hidden(x, slots.to(torch.int32), pos)
+        else:
+            kv = self.kv.decode_in_place(slots, pos, self.use_kernel)
+            hidden = self.talker(x[:, None], pos[:, None], kv, None)[:, 0]  # the view masks by position
         st.position.index_copy_(0, slots, pos + 1)
-        return frames, hidden[:, 0]
+        return frames, hidden
 
     def prefill(self, packed: Tensor) -> Tensor:
         """packed (B, 2T + 2) int64 rows of ``pack_prefill_row`` -> codes (B, 16) of each first frame."""
@@ -108,6 +121,8 @@ class FrameStep:
     # --- the shared tail ------------------------------------------------------------------------
     def sample_tail(self, slots: Tensor, frames: Tensor, hidden: Tensor) -> Tensor:
         """hidden (B, H) of each slot's last position -> codes (B, 16); slot rows advanced."""
+        if self.fused is not None:
+            return self._advance(slots, frames, self._fused_codes(slots, frames, hidden))
         st, t = self.state, self.cfg.talker
         logits = self.talker.logits(hidden)  # (B, V) float32
         scores = apply_repetition_penalty(logits, st.seen[slots], st.penalty[slots])
@@ -132,9 +147,21 @@ class FrameStep:
         rest = self.code_predictor.predict(
             hidden, self.talker.codec_embedding(code0), lambda j, lg: self.sample(lg, cp_params, j)
         )
-        codes = torch.cat((code0[:, None], rest), dim=1)  # (B, 16)
-        st.last_codes.index_copy_(0, slots, codes)
         st.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
+        return self._advance(slots, frames, torch.cat((code0[:, None], rest), dim=1))
+
+    def _fused_codes(self, slots: Tensor, frames: Tensor, hidden: Tensor) -> Tensor:
+        """The same tail on the fused kernels: the sampler also marks code 0 seen."""
+        assert self.fused is not None
+        slots32 = slots.to(torch.int32)
+        code0 = self.fused.sample(self.fused.talker_logits(hidden), self.state, slots32, frames, 0)
+        rest = self.fused.predict(hidden, code0, self.state, slots32, frames)
+        return torch.cat((code0[:, None], rest), dim=1)
+
+    def _advance(self, slots: Tensor, frames: Tensor, codes: Tensor) -> Tensor:
+        """codes (B, 16) become each slot's last frame; frame counts advance."""
+        st = self.state
+        st.last_codes.index_copy_(0, slots, codes)
         st.frames.index_copy_(0, slots, frames + 1)
         st.rezero_padding()
         return codes

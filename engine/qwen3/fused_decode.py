@@ -1,0 +1,253 @@
+"""The frame step's decode work on fused Triton kernels: six launches per decoder layer instead of ~20.
+
+    qkv  = rms_norm(x) @ Wqkv^T                       fused_linear (norm prologue)
+    q    = rope(norm(q)); cache <- rope(norm(k)), v   qk_norm_rope_store
+    a    = attention(q, cache[slot, :, :pos + 1])      decode_attention (+ a combine launch when split)
+    x    = x + a @ Wo^T                               fused_linear (residual epilogue)
+    g    = silu(n @ Wg^T) * (n @ Wu^T), n = norm(x)   fused_linear (norm prologue, SwiGLU epilogue)
+    x    = x + g @ Wd^T                               fused_linear (residual epilogue)
+
+The talker runs it over the slot KV cache (one row per stream); the code predictor over a 16-position
+cache made per frame, its first pass with two rows per stream (the talker's hidden state and codebook 0
+at positions 0 and 1: each row is a query with its own length, so the same decode kernel serves it).
+Sampling is one kernel per codebook (kernels/sampling.py), reading the slot tables directly.
+
+Everything is a fixed-shape device computation, like frame_step.py's eager body it replaces, and is
+captured in the same CUDA graphs. Rounding follows the unfused layers, so on the CPU interpreter (fp32)
+the fused and unfused steps give the same codes (tests/engine/qwen3/test_fused_decode.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from kernels.decode_attention import DecodeAttentionPlan, decode_attention, plan_decode_attention
+from kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows
+from kernels.qk_norm_rope import qk_norm_rope_store
+from kernels.sampling import sample_rows
+
+from .code_predictor import CodePredictor
+from .config import Qwen3TTSConfig
+from .kv_cache import SlotKVCache
+from .layers import DecoderLayer
+from .slot_state import SlotState
+from .talker import Talker
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer's tensors, as the kernels take them (views of the module's parameters)."""
+
+    ln1: Tensor
+    qkv: Tensor
+    q_norm: Tensor
+    k_norm: Tensor
+    o: Tensor
+    ln2: Tensor
+    gate_up: Tensor
+    down: Tensor
+    eps: float
+    q_heads: int
+    scale: float
+
+    @staticmethod
+    def of(module: nn.Module) -> _Layer:
+        layer = cast(DecoderLayer, module)
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.qkv is None or mlp.gate_up is None:
+            raise ValueError("fused decode needs the fused q|k|v and gate|up weights (DecoderLayer.fuse())")
+        return _Layer(
+            layer.input_layernorm.weight,
+            attn.qkv,
+            attn.q_norm.weight,
+            attn.k_norm.weight,
+            attn.o_proj.weight,
+            layer.post_attention_layernorm.weight,
+            mlp.gate_up,
+            mlp.down_proj.weight,
+            layer.input_layernorm.eps,
+            attn.heads,
+            attn.head_dim**-0.5,
+        )
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Per-batch-size row metadata (int32, on the device), made once per bucket and reused every step."""
+
+    index: Tensor  # (B,) 0..B-1: the code predictor's cache row of each stream
+    pairs: Tensor  # (2B,) each stream's row twice: the predictor's two-token first pass
+    pair_positions: Tensor  # (2B,) 0, 1, 0, 1, ...
+    pair_lengths: Tensor  # (2B,) 1, 2, 1, 2, ...
+    pass_positions: list[Tensor]  # [p] (B,) all p: the predictor's pass at position p
+    pass_lengths: list[Tensor]  # [p] (B,) all p + 1
+    talker_plan: DecodeAttentionPlan
+    predictor_plan: DecodeAttentionPlan
+    predictor_pair_plan: DecodeAttentionPlan
+
+
+class FusedDecode:
+    def __init__(
+        self,
+        cfg: Qwen3TTSConfig,
+        talker: Talker,
+        code_predictor: CodePredictor,
+        kv: SlotKVCache,
+        suppress: Tensor,
+    ) -> None:
+        self.cfg, self.talker, self.cp, self.kv = cfg, talker, code_predictor, kv
+        self.talker_layers = [_Layer.of(m) for m in talker.layers]
+        self.cp_layers = [_Layer.of(m) for m in code_predictor.layers]
+        self.talker_freqs = talker.rope_freqs.to(torch.float32)
+        self.cp_freqs = code_predictor.rope_freqs.to(torch.float32)
+        self.cp_positions = cfg.talker.num_code_groups  # 16: hidden state + codebooks 0..14
+        proj = code_predictor.small_to_mtp_projection
+        self.proj = cast(nn.Linear, proj) if isinstance(proj, nn.Linear) else None
+        self.cp_heads = torch.stack([cast(nn.Linear, h).weight for h in code_predictor.lm_head])  # (15, V, H)
+        self.suppress = suppress  # (vocab,) bool: the talker's control ids (frame_step.py)
+        self._rows: dict[int, _Rows] = {}
+
+    # --- the talker -------------------------------------------------------------------------------
+    def talker_hidden(self, x: Tensor, slots32: Tensor, positions: Tensor) -> Tensor:
+        """x (B, H) input embeddings of one token per slot (int32 slot ids) at ``positions`` (B,) int64
+        -> final-norm hidden (B, H)."""
+        rows = self.rows(x.shape[0])
+        pos32 = positions.to(torch.int32)
+        lengths = pos32 + 1
+        for i, w in enumerate(self.talker_layers):
+            x = self._layer(
+                w, x, slots32, pos32, lengths, self.kv.k[i], self.kv.v[i], self.talker_freqs, rows.talker_plan
+            )
+        norm = self.talker.norm
+        return rms_norm_rows(x, norm.weight, norm.eps)
+
+    def talker_logits(self, hidden: Tensor) -> Tensor:
+        """(B, H) final-norm hidden -> (B, vocab) float32."""
+        return fused_linear(hidden, self.talker.codec_head.weight, out_dtype=torch.float32)
+
+    # --- sampling -----------------------------------------------------------------------------------
+    def sample(self, logits: Tensor, st: SlotState, slots32: Tensor, frames: Tensor, codebook: int) -> Tensor:
+        """Codebook 0 with the talker's processors (and its seen-mark), codebooks 1..15 plain."""
+        process = None
+        if codebook == 0:
+            eos, min_frames = self.cfg.talker.codec_eos_id, self.cfg.generation.min_new_tokens
+            process = (st.seen, st.penalty, st.eos_masked, self.suppress, eos, min_frames)
+        return sample_rows(
+            logits,
+            slots32,
+            frames,
+            0 if codebook == 0 else 1,
+            codebook,
+            greedy=st.greedy,
+            temperature=st.temperature,
+            top_k=st.top_k,
+            top_p=st.top_p,
+            seed=st.seed,
+            process=process,
+        )
+
+    # --- the code predictor ----------------------------------------------------------------------------
+    def predict(
+        self, hidden: Tensor, code0: Tensor, st: SlotState, slots32: Tensor, frames: Tensor
+    ) -> Tensor:
+        """hidden (B, H_talker) final-norm talker state, code0 (B,) -> codebooks 1..15 as (B, 15)."""
+        b = hidden.shape[0]
+        rows = self.rows(b)
+        n_layers, cfg = len(self.cp_layers), self.cp.cfg
+        shape = (n_layers, b, cfg.num_kv_heads, self.cp_positions, cfg.head_dim)
+        k = torch.empty(shape, device=hidden.device, dtype=hidden.dtype)
+        v = torch.empty_like(k)
+        first = torch.stack((hidden, self.talker.codec_embedding(code0)), dim=1).view(2 * b, -1)
+        h = self._project(first)
+        for i, w in enumerate(self.cp_layers):
+            h = self._layer(
+                w,
+                h,
+                rows.pairs,
+                rows.pair_positions,
+                rows.pair_lengths,
+                k[i],
+                v[i],
+                self.cp_freqs,
+                rows.predictor_pair_plan,
+            )
+        last = h.view(b, 2, -1)[:, 1]
+        codes: list[Tensor] = []
+        n = cfg.num_code_groups - 1
+        for j in range(n):
+            logits = fused_linear(
+                last,
+                self.cp_heads[j],
+                norm_weight=self.cp.norm.weight,
+                eps=self.cp.norm.eps,
+                out_dtype=torch.float32,
+            )
+            code = self.sample(logits, st, slots32, frames, j + 1)
+            codes.append(code)
+            if j + 1 == n:
+                break
+            pos, lengths = rows.pass_positions[j + 2], rows.pass_lengths[j + 2]
+            h = self._project(cast(nn.Embedding, self.cp.codec_embedding[j])(code))
+            for i, w in enumerate(self.cp_layers):
+                h = self._layer(
+                    w, h, rows.index, pos, lengths, k[i], v[i], self.cp_freqs, rows.predictor_plan
+                )
+            last = h
+        return torch.stack(codes, dim=1)
+
+    def _project(self, x: Tensor) -> Tensor:
+        if self.proj is None:
+            return x
+        return fused_linear(x, self.proj.weight, bias=self.proj.bias)
+
+    # --- shared -------------------------------------------------------------------------------------
+    @staticmethod
+    def _layer(
+        w: _Layer,
+        x: Tensor,
+        slots: Tensor,
+        positions: Tensor,
+        lengths: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        freqs: Tensor,
+        plan: DecodeAttentionPlan,
+    ) -> Tensor:
+        m = x.shape[0]
+        qkv = fused_linear(x, w.qkv, norm_weight=w.ln1, eps=w.eps)
+        q = qk_norm_rope_store(
+            qkv, w.q_norm, w.k_norm, freqs, k_cache, v_cache, slots, positions, q_heads=w.q_heads, eps=w.eps
+        )
+        a = decode_attention(q, k_cache, v_cache, slots, lengths, scale=w.scale, plan=plan)
+        x = fused_linear(a.view(m, -1), w.o, residual=x)
+        g = fused_linear(x, w.gate_up, norm_weight=w.ln2, eps=w.eps, act=ACT_SILU_MUL)
+        return fused_linear(g, w.down, residual=x)
+
+    def rows(self, b: int) -> _Rows:
+        """Row metadata for batch ``b`` (made on first use: the eager warm-up runs before capture)."""
+        r = self._rows.get(b)
+        if r is None:
+            dev, n = self.kv.k.device, self.cp_positions
+            index = torch.arange(b, dtype=torch.int32, device=dev)
+            kv_heads = self.kv.k.shape[2]
+            pair_positions = torch.arange(2, dtype=torch.int32, device=dev).repeat(b)
+            passes = [torch.full((b,), p, dtype=torch.int32, device=dev) for p in range(n + 1)]
+            r = _Rows(
+                index=index,
+                pairs=index.repeat_interleave(2),
+                pair_positions=pair_positions,
+                pair_lengths=pair_positions + 1,
+                pass_positions=passes[:n],
+                pass_lengths=passes[1:],
+                talker_plan=plan_decode_attention(b, kv_heads, self.kv.max_len, dev, self.kv.k.dtype),
+                predictor_plan=plan_decode_attention(b, self.cp.cfg.num_kv_heads, n, dev, self.kv.k.dtype),
+                predictor_pair_plan=plan_decode_attention(
+                    2 * b, self.cp.cfg.num_kv_heads, n, dev, self.kv.k.dtype
+                ),
+            )
+            self._rows[b] = r
+        return r

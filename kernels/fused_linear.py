@@ -1,0 +1,297 @@
+"""A decode-shaped linear layer with its neighbours fused in: RMS norm before, bias / SwiGLU / residual after.
+
+The frame step of Qwen3-TTS runs 103 decoder-layer forwards per frame (28 talker + 15 passes x 5 code
+predictor) on a handful of rows each. Every layer is four linears (q|k|v, o, gate|up, down) plus the
+glue around them (two RMS norms, the SwiGLU activation, two residual adds); launched separately, the glue
+doubles the kernel count, and at these sizes each kernel costs a few microseconds of launch and ramp
+whatever it computes. One kernel here does
+
+    y = epilogue( prologue(x) @ W^T )         x (M, K), W (N or 2N, K), y (M, N)
+
+    prologue  HAS_NORM   x -> rms_norm(x) * g                 (the layer's input / post-attention norm)
+    epilogue  HAS_BIAS   + b
+              ACT = 1    silu(y)                               (the talker's text projection)
+              ACT = 2    silu(x @ Wg^T) * (x @ Wu^T)           (W = gate|up stacked: rows [0, N) and [N, 2N))
+              HAS_RES    residual + y                          (o_proj and down_proj)
+
+Rounding follows the unfused reference step by step (the normed row is rounded to the input dtype, then
+scaled by g and rounded again; the projection is rounded before the bias / activation / residual), so
+the fused and unfused models agree to the last bit in fp32 and to bf16 rounding noise in bf16.
+
+Algorithm: grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). A program owns BLOCK_N output columns of BLOCK_M
+rows. With a norm it first walks its rows of x once for the sum of squares (x is a few KB and sits in
+L2: every program re-reading it costs far less than a separate norm kernel's launch), then walks K in
+BLOCK_K tiles: x tile (normed and scaled on the fly) . W tile^T with tl.dot, fp32 accumulation. The
+weights are streamed exactly once per row block; at decode sizes (M <= 64) the kernel is bound by
+reading W, and the tiles are chosen so that there are enough programs to keep every SM streaming.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch_checks import (
+    MIN_DOT_DIM,
+    SUPPORTED_DTYPES,
+    check_same_device_unit_stride,
+    interpreter_enabled,
+)
+
+ACT_NONE, ACT_SILU, ACT_SILU_MUL = 0, 1, 2
+# Rows per program: tl.dot needs >= 16; above 64 the x tile and the accumulator crowd the registers,
+# so larger batches take several row blocks (each re-reads W: 2x the bytes at M = 128).
+MAX_BLOCK_M = 64
+# The CPU interpreter runs programs one after another, each vectorised by numpy: few wide programs.
+INTERPRETER_BLOCK_N = 512
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Tile shape of one launch; ``linear_config`` picks it, tests and the benchmark may override it."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def linear_config(m: int, n: int, k: int) -> LinearConfig:
+    """Tiles for an (m x k) . (k x n) decode GEMM.
+
+    Few rows: BLOCK_N = 16 gives N / 16 programs (128-768 for the talker's and predictor's projections,
+    about one to six waves on 132 SMs), each streaming a 16-wide band of W in BLOCK_K = 256 steps (8 KiB
+    of bf16 per stage). More rows: wider bands, since every program also re-reads its rows of x (M x K)
+    from L2, and with 16-wide bands at M = 64 that would be 4x the bytes of W.
+    """
+    block_m = max(MIN_DOT_DIM, min(MAX_BLOCK_M, triton.next_power_of_2(m)))
+    block_n = 16 if m <= 16 else 32 if m <= 32 else 64
+    if interpreter_enabled():
+        block_n = INTERPRETER_BLOCK_N
+    block_k = min(256, max(MIN_DOT_DIM, triton.next_power_of_2(k)))
+    return LinearConfig(block_m, min(block_n, max(MIN_DOT_DIM, triton.next_power_of_2(n))), block_k)
+
+
+@triton.jit
+def _fused_linear_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    norm_ptr,
+    bias_ptr,
+    res_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_rm,
+    eps,
+    HAS_NORM: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    dtype = x_ptr.dtype.element_ty
+    x_rows = x_ptr + rm[:, None] * stride_xm  # (BM, 1)
+    w_cols = w_ptr + rn[None, :] * stride_wn  # (1, BN): W^T tiles are (BK, BN)
+
+    if HAS_NORM:
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            xs = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+            xs = xs.to(tl.float32)
+            sum_sq += tl.sum(xs * xs, axis=1)
+        rstd = tl.math.rsqrt(sum_sq / K + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # ACT_SILU_MUL only; dead code otherwise
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            xk = tl.load(x_rows + kk[None, :], mask=m_ok[:, None], other=0.0)
+            w = tl.load(w_cols + kk[:, None], mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = kk < K
+            xk = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if HAS_NORM:
+            g = tl.load(norm_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            xn = (xk.to(tl.float32) * rstd[:, None]).to(dtype)
+            xk = (xn.to(tl.float32) * g[None, :]).to(dtype)
+        acc = tl.dot(xk, w, acc, input_precision=DOT_PRECISION)
+        if ACT == 2:
+            if EVEN_K:
+                wu = tl.load(w_cols + N * stride_wn + kk[:, None], mask=n_ok[None, :], other=0.0)
+            else:
+                wu = tl.load(
+                    w_cols + N * stride_wn + kk[:, None],
+                    mask=n_ok[None, :] & (kk < K)[:, None],
+                    other=0.0,
+                )
+            acc_up = tl.dot(xk, wu, acc_up, input_precision=DOT_PRECISION)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dtype).to(tl.float32)
+    if ACT == 1:
+        y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
+    if ACT == 2:
+        up = acc_up.to(dtype).to(tl.float32)
+        y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
+        y = (y * up).to(dtype).to(tl.float32)
+    mask = m_ok[:, None] & n_ok[None, :]
+    if HAS_RES:
+        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+        y = (res.to(tl.float32) + y).to(dtype).to(tl.float32)
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_xm, stride_om, eps, BLOCK_K: tl.constexpr):
+    m = tl.program_id(0)
+    k = tl.arange(0, BLOCK_K)
+    ok = k < K
+    x = tl.load(x_ptr + m * stride_xm + k, mask=ok, other=0.0)
+    xf = x.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)
+    y = (xf * rstd).to(x.dtype).to(tl.float32) * tl.load(w_ptr + k, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + k, y.to(x.dtype), mask=ok)
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x) * weight for x (M, K), one program per row (the talker's final norm)."""
+    if x.dim() != 2 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
+        raise ValueError(
+            f"x must be (M, K) and weight (K,) of x's dtype, got {tuple(x.shape)}, {tuple(weight.shape)}"
+        )
+    out = torch.empty_like(x)
+    check_same_device_unit_stride({"x": x, "weight": weight, "out": out}, x.device)
+    if x.shape[0]:
+        _rms_norm_kernel[(x.shape[0],)](
+            x,
+            weight,
+            out,
+            x.shape[1],
+            x.stride(0),
+            out.stride(0),
+            eps,
+            BLOCK_K=triton.next_power_of_2(x.shape[1]),
+            num_warps=4,
+        )
+    return out
+
+
+def fused_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    bias: torch.Tensor | None = None,
+    act: int = ACT_NONE,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: LinearConfig | None = None,
+) -> torch.Tensor:
+    """y = epilogue(prologue(x) @ W^T) for x (M, K) (any row stride, unit column stride).
+
+    weight (N, K), or (2N, K) gate|up rows for ``act=ACT_SILU_MUL``; norm_weight (K,); bias (N,);
+    residual (M, N). Returns (M, N) in ``out_dtype`` (default x's dtype; the value is always rounded to
+    x's dtype first, as an unfused bf16 linear would be), written into ``out`` when given.
+    """
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(
+            f"x must be (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    m, k = x.shape
+    rows, k_w = weight.shape
+    if k_w != k:
+        raise ValueError(f"x has {k} columns but weight has {k_w}")
+    if act not in (ACT_NONE, ACT_SILU, ACT_SILU_MUL):
+        raise ValueError(f"unknown act {act}")
+    if act == ACT_SILU_MUL and rows % 2:
+        raise ValueError(f"gate|up weight needs an even number of rows, got {rows}")
+    n = rows // 2 if act == ACT_SILU_MUL else rows
+    if x.dtype not in SUPPORTED_DTYPES or weight.dtype != x.dtype:
+        raise TypeError(
+            f"x and weight must share one of {SUPPORTED_DTYPES}, got {x.dtype} and {weight.dtype}"
+        )
+    tensors = {"x": x, "weight": weight}
+    for name, t, shape in (
+        ("norm_weight", norm_weight, (k,)),
+        ("bias", bias, (n,)),
+        ("residual", residual, (m, n)),
+    ):
+        if t is not None:
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} must be {shape}, got {tuple(t.shape)}")
+            tensors[name] = t
+    if out is None:
+        out = torch.empty((m, n), device=x.device, dtype=out_dtype or x.dtype)
+    elif tuple(out.shape) != (m, n):
+        raise ValueError(f"out must be {(m, n)}, got {tuple(out.shape)}")
+    tensors["out"] = out
+    check_same_device_unit_stride(tensors, x.device)
+    if m == 0:
+        return out
+    cfg = config or linear_config(m, n, k)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    _fused_linear_kernel[grid](
+        x,
+        weight,
+        out,
+        norm_weight if norm_weight is not None else x,
+        bias if bias is not None else x,
+        residual if residual is not None else x,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        eps,
+        HAS_NORM=norm_weight is not None,
+        ACT=act,
+        HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None,
+        EVEN_K=k % cfg.block_k == 0,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
+
+
+__all__ = [
+    "ACT_NONE",
+    "ACT_SILU",
+    "ACT_SILU_MUL",
+    "LinearConfig",
+    "fused_linear",
+    "linear_config",
+    "rms_norm_rows",
+]

@@ -1,0 +1,179 @@
+"""Qwen3 attention prologue for decode rows: per-head RMS norm on q and k, RoPE, and the K/V cache write.
+
+    qkv      (M, (Hq + 2 Hkv) D)   the fused q|k|v projection of M rows (one token each)
+    q_out    (M, Hq, D)             normed and rotated queries
+    k_cache  (S, Hkv, L, D)         row m's key goes to [slots[m], :, positions[m]] (normed, rotated)
+    v_cache  (S, Hkv, L, D)         and its value, as projected
+
+Unfused this is ~15 kernels per layer (two norms, two rotations with their cat/neg, two cache writes);
+here it is one, grid (M, Hq + Hkv): program (m, h) handles query head h (h < Hq) or KV head h - Hq.
+cos / sin are computed in fp32 from the position and rounded to the input dtype, and every elementwise
+step is rounded where the unfused reference rounds it (rope.py / layers.py), so fp32 results match it
+exactly and bf16 ones to rounding noise.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch_checks import SUPPORTED_DTYPES, check_index, check_same_device_unit_stride
+
+
+@triton.jit
+def _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM: tl.constexpr):
+    """RMS-normed, weight-scaled and rotated halves of one head (reference rounding)."""
+    dtype = x1.dtype
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
+    n1 = ((f1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+    n2 = ((f2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    # x * cos + cat(-x2, x1) * sin, each product rounded, then the sum
+    o1 = (n1 * cos).to(dtype).to(tl.float32) + (-n2 * sin).to(dtype).to(tl.float32)
+    o2 = (n2 * cos).to(dtype).to(tl.float32) + (n1 * sin).to(dtype).to(tl.float32)
+    return o1.to(dtype), o2.to(dtype)
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    qkv_ptr,
+    q_out_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    inv_freq_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    pos_ptr,
+    stride_qkv,
+    stride_qm,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_kl,
+    stride_vs,
+    stride_vh,
+    stride_vl,
+    eps,
+    Q_HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    m = tl.program_id(0)
+    h = tl.program_id(1)
+    half: tl.constexpr = HEAD_DIM // 2
+    d = tl.arange(0, half)
+    pos = tl.load(pos_ptr + m)
+    angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + d)
+    dtype = qkv_ptr.dtype.element_ty
+    cos = tl.cos(angle).to(dtype).to(tl.float32)
+    sin = tl.sin(angle).to(dtype).to(tl.float32)
+    row = qkv_ptr + m * stride_qkv + h * HEAD_DIM
+    x1 = tl.load(row + d)
+    x2 = tl.load(row + half + d)
+    if h < Q_HEADS:
+        w1 = tl.load(q_norm_ptr + d).to(tl.float32)
+        w2 = tl.load(q_norm_ptr + half + d).to(tl.float32)
+        o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
+        out = q_out_ptr + m * stride_qm + h * stride_qh
+        tl.store(out + d, o1)
+        tl.store(out + half + d, o2)
+    else:
+        kv = h - Q_HEADS
+        w1 = tl.load(k_norm_ptr + d).to(tl.float32)
+        w2 = tl.load(k_norm_ptr + half + d).to(tl.float32)
+        o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
+        slot = tl.load(slot_ptr + m).to(tl.int64)
+        k_dst = k_cache_ptr + slot * stride_ks + kv * stride_kh + pos * stride_kl
+        tl.store(k_dst + d, o1)
+        tl.store(k_dst + half + d, o2)
+        v_src = row + KV_HEADS * HEAD_DIM
+        v_dst = v_cache_ptr + slot * stride_vs + kv * stride_vh + pos * stride_vl
+        tl.store(v_dst + d, tl.load(v_src + d))
+        tl.store(v_dst + half + d, tl.load(v_src + half + d))
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    inv_freq: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    q_heads: int,
+    eps: float,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Normed, rotated queries (M, Hq, D); keys and values of the M rows written into the caches.
+
+    slots, positions: (M,) int32; inv_freq (D / 2,) float32 (rope.inv_freq). Positions must be < L and
+    slots < S: the kernel does not check them (it runs inside CUDA graphs; the callers own the bounds).
+    """
+    if qkv.dim() != 2 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"qkv must be (M, W) and the caches (S, Hkv, L, D), got {tuple(qkv.shape)}, "
+            f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
+    m = qkv.shape[0]
+    _, kv_heads, _, head_dim = k_cache.shape
+    if qkv.shape[1] != (q_heads + 2 * kv_heads) * head_dim:
+        raise ValueError(f"qkv width {qkv.shape[1]} is not ({q_heads} + 2 x {kv_heads}) x {head_dim}")
+    if head_dim % 2 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two, got {head_dim}")
+    if qkv.dtype not in SUPPORTED_DTYPES or k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype:
+        raise TypeError(f"qkv and the caches must share one of {SUPPORTED_DTYPES}")
+    if q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,) or inv_freq.shape != (head_dim // 2,):
+        raise ValueError("q_norm / k_norm must be (D,) and inv_freq (D / 2,)")
+    if inv_freq.dtype != torch.float32:
+        raise TypeError(f"inv_freq must be float32, got {inv_freq.dtype}")
+    check_index("slots", slots, m)
+    check_index("positions", positions, m)
+    if q_out is None:
+        q_out = torch.empty((m, q_heads, head_dim), device=qkv.device, dtype=qkv.dtype)
+    tensors = {
+        "qkv": qkv,
+        "q_out": q_out,
+        "q_norm": q_norm,
+        "k_norm": k_norm,
+        "inv_freq": inv_freq,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "slots": slots,
+        "positions": positions,
+    }
+    check_same_device_unit_stride(tensors, qkv.device)
+    if m == 0:
+        return q_out
+    _qk_norm_rope_store_kernel[(m, q_heads + kv_heads)](
+        qkv,
+        q_out,
+        q_norm,
+        k_norm,
+        inv_freq,
+        k_cache,
+        v_cache,
+        slots,
+        positions,
+        qkv.stride(0),
+        q_out.stride(0),
+        q_out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        eps,
+        Q_HEADS=q_heads,
+        KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim,
+        num_warps=1,
+    )
+    return q_out
+
+
+__all__ = ["qk_norm_rope_store"]

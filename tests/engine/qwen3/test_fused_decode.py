@@ -1,0 +1,66 @@
+"""The decode step on the fused Triton kernels (fused_decode.py) gives the unfused step's codes.
+
+On a machine without CUDA the kernels run in Triton's CPU interpreter, in fp32, where the fused kernels
+round exactly like the unfused layers: the codes of greedy and seeded-sampling streams joining and
+leaving must be identical, and so must the talker's KV cache. (On the H200 the GPU tests compare the
+two in bf16 at the real sizes.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # read when a @triton.jit function is decorated: before kernels/ is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from engine.model import StreamParams
+from engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
+
+# (slot, join at step, text, params): greedy and sampled streams with top-k / top-p and a penalty
+STREAMS = [
+    (0, 0, "Hello world, this is a test.", StreamParams(voice="ryan", greedy=True, forced_frames=6, seed=1)),
+    (3, 1, "The quick brown fox.", StreamParams(voice="vivian", greedy=False, forced_frames=5, seed=77)),
+    (1, 2, "Sampled, with a seed.", StreamParams(voice="aiden", greedy=False, forced_frames=4, seed=1234)),
+]
+
+
+def _model(fused: bool) -> Qwen3TTSModel:
+    opts = ServeOptions(max_slots=4, max_batch_size=4, max_seq_len=64, fused_kernels=fused, cuda_graphs=False)
+    return load_qwen3(None, "tiny", device="cpu", seed=5, options=opts)
+
+
+def _run(model: Qwen3TTSModel) -> dict[int, np.ndarray]:
+    got: dict[int, list[np.ndarray]] = {slot: [] for slot, *_ in STREAMS}
+    live: list[int] = []
+    for step in range(12):
+        for slot, join, text, params in STREAMS:
+            if join == step:
+                model.open_slot(slot, params)
+                model.add_text(slot, [text], True)
+                live.append(slot)
+        for r in model.generate([s for s in live if model.ready(s)]):
+            if r.frames is not None:
+                got[r.slot].append(r.frames)
+            if r.finished:
+                live.remove(r.slot)
+                model.close_slot(r.slot)
+    assert not live
+    return {s: np.concatenate(f) for s, f in got.items()}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; the GPU has its own")
+def test_fused_step_gives_the_unfused_codes_and_cache() -> None:
+    fused, plain = _model(True), _model(False)
+    assert fused.step.fused is not None and plain.step.fused is None
+    got, want = _run(fused), _run(plain)
+    for slot, _, _, params in STREAMS:
+        assert got[slot].shape == (params.forced_frames, 16)
+        np.testing.assert_array_equal(got[slot], want[slot], err_msg=f"slot {slot}")
+    torch.testing.assert_close(fused.kv.k, plain.kv.k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.kv.v, plain.kv.v, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fused.state.seen, plain.state.seen)

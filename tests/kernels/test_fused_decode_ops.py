@@ -1,0 +1,197 @@
+"""The fused decode-step kernels against the unfused engine code they replace (engine/qwen3/layers.py,
+rope.py, sampler.py): fp32 must match to float rounding, bf16 (GPU) to bf16 rounding noise; the sampler
+must pick the very same codes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.qwen3.layers import rms_norm, silu_mul
+from engine.qwen3.rope import cos_sin, inv_freq, rotate
+from engine.qwen3.sampler import RowParams, apply_repetition_penalty, sample
+from kernels.fused_linear import ACT_SILU, ACT_SILU_MUL, LinearConfig, fused_linear
+from kernels.qk_norm_rope import qk_norm_rope_store
+from kernels.sampling import sample_rows
+from tests.kernels.common import REL_TOL, rel_err, skip_unsupported
+
+EPS = 1e-6
+
+
+def _dtypes(device: str) -> list[torch.dtype]:
+    return [torch.float32] if device == "cpu" else [torch.float32, torch.bfloat16]
+
+
+def _tol(dtype: torch.dtype) -> float:
+    return 1e-5 if dtype == torch.float32 else REL_TOL[dtype]
+
+
+# (M, N, K): a lone row, a ragged batch, the first code-predictor pass (2 rows per stream), K not a
+# multiple of the K tile, and (GPU) the real 1.7B shapes at batch 1 and 64
+CASES = [(1, 64, 32), (5, 48, 64), (6, 96, 48), (3, 40, 80)]
+GPU_CASES = [(1, 4096, 2048), (64, 6144, 2048), (64, 2048, 6144), (2, 4096, 1024)]
+
+
+@pytest.mark.parametrize("m,n,k", CASES + GPU_CASES)
+def test_fused_linear_matches_the_unfused_layer(device: str, m: int, n: int, k: int) -> None:
+    if device == "cpu" and n * k > 10_000:
+        pytest.skip("real shapes run on the GPU only (the interpreter is slow)")
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    for dtype in _dtypes(device):
+        skip_unsupported(device, dtype)
+
+        def rand(*shape: int, scale: float = 1.0, dtype: torch.dtype = dtype) -> torch.Tensor:
+            return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+        x, w, w2 = rand(m, k), rand(n, k, scale=k**-0.5), rand(2 * n, k, scale=k**-0.5)
+        norm_w, bias, res = rand(k, scale=0.5) + 1, rand(n, scale=0.1), rand(m, n)
+        cases = {
+            "plain": (fused_linear(x, w), F.linear(x, w)),
+            "norm": (fused_linear(x, w, norm_weight=norm_w, eps=EPS), F.linear(rms_norm(x, norm_w, EPS), w)),
+            "bias+silu": (fused_linear(x, w, bias=bias, act=ACT_SILU), F.silu(F.linear(x, w, bias))),
+            "norm+silu_mul": (
+                fused_linear(x, w2, norm_weight=norm_w, eps=EPS, act=ACT_SILU_MUL),
+                silu_mul(F.linear(rms_norm(x, norm_w, EPS), w2)),
+            ),
+            "residual": (fused_linear(x, w, residual=res), res + F.linear(x, w)),
+            "norm, fp32 out": (
+                fused_linear(x, w, norm_weight=norm_w, eps=EPS, out_dtype=torch.float32),
+                F.linear(rms_norm(x, norm_w, EPS), w).float(),
+            ),
+        }
+        for name, (out, ref) in cases.items():
+            assert out.shape == ref.shape and out.dtype == ref.dtype, name
+            assert rel_err(out, ref) < _tol(dtype), (name, dtype, rel_err(out, ref))
+
+
+def test_fused_linear_reads_strided_rows_and_any_tile(device: str) -> None:
+    """x as a view of every other row (h[:, -1] in the code predictor) and tiles smaller than the data."""
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(4, 2, 64, generator=g).to(device)
+    x = big[:, -1]
+    w = torch.randn(48, 64, generator=g).to(device) * 0.1
+    cfg = LinearConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
+    assert rel_err(fused_linear(x, w, config=cfg), F.linear(x, w)) < 1e-5
+
+
+def test_fused_linear_rejects_bad_shapes() -> None:
+    x, w = torch.zeros(2, 8), torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="columns"):
+        fused_linear(x, torch.zeros(4, 9))
+    with pytest.raises(ValueError, match="residual"):
+        fused_linear(x, w, residual=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="even"):
+        fused_linear(x, torch.zeros(5, 8), act=ACT_SILU_MUL)
+    with pytest.raises(TypeError):
+        fused_linear(x, w.double())
+
+
+@pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(16, 4, 2), (128, 16, 8)])
+def test_qk_norm_rope_store_matches_norm_rotate_and_cache_write(
+    device: str, head_dim: int, q_heads: int, kv_heads: int
+) -> None:
+    if device == "cpu" and head_dim > 16:
+        pytest.skip("real shapes run on the GPU only")
+    g = torch.Generator().manual_seed(head_dim)
+    m, slots_n, max_len = 5, 7, 40
+    for dtype in _dtypes(device):
+        qkv = torch.randn(m, (q_heads + 2 * kv_heads) * head_dim, generator=g).to(device, dtype)
+        qn = (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype)
+        kn = (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype)
+        freqs = inv_freq(head_dim, 1e6).to(device)
+        slots = torch.tensor([3, 0, 6, 1, 6], dtype=torch.int32, device=device)
+        positions = torch.tensor([0, 39, 17, 5, 18], dtype=torch.int32, device=device)
+        k_cache = torch.zeros(slots_n, kv_heads, max_len, head_dim, device=device, dtype=dtype)
+        v_cache = torch.zeros_like(k_cache)
+        q = qk_norm_rope_store(
+            qkv, qn, kn, freqs, k_cache, v_cache, slots, positions, q_heads=q_heads, eps=EPS
+        )
+
+        nq, nkv = q_heads * head_dim, kv_heads * head_dim
+        q_lin, k_lin, v_lin = qkv.split((nq, nkv, nkv), dim=-1)
+        cos, sin = cos_sin(positions.long()[:, None], freqs)
+        cos, sin = cos.to(dtype), sin.to(dtype)
+        q_ref = rotate(rms_norm(q_lin.view(m, 1, q_heads, head_dim), qn, EPS).transpose(1, 2), cos, sin)
+        k_ref = rotate(rms_norm(k_lin.view(m, 1, kv_heads, head_dim), kn, EPS).transpose(1, 2), cos, sin)
+        tol = 1e-6 if dtype == torch.float32 else 1e-2
+        assert rel_err(q, q_ref[:, :, 0]) < tol
+        for r in range(m):
+            s, p = int(slots[r]), int(positions[r])
+            assert rel_err(k_cache[s, :, p], k_ref[r, :, 0]) < tol
+            assert torch.equal(v_cache[s, :, p], v_lin[r].view(kv_heads, head_dim))
+        written = {(int(s), int(p)) for s, p in zip(slots, positions, strict=True)}
+        untouched = [(s, p) for s in range(slots_n) for p in range(max_len) if (s, p) not in written]
+        assert all(not k_cache[s, :, p].any() and not v_cache[s, :, p].any() for s, p in untouched)
+
+
+def _slot_tables(n_slots: int, device: str) -> dict[str, torch.Tensor]:
+    """Per-slot sampling rows covering greedy, top-k only, top-p only, both, and neither."""
+    g = torch.Generator().manual_seed(11)
+    greedy = torch.tensor([[i % 5 == 0, i % 7 == 0] for i in range(n_slots)])
+    temperature = 0.5 + torch.rand(n_slots, 2, generator=g)
+    top_k = torch.tensor([[[1, 5, 50, 10**9][i % 4], [50, 3, 10**9, 7][i % 4]] for i in range(n_slots)])
+    top_p = torch.tensor(
+        [[[1.0, 0.9, 0.5, 0.97][i % 4], [0.8, 1.0, 1.0, 0.6][(i + 1) % 4]] for i in range(n_slots)]
+    )
+    seed = torch.randint(0, 2**32, (n_slots,), generator=g)
+    tables = {
+        "greedy": greedy,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p.float(),
+        "seed": seed,
+    }
+    return {k: v.to(device) for k, v in tables.items()}
+
+
+@pytest.mark.parametrize("vocab,process", [(2048, False), (3072, True)])
+def test_sampler_kernel_picks_the_reference_codes(device: str, vocab: int, process: bool) -> None:
+    n_slots, rows = 24, 24
+    tab = _slot_tables(n_slots, device)
+    g = torch.Generator().manual_seed(vocab)
+    slots = torch.randperm(n_slots, generator=g)[:rows].to(device)
+    step = torch.randint(0, 500, (rows,), generator=g).to(device)
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(device)
+    seen = torch.rand(n_slots, vocab, generator=g).to(device) < 0.05
+    penalty = torch.full((n_slots,), 1.05, device=device)
+    eos_masked = (torch.arange(n_slots) % 2 == 0).to(device)
+    suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
+    suppress[vocab - 1024 :] = True
+    eos_id, min_frames = vocab - 1000, 200
+    suppress[eos_id] = False
+    logits[:, eos_id] += 10  # EOS would win wherever it is allowed
+
+    col = 0 if process else 1
+    scores = logits.clone()
+    if process:
+        scores = apply_repetition_penalty(scores, seen[slots], penalty[slots])
+        no_eos = eos_masked[slots] | (step < min_frames)
+        scores[:, eos_id] = torch.where(no_eos, float("-inf"), scores[:, eos_id])
+        scores = scores.masked_fill(suppress, float("-inf"))
+    params = RowParams(
+        tab["greedy"][slots, col],
+        tab["temperature"][slots, col],
+        tab["top_k"][slots, col],
+        tab["top_p"][slots, col],
+        tab["seed"][slots],
+        step,
+    )
+    ref = sample(scores, params, codebook=col + 3)
+
+    seen_before = seen.clone()
+    out = sample_rows(
+        logits,
+        slots.to(torch.int32),
+        step,
+        col,
+        col + 3,
+        process=(seen, penalty, eos_masked, suppress, eos_id, min_frames) if process else None,
+        **tab,
+    )
+    assert out.tolist() == ref.tolist()
+    if process:
+        expect = seen_before.clone()
+        expect[slots, ref] = True
+        assert torch.equal(seen, expect)
+        assert (out == eos_id).any() and not (out == eos_id).all(), "the case should exercise EOS masking"
