@@ -2,6 +2,7 @@
 # Device runs of issue 5 (serving speed on the H200). Usage, from the repo root on the device:
 #   bash benchmarks/gpu_issue5.sh step   # GPU tests, frame step (eager / graphs / compile), codec, 0.6B
 #   bash benchmarks/gpu_issue5.sh sbs    # side by side with the official qwen-tts (carry .whl) + serving sweep
+#   bash benchmarks/gpu_issue5.sh fused  # GPU tests of the fused decode kernels, fused vs unfused step, tile sweep
 # Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -17,6 +18,16 @@ if [ "$mode" = step ]; then
     --step-batches 1,64 --out "$OUT/compile_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | tail -8
   timeout 80 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants graphs \
     --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | tail -6
+fi
+if [ "$mode" = fused ]; then
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_decode_ops.py \
+    tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  tail -4 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|bf16 fused" "$OUT/pytest_gpu.txt" | head -12
+  timeout 200 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused-eager,fused,graphs \
+    --step-batches 1,8,32,64,128 --eager-batches 1 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -14
+  timeout 70 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -4
+  timeout $((585 - SECONDS)) python3 benchmarks/linear_bench.py --out "$OUT/linear.json" 2>&1 | cut -c1-260 | tail -44
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

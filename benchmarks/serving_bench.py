@@ -8,8 +8,10 @@
 Sections (each kept in the JSON even if another fails):
 
 * ``step``: the frame step (talker step + 15 code-predictor passes + sampling of all 16 codebooks)
-  per batch size, as ``eager`` (the same body, not captured), ``graphs`` (one CUDA graph per batch
-  bucket) and ``compile`` (graphs around torch.compile'd norms / RoPE / SwiGLU / sampler). GPU time
+  per batch size, as ``fused`` (the served path: the decode work on fused Triton kernels,
+  engine/qwen3/fused_decode.py, one CUDA graph per batch bucket), ``fused-eager`` (the same, not
+  captured), and on the unfused layers ``eager``, ``graphs`` and ``compile`` (graphs around
+  torch.compile'd norms / RoPE / SwiGLU / sampler). GPU time
   by CUDA events over back-to-back replays; host-inclusive time = wall of ``model.generate``
   (input staging, replay, the one device->host copy, bookkeeping). Per stage (graphs): talker,
   code predictor (greedy picks), sampling + state updates (the rest of the tail), each captured
@@ -187,8 +189,9 @@ def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
         try:
             model = build(
                 args,
-                cuda_graphs=variant != "eager",
+                cuda_graphs=variant not in ("eager", "fused-eager"),
                 compile_elementwise=variant == "compile",
+                fused_kernels=variant.startswith("fused"),
                 codec_mode="windowed",  # no codec graphs needed here
             )
         except Exception as err:
@@ -213,7 +216,7 @@ def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
         close_streams(model, [0])
         codes_by_variant[variant] = np.concatenate(frames)
         per_b: dict[str, Any] = {}
-        batches = args.eager_batches if variant == "eager" else args.step_batches
+        batches = args.eager_batches if variant.endswith("eager") else args.step_batches
         for b in batches:
             if b <= args.max_batch:
                 per_b[str(b)] = time_batch(model, b, args, dev)
@@ -224,10 +227,11 @@ def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
         gc.collect()  # the graph catalog holds bound methods of the model: a reference cycle
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    base = codes_by_variant.get("eager")
-    out["greedy_codes_equal_eager"] = {
-        v: bool(np.array_equal(c, base)) if base is not None else None for v, c in codes_by_variant.items()
-    }
+    # graph replay == eager: the unfused variants against "eager", the fused one against "fused-eager"
+    out["greedy_codes_equal_eager"] = {}
+    for v, c in codes_by_variant.items():
+        base = codes_by_variant.get("fused-eager" if v.startswith("fused") else "eager")
+        out["greedy_codes_equal_eager"][v] = bool(np.array_equal(c, base)) if base is not None else None
     return out
 
 
@@ -258,7 +262,12 @@ def time_batch(model: Qwen3TTSModel, b: int, args: argparse.Namespace, dev: torc
         emb0 = model.talker.codec_embedding(hidden.new_zeros(bucket, dtype=torch.int64))
         talker = capture(lambda: step.talker_step(idx), dev)
         tail = capture(lambda: step.sample_tail(idx, frames_t, hidden), dev)
-        cp = capture(lambda: model.code_predictor.predict(hidden, emb0, lambda j, lg: lg.argmax(-1)), dev)
+        if step.fused is not None:  # the fused predictor samples inside: its row includes 15 samplings
+            fused, code0 = step.fused, hidden.new_zeros(bucket, dtype=torch.int64)
+            idx32 = idx.to(torch.int32)
+            cp = capture(lambda: fused.predict(hidden, code0, model.state, idx32, frames_t), dev)
+        else:
+            cp = capture(lambda: model.code_predictor.predict(hidden, emb0, lambda j, lg: lg.argmax(-1)), dev)
         row["talker_gpu_ms"] = gpu_ms(talker, dev, 20)
         row["code_predictor_gpu_ms"] = gpu_ms(cp, dev, 20)
         row["sampling_and_state_gpu_ms"] = gpu_ms(tail, dev, 20) - row["code_predictor_gpu_ms"]
@@ -549,7 +558,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--sections", default="step,codec,single,serve")
-    ap.add_argument("--step-variants", default="eager,graphs,compile")
+    ap.add_argument("--step-variants", default="fused-eager,fused,graphs,compile")
     ap.add_argument("--step-batches", default="1,8,32,64,128")
     ap.add_argument("--eager-batches", default="1,64", help="the eager variant is slow: fewer sizes")
     ap.add_argument("--step-context", type=int, default=60, help="frames generated before timing")
@@ -565,6 +574,7 @@ def main() -> None:
     ap.add_argument("--single-n", type=int, default=5)
     ap.add_argument("--length-scale", type=float, default=1.0)
     ap.add_argument("--compile", action="store_true", help="serve with torch.compile'd elementwise ops")
+    ap.add_argument("--no-fused", action="store_true", help="serve on the unfused layers (no fused kernels)")
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, short sweeps")
     ap.add_argument("--out", required=True)
     ap.add_argument("--plot", default=None)
@@ -572,6 +582,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.size, args.device, args.dtype = "tiny", "cpu", "float32"
+        args.no_fused = True  # the fused kernels need CUDA (or the slow Triton interpreter)
         args.max_batch, args.max_slots, args.max_seq_len = 8, 16, 512
         args.step_variants, args.step_batches, args.step_iters, args.step_context = (
             "eager,graphs",
@@ -617,9 +628,10 @@ def main() -> None:
         run("step", lambda: section_step(args, dev))
     if {"codec", "single", "serve"} & set(args.sections):
         t0 = time.perf_counter()
-        model = build(args, compile_elementwise=args.compile)
+        model = build(args, compile_elementwise=args.compile, fused_kernels=not args.no_fused)
         res["serve_model"] = {
             "compile_elementwise": args.compile,
+            "fused_kernels": not args.no_fused,
             "build_and_capture_s": round(time.perf_counter() - t0, 1),
             "capture_s": round(model.graphs.capture_s, 1),
             "graphs": len(model.graphs),
@@ -633,7 +645,7 @@ def main() -> None:
             for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):
                 p.pop("arrivals", None)
     # frame-step GPU time of the serve runs, from the step table (graphs variant)
-    served = "compile" if args.compile else "graphs"
+    served = "compile" if args.compile else "graphs" if args.no_fused else "fused"
     table = res.get("step", {}).get("variants", {}).get(served, {}).get("batches", {})
     if table:
         for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):

@@ -15,6 +15,8 @@ conv its last input frame (its output for frame i needs frames i and i-1), each 
 keys/values of its last window-1 frames (stored rotated, at their absolute positions). With that
 state a chunk is decoded once and the concatenated output equals the offline decode of the same
 frames up to float rounding; the offline decode is the stream of one chunk from a fresh state.
+Rows of one call may carry different frame counts, padded to a common T (``stream``'s ``n_valid``):
+the state each layer keeps is then the tail ending at the row's last valid frame (codec_state.py).
 
 ``decode_windowed`` is the stateless fallback and the reference it is compared with: re-decode
 ``left_context`` earlier frames with every chunk and keep the new samples.
@@ -48,7 +50,7 @@ class CausalConv(nn.Module):
         if self.history == 0:
             return self.conv(x)
         xx = torch.cat((io.take(self.cin, self.history), x), dim=-1)
-        io.put(xx[..., -self.history :])
+        io.put(xx, self.history)
         return self.conv(xx)
 
 
@@ -74,7 +76,7 @@ class CausalTransConv(nn.Module):
         if self.prev == 0:
             return self.conv(x)
         xx = torch.cat((io.take(self.cin, self.prev), x), dim=-1)
-        io.put(xx[..., -self.prev :])
+        io.put(xx, self.prev)
         start = self.prev * self.stride
         return self.conv(xx)[..., start : start + t * self.stride]
 
@@ -170,8 +172,8 @@ class WindowAttention(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_all = torch.cat((io.take(self.kv_heads, self.tail, self.head_dim), k), dim=2)
         v_all = torch.cat((io.take(self.kv_heads, self.tail, self.head_dim), v), dim=2)
-        io.put(k_all[:, :, -self.tail :])
-        io.put(v_all[:, :, -self.tail :])
+        io.put(k_all, self.tail, dim=2)
+        io.put(v_all, self.tail, dim=2)
         out = F.scaled_dot_product_attention(
             q, k_all, v_all, attn_mask=mask, enable_gqa=self.heads != self.kv_heads
         )
@@ -277,15 +279,20 @@ class CodecDecoder(nn.Module):
         )
 
     @torch.no_grad()
-    def stream(self, codes: Tensor, state: Tensor, start: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Decode the next T frames of B streams.
+    def stream(
+        self, codes: Tensor, state: Tensor, start: Tensor, n_valid: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Decode the next T frames of B streams, or the first ``n_valid`` (B,) int64 of each row.
 
         codes (B, Q, T) int64; state (B, N) and start (B,) from ``fresh_state`` or the last call
-        -> (pcm (B, T * 1920) float32, next state, next start).
+        -> (pcm (B, T * 1920) float32, next state, next start). With ``n_valid`` the frames after a
+        row's n_b are padding: its first n_b * 1920 samples, next state and next start are those of
+        decoding its n_b frames alone; its later samples are meaningless.
         """
-        io = StateIO(state, codes.shape[0], state.dtype, state.device)
+        t = codes.shape[-1]
+        io = StateIO(state, codes.shape[0], state.dtype, state.device, t, n_valid)
         pcm = self._run(codes, start, io)
-        return pcm, io.next_flat(), start + codes.shape[-1]
+        return pcm, io.next_flat(), start + (t if n_valid is None else n_valid)
 
     @torch.no_grad()
     def decode(self, codes: Tensor) -> Tensor:

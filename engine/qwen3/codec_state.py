@@ -6,6 +6,14 @@ concatenated into one row of a (max_slots, N) tensor, so a decode call costs one
 scatter of state, whatever the number of layers (about 40 pieces: conv histories, transposed-conv
 overlap frames, K/V of the last window - 1 frames per attention layer). The attention position of
 each slot (frames decoded so far) is an int64 row of its own.
+
+Ragged calls: a batch padded to T frames may carry fewer valid frames per row, ``n_valid`` (B,).
+Every layer is causal, so the padding frames after a row's valid ones leave its valid output alone;
+only the next state must be the state as of the row's last valid frame. ``put`` therefore keeps
+the ``width`` steps that end at each row's valid end, found by a device-side gather (no host sync,
+static shapes: capturable in a CUDA graph). A layer's time axis runs at its own rate (frames, then
+2x, 4x, ... up to 1920 samples per frame); the rate is read off the shapes, so a layer only says
+how many steps of state it keeps.
 """
 
 from __future__ import annotations
@@ -19,13 +27,26 @@ from torch import Tensor
 class StateIO:
     """Hands out per-layer state views of a flat (B, N) state and collects the next state.
 
-    ``flat=None`` hands out zeros (a fresh stream) and only measures N.
+    ``flat=None`` hands out zeros (a fresh stream) and only measures N. ``frames`` is the call's T;
+    ``n_valid`` (B,) int64, each row's valid frames (1..T; 0 keeps the state), None when all are T.
     """
 
-    def __init__(self, flat: Tensor | None, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        flat: Tensor | None,
+        batch: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        frames: int = 1,
+        n_valid: Tensor | None = None,
+    ) -> None:
         self.flat, self.batch, self.dtype, self.device = flat, batch, dtype, device
+        self.frames, self.n_valid = frames, n_valid
         self.offset = 0
         self.out: list[Tensor] = []
+        # (width, steps per frame) -> (B, width) indices of the kept steps; shared by the layers
+        # that run at the same rate and keep the same width (planned once per call)
+        self._tails: dict[tuple[int, int], Tensor] = {}
 
     def take(self, *shape: int) -> Tensor:
         n = math.prod(shape)
@@ -36,8 +57,31 @@ class StateIO:
         self.offset += n
         return view
 
-    def put(self, state: Tensor) -> None:
-        self.out.append(state.reshape(self.batch, -1))
+    def put(self, steps: Tensor, width: int, dim: int = -1) -> None:
+        """Keep the ``width`` steps of ``steps`` along ``dim`` that end at each row's valid end.
+
+        ``steps`` is [the state taken (width steps), the T frames' new steps (T * rate)] along ``dim``.
+        """
+        dim = dim % steps.dim()
+        length = steps.shape[dim]
+        if self.n_valid is None:
+            self.out.append(steps.narrow(dim, length - width, width).reshape(self.batch, -1))
+            return
+        rate, rest = divmod(length - width, self.frames)
+        if rest:
+            raise RuntimeError(
+                f"codec state: {length - width} new steps is not a multiple of {self.frames} frames"
+            )
+        index = self._tails.get((width, rate))
+        if index is None:
+            # row b keeps steps [n_b * rate, n_b * rate + width): the last ``width`` before its end
+            offsets = torch.arange(width, device=self.device)
+            index = self._tails[(width, rate)] = self.n_valid[:, None] * rate + offsets  # (B, width)
+        view = [1] * steps.dim()
+        view[0], view[dim] = self.batch, width
+        shape = list(steps.shape)
+        shape[dim] = width
+        self.out.append(steps.gather(dim, index.view(view).expand(shape)).reshape(self.batch, -1))
 
     def next_flat(self) -> Tensor:
         """(B, N) next state; checks every piece taken was put back with the same size."""

@@ -12,8 +12,8 @@ Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by sl
                          not ready: it waits rather than padding
                 then, batched over all slots of the step: sample codebook 0, run the code
                 predictor for codebooks 1..15, one device->host copy of the (B, 16) codes
-    decode      frames -> PCM through the stateful streaming codec decoder, batched over slots
-                that decode the same number of frames
+    decode      frames -> PCM through the stateful streaming codec decoder: all due chunks of a
+                tick in one call, padded to a common frame count, each row with its own count
     close_slot  forget the host state; device rows are overwritten by the next owner
 
 One generate() call runs at most one talker forward per slot (a prefill or a one-token feed)
@@ -62,11 +62,16 @@ class ServeOptions:
     cuda_graphs: bool = True  # capture the frame step and the codec per bucket (CUDA only)
     attention_kernel: bool = True  # talker decode attention through the Triton kernel (CUDA only)
     compile_elementwise: bool = False  # torch.compile the norms / RoPE / SwiGLU act (fused_ops.py)
+    # decode work on the fused Triton kernels (fused_decode.py): None = on CUDA; True also on the CPU
+    # (needs TRITON_INTERPRET=1: tests); False = the unfused layers
+    fused_kernels: bool | None = None
     decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
     max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
     prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
     codec_batch_buckets: tuple[int, ...] = ()  # () = powers of 2 up to max_batch_size
-    codec_graph_frames: int = 12  # chunks of 1..this many frames have codec graphs; longer run eagerly
+    # codec graphs for 1, 2, 4, 8 ... up to this many frames; a tick's chunks are padded to the
+    # smallest that fits the longest; a longer chunk runs eagerly at its own length
+    codec_graph_frames: int = 12
 
     def __post_init__(self) -> None:
         if self.codec_mode not in CODEC_MODES:
@@ -144,6 +149,7 @@ class Qwen3TTSModel(Model):
             self.kv,
             self.state,
             use_attention_kernel=options.attention_kernel and dev.type == "cuda",
+            fused_kernels=dev.type == "cuda" if options.fused_kernels is None else options.fused_kernels,
         )
         if options.compile_elementwise and dev.type == "cuda":
             from .fused_ops import compile_elementwise, compile_sampler
@@ -152,6 +158,9 @@ class Qwen3TTSModel(Model):
             compile_sampler(self.step)
         self.decode_buckets = options.decode_buckets or _default_buckets(options.max_batch_size)
         self.codec_buckets = options.codec_batch_buckets or _powers_of_two(options.max_batch_size)
+        # the default chunk schedule's sizes (1, 2, 4, 8, 12): its steady chunks pad nothing, a final
+        # remainder pads to the next size
+        self.codec_frames = _powers_of_two(options.codec_graph_frames)
         self.prefill_batches = _powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
         self.prefill_lens = tuple(b for b in options.prefill_len_buckets if b <= options.max_seq_len)
         self.graphs = CudaGraphs(dev, options.cuda_graphs)
@@ -385,21 +394,24 @@ class Qwen3TTSModel(Model):
             return
         q = self.cfg.talker.num_code_groups
         for b in self.codec_buckets:
-            for t in range(1, self.options.codec_graph_frames + 1):
-                example = torch.zeros(b, q * t + 1, dtype=torch.int64)
+            for t in self.codec_frames:
+                example = torch.zeros(b, q * t + 2, dtype=torch.int64)  # 0 valid frames
                 example[:, -1] = pad
                 self.graphs.add(("codec", b, t), self._codec_body, example)
 
     def _codec_body(self, packed: Tensor) -> Tensor:
-        """packed (B, 16 T + 1): codes (frame-major) | slot -> pcm (B, T * 1920); slot state advanced."""
+        """packed (B, 16 T + 2): codes (frame-major) | valid frames n_b | slot -> pcm (B, T * 1920).
+
+        Each slot's state and position advance by its n_b frames; the samples past n_b * 1920 are
+        padding. Padding rows carry 0 valid frames, so the padding slot's state never moves.
+        """
         b, width = packed.shape
         q = self.cfg.talker.num_code_groups
-        codes = packed[:, :-1].view(b, width // q, q).transpose(1, 2)  # (B, 16, T)
-        slots = packed[:, -1]
+        codes = packed[:, :-2].view(b, (width - 2) // q, q).transpose(1, 2)  # (B, 16, T)
+        n_valid, slots = packed[:, -2], packed[:, -1]
         state, start = self.codec_states.gather(slots)
-        pcm, state, start = self.codec.stream(codes, state, start)
+        pcm, state, start = self.codec.stream(codes, state, start, n_valid)
         self.codec_states.scatter(slots, state, start)
-        self.codec_states.positions[self.pad_slot].zero_()
         return pcm
 
     def _prompt(self, st: _Slot) -> Prompt:
@@ -437,40 +449,41 @@ class Qwen3TTSModel(Model):
     # --- decode --------------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
-        """All due chunks of all streams: one codec call (graph) per (frame count, batch bucket),
-        every call queued before the one device->host copy of the PCM."""
-        out: list[np.ndarray | None] = [None] * len(work)
+        """All due chunks of all streams: one codec call (graph) per largest batch bucket of chunks,
+        whatever their frame counts, every call queued before the one device->host copy of the PCM."""
+        out = [np.zeros(0, np.float32) for _ in work]
         if self.options.codec_mode == "windowed":
-            return [self._decode_windowed(w) if w.n_frames else np.zeros(0, np.float32) for w in work]
-        by_len: dict[int, list[int]] = {}
-        for i, w in enumerate(work):
-            if w.n_frames == 0:
-                out[i] = np.zeros(0, np.float32)
-            else:
-                by_len.setdefault(w.n_frames, []).append(i)
-        calls: list[tuple[list[int], Tensor]] = []
-        q = self.cfg.talker.num_code_groups
+            return [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
+        # longest first: past the largest bucket, each call pads its chunks to a close frame count
+        due = sorted((i for i, w in enumerate(work) if w.n_frames), key=lambda i: -work[i].n_frames)
         biggest = self.codec_buckets[-1]
-        for n, items in by_len.items():
-            for j in range(0, len(items), biggest):
-                group = items[j : j + biggest]
-                b = bucket_for(len(group), self.codec_buckets)
-                rows = np.zeros((b, q * n + 1), np.int64)
-                rows[:, -1] = self.pad_slot
-                for r, i in enumerate(group):
-                    rows[r, :-1] = self._frames(work[i]).reshape(-1)
-                    rows[r, -1] = work[i].slot
-                if self.graphs.has(("codec", b, n)):
-                    pcm = self.graphs.run(("codec", b, n), rows)
-                else:  # a chunk longer than the graphed frame counts: eager, exact shape
-                    pcm = self._codec_body(torch.from_numpy(rows).to(self.device))
-                calls.append((group, pcm[: len(group)].clone()))
-        if calls:
-            host = self._pcm_to_host([pcm for _, pcm in calls])
-            for (group, _), pcm_host in zip(calls, host, strict=True):
-                for r, i in enumerate(group):
-                    out[i] = pcm_host[r]
-        return [o if o is not None else np.zeros(0, np.float32) for o in out]
+        groups = [due[j : j + biggest] for j in range(0, len(due), biggest)]
+        if not groups:
+            return out
+        pcms = [self._run_codec([work[i] for i in group]) for group in groups]
+        frame_samples = self.cfg.codec.frame_samples
+        for group, pcm_host in zip(groups, self._pcm_to_host(pcms), strict=True):
+            for r, i in enumerate(group):
+                out[i] = pcm_host[r, : work[i].n_frames * frame_samples]
+        return out
+
+    def _run_codec(self, chunks: list[DecodeWork]) -> Tensor:
+        """One codec call: the chunks padded to a common frame count T -> pcm (len(chunks), T * 1920)
+        on the device, row r's audio in its first n_frames * 1920 samples."""
+        longest = max(w.n_frames for w in chunks)
+        t = next((n for n in self.codec_frames if n >= longest), longest)  # no graph: exact length
+        b = bucket_for(len(chunks), self.codec_buckets)
+        q = self.cfg.talker.num_code_groups
+        rows = np.zeros((b, q * t + 2), np.int64)  # padding frames: code 0, decoded and dropped
+        rows[:, -1] = self.pad_slot  # padding rows: 0 valid frames of the padding slot
+        for r, w in enumerate(chunks):
+            rows[r, : q * w.n_frames] = self._frames(w).reshape(-1)
+            rows[r, -2:] = (w.n_frames, w.slot)
+        if self.graphs.has(("codec", b, t)):
+            pcm = self.graphs.run(("codec", b, t), rows)
+        else:  # a chunk longer than the graphed frame counts: eager, exact shape
+            pcm = self._codec_body(torch.from_numpy(rows).to(self.device))
+        return pcm[: len(chunks)].clone()  # the static output is overwritten by the next replay
 
     def _pcm_to_host(self, pcms: list[Tensor]) -> list[np.ndarray]:
         if pcms[0].device.type != "cuda":

@@ -1,0 +1,186 @@
+"""Ragged codec calls: rows padded to a common frame count T, each with its own valid frames n_b.
+
+A row of a ragged call must give what decoding its n_b frames alone gives: the same PCM, the same
+next state and position, so the chunks after it match too; and ``Model.decode`` makes one codec call
+per tick whatever the chunk sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from engine.model import DecodeWork, StreamParams
+from engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
+from engine.qwen3.codec_decoder import CodecDecoder
+
+STREAM_TOL = 1e-5  # fp32
+FRAME_SAMPLES = 1920
+
+
+def _codes(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2048, size=(n, 16), dtype=np.int64)
+
+
+def _offline(model: Qwen3TTSModel, codes: np.ndarray) -> np.ndarray:
+    return model.codec.decode(torch.from_numpy(codes).T[None].to(model.device))[0].cpu().numpy()
+
+
+def _padded(chunks: list[np.ndarray], t: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Chunks (n_b, 16) -> codes (B, 16, T) padded with code 0, n_valid (B,)."""
+    codes = np.zeros((len(chunks), 16, t), np.int64)
+    for r, c in enumerate(chunks):
+        codes[r, :, : len(c)] = c.T
+    n_valid = torch.tensor([len(c) for c in chunks], dtype=torch.int64, device=device)
+    return torch.from_numpy(codes).to(device), n_valid
+
+
+def _solo(codec: CodecDecoder, chunk: np.ndarray, state: Tensor, start: Tensor) -> tuple[Tensor, ...]:
+    """One row's exact-length decode from its state (B = 1, no n_valid)."""
+    codes = torch.from_numpy(chunk.T[None].copy()).to(state.device)
+    return codec.stream(codes, state[None], start[None])
+
+
+def test_ragged_rows_equal_their_exact_length_decodes(tiny: Qwen3TTSModel) -> None:
+    codec, dev = tiny.codec, tiny.device
+    # rows at different positions (0, 3, 68 frames decoded: the last crosses the 72-frame window)
+    # with different valid counts, including 1 and T
+    t, before, n = 8, (0, 3, 68, 10), (1, 8, 5, 3)
+    streams = [_codes(20 + r, before[r] + 2 * t) for r in range(4)]
+    state, start = codec.fresh_state(4)
+    for r, k in enumerate(before):
+        if k:
+            _, s, p = _solo(codec, streams[r][:k], state[r], start[r])
+            state[r], start[r] = s[0], p[0]
+    codes, n_valid = _padded([streams[r][before[r] : before[r] + n[r]] for r in range(4)], t, dev)
+    pcm, next_state, next_start = codec.stream(codes, state, start, n_valid)
+    assert pcm.shape == (4, t * FRAME_SAMPLES)
+    for r in range(4):
+        chunk = streams[r][before[r] : before[r] + n[r]]
+        solo_pcm, solo_state, solo_start = _solo(codec, chunk, state[r], start[r])
+        torch.testing.assert_close(
+            pcm[r, : n[r] * FRAME_SAMPLES], solo_pcm[0], rtol=0, atol=STREAM_TOL, msg=f"row {r} pcm"
+        )
+        assert float(solo_state.abs().max()) > 1e-3  # a state worth comparing
+        torch.testing.assert_close(
+            next_state[r], solo_state[0], rtol=1e-5, atol=STREAM_TOL, msg=f"row {r} state"
+        )
+        assert int(next_start[r]) == int(solo_start[0]) == before[r] + n[r]
+    # the next (again ragged) chunk from that state: what the row alone gives next
+    n2 = (t, 2, 1, 7)
+    chunks2 = [streams[r][before[r] + n[r] : before[r] + n[r] + n2[r]] for r in range(4)]
+    codes2, n_valid2 = _padded(chunks2, t, dev)
+    pcm2, _, start2 = codec.stream(codes2, next_state, next_start, n_valid2)
+    for r in range(4):
+        offline = _offline(tiny, streams[r][: before[r] + n[r] + n2[r]])[before[r] * FRAME_SAMPLES :]
+        got = torch.cat((pcm[r, : n[r] * FRAME_SAMPLES], pcm2[r, : n2[r] * FRAME_SAMPLES]))
+        np.testing.assert_allclose(got.cpu().numpy(), offline, rtol=0, atol=STREAM_TOL, err_msg=f"row {r}")
+        assert int(start2[r]) == before[r] + n[r] + n2[r]
+
+
+def test_streaming_through_ragged_calls_equals_offline(tiny: Qwen3TTSModel) -> None:
+    """Three utterances of 90 frames, every tick a ragged call of random counts 1..T per row."""
+    codec, dev, t, total = tiny.codec, tiny.device, 12, 90
+    streams = [_codes(30 + r, total) for r in range(3)]
+    rng = np.random.default_rng(0)
+    state, start = codec.fresh_state(3)
+    done, pieces = [0, 0, 0], [[], [], []]
+    while min(done) < total:
+        n = [min(int(rng.integers(1, t + 1)), total - d) for d in done]
+        # a finished row rides along with 0 valid frames: its state and position must not move
+        codes, n_valid = _padded([s[d : d + k] for s, d, k in zip(streams, done, n, strict=True)], t, dev)
+        pcm, state, start = codec.stream(codes, state, start, n_valid)
+        for r in range(3):
+            pieces[r].append(pcm[r, : n[r] * FRAME_SAMPLES].cpu().numpy())
+            done[r] += n[r]
+        assert start.tolist() == done
+    for r in range(3):
+        offline = _offline(tiny, streams[r])
+        assert offline.std() > 1e-3
+        np.testing.assert_allclose(np.concatenate(pieces[r]), offline, rtol=0, atol=STREAM_TOL)
+
+
+@contextmanager
+def _count_codec_calls(model: Qwen3TTSModel) -> Iterator[list[int]]:
+    """Frame count T of every codec call (graph replay or eager) made inside the block."""
+    calls: list[int] = []
+    stream = model.codec.stream
+
+    def counted(codes: Tensor, *args: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        calls.append(codes.shape[-1])
+        return stream(codes, *args)
+
+    model.codec.stream = counted  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        del model.codec.stream
+
+
+def _tick(model: Qwen3TTSModel, chunks: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    work = [DecodeWork(slot, [c], len(c), False) for slot, c in chunks.items()]
+    pcm = model.decode(work)
+    for w, p in zip(work, pcm, strict=True):
+        assert p.dtype == np.float32 and p.shape == (w.n_frames * FRAME_SAMPLES,)
+    return {w.slot: p for w, p in zip(work, pcm, strict=True)}
+
+
+def test_model_decodes_a_tick_of_mixed_chunk_sizes_in_one_call(tiny: Qwen3TTSModel) -> None:
+    for b in tiny.codec_buckets:  # graphs for 5 frame counts (it was 12: every count 1..12)
+        graphed = [t for t in range(1, 13) if tiny.graphs.has(("codec", b, t))]
+        assert graphed == [1, 2, 4, 8, 12]
+    sizes = [(1, 2, 5, 12, 3), (12, 4, 1, 9, 8), (20, 1, 2, 3, 4)]  # the last tick: 20 > 12, eager
+    streams = {slot: _codes(40 + slot, sum(s[i] for s in sizes)) for i, slot in enumerate((0, 1, 2, 3, 5))}
+    for slot in streams:
+        tiny.open_slot(slot, StreamParams(greedy=True, seed=0))
+    got: dict[int, list[np.ndarray]] = {slot: [] for slot in streams}
+    done = dict.fromkeys(streams, 0)
+    for tick, expected_t in zip(sizes, (12, 12, 20), strict=True):
+        chunks = {}
+        for slot, n in zip(streams, tick, strict=True):
+            chunks[slot] = streams[slot][done[slot] : done[slot] + n]
+            done[slot] += n
+        with _count_codec_calls(tiny) as calls:
+            pcm = _tick(tiny, chunks)
+        assert calls == [expected_t], f"tick {tick}: codec calls of {calls} frames"
+        for slot, p in pcm.items():
+            got[slot].append(p)
+        if tick == sizes[0]:  # the first chunk of each stream alone, from a fresh state
+            for slot, c in chunks.items():
+                np.testing.assert_allclose(pcm[slot], _offline(tiny, c), rtol=0, atol=STREAM_TOL)
+    for slot, codes in streams.items():
+        np.testing.assert_allclose(
+            np.concatenate(got[slot]), _offline(tiny, codes), rtol=0, atol=STREAM_TOL, err_msg=f"slot {slot}"
+        )
+        tiny.close_slot(slot)
+
+
+def test_more_chunks_than_the_largest_bucket_split_into_calls(device: str) -> None:
+    opts = ServeOptions(max_slots=5, max_batch_size=5, max_seq_len=64, codec_batch_buckets=(1, 2))
+    model = load_qwen3(None, "tiny", device=device, seed=3, options=opts)
+    sizes = {0: 1, 1: 7, 2: 2, 3: 12, 4: 3}
+    streams = {slot: _codes(50 + slot, n) for slot, n in sizes.items()}
+    for slot in streams:
+        model.open_slot(slot, StreamParams(greedy=True, seed=0))
+    with _count_codec_calls(model) as calls:
+        pcm = _tick(model, streams)
+    # longest first, two rows a call: (12, 7) -> 12, (3, 2) -> 4, (1) -> 1
+    assert calls == [12, 4, 1]
+    for slot, codes in streams.items():
+        np.testing.assert_allclose(pcm[slot], _offline(model, codes), rtol=0, atol=STREAM_TOL)
+
+
+def test_full_rows_match_the_unragged_call(tiny: Qwen3TTSModel) -> None:
+    """n_valid of T everywhere (the gather path) equals no n_valid (the plain tail slices)."""
+    codec, t = tiny.codec, 4
+    codes = torch.from_numpy(np.stack([_codes(60 + r, t).T for r in range(2)])).to(tiny.device)
+    state, start = codec.fresh_state(2)
+    ref = codec.stream(codes, state, start)
+    full = torch.full((2,), t, dtype=torch.int64, device=tiny.device)
+    out = codec.stream(codes, state, start, full)
+    for a, b in zip(out, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
