@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_bench import copy_rate_gb_s, device_info, l2_bytes, time_per_call_us
 
-from kernels.fused_linear import ACT_SILU_MUL, LinearConfig, fused_linear, linear_config
+from kernels.fused_linear import ACT_SILU_MUL, LinearConfig, fit_shared_memory, fused_linear, linear_config
 
 # (name, N, K, form): form = norm | silu_mul | residual | head
 SHAPES_1_7B = [
@@ -45,7 +45,12 @@ SHAPES_1_7B = [
 ]
 ROWS = (1, 16, 64, 128)
 SWEEP_ROWS = (1, 64)  # the other row counts time linear_config's pick only
-SWEEP = [LinearConfig(0, bn, bk, 4, s) for bn in (16, 32, 64) for bk in (128, 256) for s in (3, 5)]
+SWEEP = [
+    LinearConfig(0, bn, bk, w, s)
+    for bn in (16, 32, 64)
+    for bk in (256, 512)
+    for w, s in ((4, 3), (8, 3), (4, 5))
+]
 
 
 def bench_shape(name: str, n: int, k: int, form: str, m: int, copy_gb_s: float) -> dict[str, Any]:
@@ -81,10 +86,16 @@ def bench_shape(name: str, n: int, k: int, form: str, m: int, copy_gb_s: float) 
 
     row: dict[str, Any] = {"name": name, "M": m, "N": n, "K": k, "form": form, "weight_mb": w_bytes / 1e6}
     row["cublas_gemm_only_us"] = time_per_call_us(cublas, copies)[0]
-    row["default"] = {"config": linear_config(m, n, k).__dict__, "us": ours(None)}
+    picked = fit_shared_memory(linear_config(m, n, k), kwargs.get("act", 0), 2)
+    row["default"] = {"config": picked.__dict__, "us": ours(None)}
     best: dict[str, Any] | None = None
+    tried = set()
     for c in SWEEP if m in SWEEP_ROWS else []:
         cfg = LinearConfig(linear_config(m, n, k).block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)
+        cfg = fit_shared_memory(cfg, kwargs.get("act", 0), 2)  # what the launcher would run
+        if cfg in tried:
+            continue
+        tried.add(cfg)
         try:
             us = ours(cfg)
         except Exception as err:  # out of shared memory / registers for this tile

@@ -28,7 +28,7 @@ reading W, and the tiles are chosen so that there are enough programs to keep ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -47,6 +47,11 @@ ACT_NONE, ACT_SILU, ACT_SILU_MUL = 0, 1, 2
 MAX_BLOCK_M = 64
 # The CPU interpreter runs programs one after another, each vectorised by numpy: few wide programs.
 INTERPRETER_BLOCK_N = 512
+# Programs per launch below which a wider band leaves SMs idle (132 SMs on the H200; 96 measured best
+# for the 3072-wide heads and gate|up bands, which stream two tiles per step).
+PROGRAMS_WANTED = 96
+# Shared memory a launch may plan for: the H200's 227 KiB per block, less room for Triton's own scratch.
+SHARED_MEMORY_BYTES = 200 * 1024
 
 
 @dataclass(frozen=True)
@@ -61,19 +66,37 @@ class LinearConfig:
 
 
 def linear_config(m: int, n: int, k: int) -> LinearConfig:
-    """Tiles for an (m x k) . (k x n) decode GEMM.
+    """Tiles for an (m x k) . (k x n) decode GEMM (n = output columns; gate|up counts its N, not 2N).
 
-    Few rows: BLOCK_N = 16 gives N / 16 programs (128-768 for the talker's and predictor's projections,
-    about one to six waves on 132 SMs), each streaming a 16-wide band of W in BLOCK_K = 256 steps (8 KiB
-    of bf16 per stage). More rows: wider bands, since every program also re-reads its rows of x (M x K)
-    from L2, and with 16-wide bands at M = 64 that would be 4x the bytes of W.
+    Tuned on the H200 at the 1.7B shapes (benchmarks/linear_bench.py, results/linear_h200.json): at
+    decode sizes the time is reading W, and what matters is bytes in flight per SM. The widest band
+    (BLOCK_N) that still gives >= PROGRAMS_WANTED programs, 256-deep K steps, and 3 stages (5 for the
+    16-wide bands, whose stages are small); the stage count is then cut to what shared memory holds.
     """
     block_m = max(MIN_DOT_DIM, min(MAX_BLOCK_M, triton.next_power_of_2(m)))
-    block_n = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_n = MIN_DOT_DIM
+    for bn in (32, 64):
+        if n >= PROGRAMS_WANTED * bn:
+            block_n = bn
     if interpreter_enabled():
         block_n = INTERPRETER_BLOCK_N
+    block_n = min(block_n, max(MIN_DOT_DIM, triton.next_power_of_2(n)))
     block_k = min(256, max(MIN_DOT_DIM, triton.next_power_of_2(k)))
-    return LinearConfig(block_m, min(block_n, max(MIN_DOT_DIM, triton.next_power_of_2(n))), block_k)
+    return LinearConfig(block_m, block_n, block_k, 4, 5 if block_n == MIN_DOT_DIM else 3)
+
+
+def fit_shared_memory(cfg: LinearConfig, act: int, element_bytes: int) -> LinearConfig:
+    """Fewer pipeline stages (then shallower K steps) until the tiles fit in shared memory."""
+    tiles = 3 if act == ACT_SILU_MUL else 2  # x, W (and W_up) tiles per stage
+
+    def stage_bytes(c: LinearConfig) -> int:
+        return (c.block_m * c.block_k + (tiles - 1) * c.block_k * c.block_n) * element_bytes
+
+    while cfg.num_stages > 2 and stage_bytes(cfg) * cfg.num_stages > SHARED_MEMORY_BYTES:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    while cfg.block_k > MIN_DOT_DIM and stage_bytes(cfg) * cfg.num_stages > SHARED_MEMORY_BYTES:
+        cfg = replace(cfg, block_k=cfg.block_k // 2)
+    return cfg
 
 
 @triton.jit
@@ -254,7 +277,7 @@ def fused_linear(
     check_same_device_unit_stride(tensors, x.device)
     if m == 0:
         return out
-    cfg = config or linear_config(m, n, k)
+    cfg = fit_shared_memory(config or linear_config(m, n, k), act, x.element_size())
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _fused_linear_kernel[grid](
         x,

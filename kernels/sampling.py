@@ -26,8 +26,10 @@ import triton.language as tl
 
 from kernels.launch_checks import check_index, check_same_device_unit_stride
 
-INT32_MIN = -(2**31)
-INT32_MAX = 2**31 - 1
+# kernels may read module globals only as tl.constexpr
+INT32_MIN = tl.constexpr(-(2**31))
+INT32_MAX = tl.constexpr(2**31 - 1)
+NEVER_KEY = tl.constexpr(-(2**31) - 1)  # below every float's key: padding lanes, cut tokens
 
 
 @triton.jit
@@ -89,7 +91,7 @@ def _sample_kernel(
     greedy_code = tl.argmax(s, axis=0)
 
     t = s / tl.load(temperature_ptr + slot * stride_param + col)
-    key = tl.where(in_vocab, _ordered_key(t), INT32_MIN - 1)  # padding lanes sort below everything
+    key = tl.where(in_vocab, _ordered_key(t), NEVER_KEY)  # padding lanes sort below everything
     top_k = tl.minimum(tl.maximum(tl.load(top_k_ptr + slot * stride_param + col), 1), V)
     if top_k < V:
         # the largest threshold that still keeps >= k tokens is the k-th largest key (ties stay)
@@ -101,7 +103,7 @@ def _sample_kernel(
             lo = tl.where(keep, mid, lo)
             hi = tl.where(keep, hi, mid - 1)
         t = tl.where(key >= lo, t, float("-inf"))
-        key = tl.where(key >= lo, key, INT32_MIN - 1)
+        key = tl.where(key >= lo, key, NEVER_KEY)
     prob = tl.exp(t - tl.max(t, axis=0))
     prob = prob / tl.sum(prob, axis=0)
     top_p = tl.load(top_p_ptr + slot * stride_param + col)

@@ -129,7 +129,7 @@ def _tick(model: Qwen3TTSModel, chunks: dict[int, np.ndarray]) -> dict[int, np.n
     return {w.slot: p for w, p in zip(work, pcm, strict=True)}
 
 
-def test_model_decodes_a_tick_of_mixed_chunk_sizes_in_one_call(tiny: Qwen3TTSModel) -> None:
+def test_model_decodes_a_tick_of_mixed_chunk_sizes_in_few_calls(tiny: Qwen3TTSModel) -> None:
     for b in tiny.codec_buckets:  # graphs for 5 frame counts (it was 12: every count 1..12)
         graphed = [t for t in range(1, 13) if tiny.graphs.has(("codec", b, t))]
         assert graphed == [1, 2, 4, 8, 12]
@@ -139,14 +139,15 @@ def test_model_decodes_a_tick_of_mixed_chunk_sizes_in_one_call(tiny: Qwen3TTSMod
         tiny.open_slot(slot, StreamParams(greedy=True, seed=0))
     got: dict[int, list[np.ndarray]] = {slot: [] for slot in streams}
     done = dict.fromkeys(streams, 0)
-    for tick, expected_t in zip(sizes, (12, 12, 20), strict=True):
+    # the cost model's split (test below): ticks whose short first chunks would pay for 12 frames split
+    for tick, expected_t in zip(sizes, ([12, 4], [12], [20, 4]), strict=True):
         chunks = {}
         for slot, n in zip(streams, tick, strict=True):
             chunks[slot] = streams[slot][done[slot] : done[slot] + n]
             done[slot] += n
         with _count_codec_calls(tiny) as calls:
             pcm = _tick(tiny, chunks)
-        assert calls == [expected_t], f"tick {tick}: codec calls of {calls} frames"
+        assert calls == expected_t, f"tick {tick}: codec calls of {calls} frames"
         for slot, p in pcm.items():
             got[slot].append(p)
         if tick == sizes[0]:  # the first chunk of each stream alone, from a fresh state
@@ -168,10 +169,23 @@ def test_more_chunks_than_the_largest_bucket_split_into_calls(device: str) -> No
         model.open_slot(slot, StreamParams(greedy=True, seed=0))
     with _count_codec_calls(model) as calls:
         pcm = _tick(model, streams)
-    # longest first, two rows a call: (12, 7) -> 12, (3, 2) -> 4, (1) -> 1
-    assert calls == [12, 4, 1]
+    # longest first, at most two rows a call
+    assert calls == [12, 4, 2]  # (12, 7), (3), (2, 1)
     for slot, codes in streams.items():
         np.testing.assert_allclose(pcm[slot], _offline(model, codes), rtol=0, atol=STREAM_TOL)
+
+
+def test_a_tick_splits_only_where_padding_costs_more_than_a_call(device: str) -> None:
+    """Chunk sizes (longest first) -> codec calls (positions), with 16-row buckets."""
+    opts = ServeOptions(max_slots=16, max_batch_size=16, max_seq_len=64)
+    groups = load_qwen3(None, "tiny", device=device, seed=3, options=opts)._codec_groups
+    assert groups([12] * 16) == [list(range(16))]  # steady state: one call
+    assert groups([1] * 6) == [list(range(6))]
+    # one long chunk with fifteen first chunks: the 1-frame chunks must not pay for 12 frames
+    assert groups([12] + [1] * 15) == [[0], list(range(1, 16))]
+    # similar sizes share a call (the padding costs less than a call's ~2.7 ms)
+    assert groups([12, 8, 1]) == [[0, 1, 2]]
+    assert [len(g) for g in groups([12] * 20 + [1] * 3)] == [16, 4, 3]
 
 
 def test_full_rows_match_the_unragged_call(tiny: Qwen3TTSModel) -> None:
