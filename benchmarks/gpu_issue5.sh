@@ -22,12 +22,15 @@ fi
 if [ "$mode" = fused ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_decode_ops.py \
     tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
-  tail -4 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|bf16 fused" "$OUT/pytest_gpu.txt" | head -12
-  timeout 200 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused-eager,fused,graphs \
-    --step-batches 1,8,32,64,128 --eager-batches 1 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -14
-  timeout 70 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -4
-  timeout $((585 - SECONDS)) python3 benchmarks/linear_bench.py --out "$OUT/linear.json" 2>&1 | cut -c1-260 | tail -44
+  tail -2 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error|bf16 fused" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -12
+  timeout 170 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused-eager,fused \
+    --step-batches 1,8,32,64,128 --eager-batches 1 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
+  timeout 60 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
+  timeout 130 python3 benchmarks/serving_bench.py --size 1.7b --sections serve --rates 1,20,40 --rate-duration-s 6 \
+    --concurrency 64 --closed-duration-s 5 --out "$OUT/serve_1.7b.json" > "$OUT/serve.log" 2>&1
+  grep -E "^\[(single|open|closed)\]" "$OUT/serve.log" | cut -c1-400; grep -m3 -E "Error|assert" "$OUT/serve.log" | cut -c1-300
+  timeout $((560 - SECONDS)) python3 benchmarks/linear_bench.py --rows 1,64 --out "$OUT/linear.json" 2>&1 | cut -c1-200 | tail -22
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only
