@@ -19,6 +19,15 @@ if [ "$mode" = step ]; then
   timeout 80 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants graphs \
     --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | tail -6
 fi
+if [ "$mode" = check ]; then
+  timeout 110 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_decode_ops.py \
+    tests/engine/qwen3/test_gpu.py -k "fused or graph_replay or row_kernels" > "$OUT/pytest_gpu.txt" 2>&1
+  tail -1 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
+  timeout 150 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-kernels,fused-cublas \
+    --step-batches 1,8,16,32,64,128 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -18
+  timeout $((250 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -3
+fi
 if [ "$mode" = fused ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_decode_ops.py \
     tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1

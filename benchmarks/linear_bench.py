@@ -86,7 +86,7 @@ def bench_shape(name: str, n: int, k: int, form: str, m: int, copy_gb_s: float) 
 
     row: dict[str, Any] = {"name": name, "M": m, "N": n, "K": k, "form": form, "weight_mb": w_bytes / 1e6}
     row["cublas_gemm_only_us"] = time_per_call_us(cublas, copies)[0]
-    picked = fit_shared_memory(linear_config(m, n, k), kwargs.get("act", 0), 2)
+    picked = fit_shared_memory(linear_config(m, n, k, kwargs.get("act", 0)), kwargs.get("act", 0), 2)
     row["default"] = {"config": picked.__dict__, "us": ours(None)}
     best: dict[str, Any] | None = None
     tried = set()

@@ -10,7 +10,8 @@ Sections (each kept in the JSON even if another fails):
 * ``step``: the frame step (talker step + 15 code-predictor passes + sampling of all 16 codebooks)
   per batch size, as ``fused`` (the served path: the decode work on fused Triton kernels,
   engine/qwen3/fused_decode.py, one CUDA graph per batch bucket), ``fused-eager`` (the same, not
-  captured), and on the unfused layers ``eager``, ``graphs`` and ``compile`` (graphs around
+  captured), ``fused-kernels`` / ``fused-cublas`` (the wide projections always on the fused kernel /
+  always norm + cuBLAS, instead of switching above 8 rows), and on the unfused layers ``eager``, ``graphs`` and ``compile`` (graphs around
   torch.compile'd norms / RoPE / SwiGLU / sampler). GPU time
   by CUDA events over back-to-back replays; host-inclusive time = wall of ``model.generate``
   (input staging, replay, the one device->host copy, bookkeeping). Per stage (graphs): talker,
@@ -192,6 +193,8 @@ def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
                 cuda_graphs=variant not in ("eager", "fused-eager"),
                 compile_elementwise=variant == "compile",
                 fused_kernels=variant.startswith("fused"),
+                # fused: wide projections on cuBLAS above 8 rows; -kernels: never; -cublas: always
+                fused_cublas_rows={"fused-kernels": 1 << 20, "fused-cublas": 0}.get(variant, 8),
                 codec_mode="windowed",  # no codec graphs needed here
             )
         except Exception as err:

@@ -50,8 +50,9 @@ INTERPRETER_BLOCK_N = 512
 # Programs per launch below which a wider band leaves SMs idle (132 SMs on the H200; 96 measured best
 # for the 3072-wide heads and gate|up bands, which stream two tiles per step).
 PROGRAMS_WANTED = 96
-# Shared memory a launch may plan for: the H200's 227 KiB per block, less room for Triton's own scratch.
-SHARED_MEMORY_BYTES = 200 * 1024
+# Shared memory a launch may plan for: the H200's 227 KiB per block, less 4 KiB for Triton's own scratch
+# (gate|up at 64-wide bands, 3 stages: 216 KiB, ran; the hardware limit is 232,448 bytes).
+SHARED_MEMORY_BYTES = 223 * 1024
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,14 @@ class LinearConfig:
     num_stages: int = 4
 
 
-def linear_config(m: int, n: int, k: int) -> LinearConfig:
+def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
     """Tiles for an (m x k) . (k x n) decode GEMM (n = output columns; gate|up counts its N, not 2N).
 
-    Tuned on the H200 at the 1.7B shapes (benchmarks/linear_bench.py, results/linear_h200.json): at
-    decode sizes the time is reading W, and what matters is bytes in flight per SM. The widest band
-    (BLOCK_N) that still gives >= PROGRAMS_WANTED programs, 256-deep K steps, and 3 stages (5 for the
-    16-wide bands, whose stages are small); the stage count is then cut to what shared memory holds.
+    Tuned on the H200 at the 1.7B shapes, M = 1 (benchmarks/linear_bench.py; results in
+    benchmarks/results/fused_h200/linear*.json): at decode sizes the time is reading W, and what
+    matters is bytes in flight per SM. The widest band (BLOCK_N) that still gives >= PROGRAMS_WANTED
+    programs; 512-deep K steps where K >= 2048 (256 for gate|up, which streams two bands per step);
+    3 stages (5 for the 16-wide bands, whose stages are small); then cut to what shared memory holds.
     """
     block_m = max(MIN_DOT_DIM, min(MAX_BLOCK_M, triton.next_power_of_2(m)))
     block_n = MIN_DOT_DIM
@@ -81,7 +83,8 @@ def linear_config(m: int, n: int, k: int) -> LinearConfig:
     if interpreter_enabled():
         block_n = INTERPRETER_BLOCK_N
     block_n = min(block_n, max(MIN_DOT_DIM, triton.next_power_of_2(n)))
-    block_k = min(256, max(MIN_DOT_DIM, triton.next_power_of_2(k)))
+    deep = 512 if k >= 2048 and act != ACT_SILU_MUL else 256
+    block_k = min(deep, max(MIN_DOT_DIM, triton.next_power_of_2(k)))
     return LinearConfig(block_m, block_n, block_k, 4, 5 if block_n == MIN_DOT_DIM else 3)
 
 
@@ -200,6 +203,33 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_xm, stride_om, eps, BLOCK_
     tl.store(out_ptr + m * stride_om + k, y.to(x.dtype), mask=ok)
 
 
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, F, stride_xm, stride_om, BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    f = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = f < F
+    gate = tl.load(x_ptr + m * stride_xm + f, mask=ok, other=0.0)
+    up = tl.load(x_ptr + m * stride_xm + F + f, mask=ok, other=0.0).to(tl.float32)
+    g = gate.to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + f, (s * up).to(gate.dtype), mask=ok)
+
+
+def silu_mul_rows(gate_up: torch.Tensor) -> torch.Tensor:
+    """(M, 2F) gate|up -> silu(gate) * up (M, F), rounded as the unfused ops round."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must be (M, 2F), got {tuple(gate_up.shape)}")
+    m, f = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((m, f), device=gate_up.device, dtype=gate_up.dtype)
+    check_same_device_unit_stride({"gate_up": gate_up, "out": out}, gate_up.device)
+    if m:
+        block = min(1024, triton.next_power_of_2(f))
+        _silu_mul_kernel[(m, triton.cdiv(f, block))](
+            gate_up, out, f, gate_up.stride(0), out.stride(0), BLOCK=block, num_warps=4
+        )
+    return out
+
+
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """rms_norm(x) * weight for x (M, K), one program per row (the talker's final norm)."""
     if x.dim() != 2 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
@@ -277,7 +307,7 @@ def fused_linear(
     check_same_device_unit_stride(tensors, x.device)
     if m == 0:
         return out
-    cfg = fit_shared_memory(config or linear_config(m, n, k), act, x.element_size())
+    cfg = fit_shared_memory(config or linear_config(m, n, k, act), act, x.element_size())
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _fused_linear_kernel[grid](
         x,
@@ -317,4 +347,5 @@ __all__ = [
     "fused_linear",
     "linear_config",
     "rms_norm_rows",
+    "silu_mul_rows",
 ]

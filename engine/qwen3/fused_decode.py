@@ -12,6 +12,12 @@ cache made per frame, its first pass with two rows per stream (the talker's hidd
 at positions 0 and 1: each row is a query with its own length, so the same decode kernel serves it).
 Sampling is one kernel per codebook (kernels/sampling.py), reading the slot tables directly.
 
+Above ``cublas_rows`` rows (8) the wide projections (q|k|v, gate|up, the heads) go to cuBLAS after a one-kernel
+norm, with a one-kernel SwiGLU: our kernel's norm prologue and fused epilogue re-read x for every band
+of W, which at 64 rows costs 2-2.5x cuBLAS's time (linear_h200.json: gate|up 34-40 us against 16 + 2 x
+~2.5 us); at a few rows the fused kernel wins by the launches it saves. o and down keep the fused
+residual epilogue at every size (on par with cuBLAS).
+
 Everything is a fixed-shape device computation, like frame_step.py's eager body it replaces, and is
 captured in the same CUDA graphs. Rounding follows the unfused layers, so on the CPU interpreter (fp32)
 the fused and unfused steps give the same codes (tests/engine/qwen3/test_fused_decode.py).
@@ -23,10 +29,11 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels.decode_attention import DecodeAttentionPlan, decode_attention, plan_decode_attention
-from kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows
+from kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows
 from kernels.qk_norm_rope import qk_norm_rope_store
 from kernels.sampling import sample_rows
 
@@ -109,6 +116,7 @@ class FusedDecode:
         self.proj = cast(nn.Linear, proj) if isinstance(proj, nn.Linear) else None
         self.cp_heads = torch.stack([cast(nn.Linear, h).weight for h in code_predictor.lm_head])  # (15, V, H)
         self.suppress = suppress  # (vocab,) bool: the talker's control ids (frame_step.py)
+        self.cublas_rows = 8  # rows above which the wide projections run on cuBLAS (ServeOptions)
         self._rows: dict[int, _Rows] = {}
 
     # --- the talker -------------------------------------------------------------------------------
@@ -127,7 +135,20 @@ class FusedDecode:
 
     def talker_logits(self, hidden: Tensor) -> Tensor:
         """(B, H) final-norm hidden -> (B, vocab) float32."""
-        return fused_linear(hidden, self.talker.codec_head.weight, out_dtype=torch.float32)
+        return self._linear(hidden, self.talker.codec_head.weight, None, 0.0, logits=True)
+
+    def _linear(
+        self, x: Tensor, weight: Tensor, norm: Tensor | None, eps: float, act: int = 0, logits: bool = False
+    ) -> Tensor:
+        """(norm(x) if norm else x) @ W^T, then SwiGLU or a float32 copy (logits): fused up to
+        cublas_rows rows, else a norm kernel + cuBLAS + an activation kernel."""
+        if x.shape[0] <= self.cublas_rows:
+            out_dtype = torch.float32 if logits else None
+            return fused_linear(x, weight, norm_weight=norm, eps=eps, act=act, out_dtype=out_dtype)
+        y = F.linear(rms_norm_rows(x, norm, eps) if norm is not None else x, weight)
+        if act == ACT_SILU_MUL:
+            return silu_mul_rows(y)
+        return y.float() if logits else y
 
     # --- sampling -----------------------------------------------------------------------------------
     def sample(self, logits: Tensor, st: SlotState, slots32: Tensor, frames: Tensor, codebook: int) -> Tensor:
@@ -179,13 +200,7 @@ class FusedDecode:
         codes: list[Tensor] = []
         n = cfg.num_code_groups - 1
         for j in range(n):
-            logits = fused_linear(
-                last,
-                self.cp_heads[j],
-                norm_weight=self.cp.norm.weight,
-                eps=self.cp.norm.eps,
-                out_dtype=torch.float32,
-            )
+            logits = self._linear(last, self.cp_heads[j], self.cp.norm.weight, self.cp.norm.eps, logits=True)
             code = self.sample(logits, st, slots32, frames, j + 1)
             codes.append(code)
             if j + 1 == n:
@@ -205,8 +220,8 @@ class FusedDecode:
         return fused_linear(x, self.proj.weight, bias=self.proj.bias)
 
     # --- shared -------------------------------------------------------------------------------------
-    @staticmethod
     def _layer(
+        self,
         w: _Layer,
         x: Tensor,
         slots: Tensor,
@@ -218,13 +233,13 @@ class FusedDecode:
         plan: DecodeAttentionPlan,
     ) -> Tensor:
         m = x.shape[0]
-        qkv = fused_linear(x, w.qkv, norm_weight=w.ln1, eps=w.eps)
+        qkv = self._linear(x, w.qkv, w.ln1, w.eps)
         q = qk_norm_rope_store(
             qkv, w.q_norm, w.k_norm, freqs, k_cache, v_cache, slots, positions, q_heads=w.q_heads, eps=w.eps
         )
         a = decode_attention(q, k_cache, v_cache, slots, lengths, scale=w.scale, plan=plan)
         x = fused_linear(a.view(m, -1), w.o, residual=x)
-        g = fused_linear(x, w.gate_up, norm_weight=w.ln2, eps=w.eps, act=ACT_SILU_MUL)
+        g = self._linear(x, w.gate_up, w.ln2, w.eps, ACT_SILU_MUL)
         return fused_linear(g, w.down, residual=x)
 
     def rows(self, b: int) -> _Rows:

@@ -72,6 +72,8 @@ class ServeOptions:
     # decode work on the fused Triton kernels (fused_decode.py): None = on CUDA; True also on the CPU
     # (needs TRITON_INTERPRET=1: tests); False = the unfused layers
     fused_kernels: bool | None = None
+    # fused path: batches above this many rows run the wide projections on cuBLAS (fused_decode.py)
+    fused_cublas_rows: int = 8
     decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
     max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
     prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
@@ -158,6 +160,8 @@ class Qwen3TTSModel(Model):
             use_attention_kernel=options.attention_kernel and dev.type == "cuda",
             fused_kernels=dev.type == "cuda" if options.fused_kernels is None else options.fused_kernels,
         )
+        if self.step.fused is not None:
+            self.step.fused.cublas_rows = options.fused_cublas_rows
         if options.compile_elementwise and dev.type == "cuda":
             from .fused_ops import compile_elementwise, compile_sampler
 

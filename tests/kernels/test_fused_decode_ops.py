@@ -11,7 +11,14 @@ import torch.nn.functional as F
 from engine.qwen3.layers import rms_norm, silu_mul
 from engine.qwen3.rope import cos_sin, inv_freq, rotate
 from engine.qwen3.sampler import RowParams, apply_repetition_penalty, sample
-from kernels.fused_linear import ACT_SILU, ACT_SILU_MUL, LinearConfig, fused_linear
+from kernels.fused_linear import (
+    ACT_SILU,
+    ACT_SILU_MUL,
+    LinearConfig,
+    fused_linear,
+    rms_norm_rows,
+    silu_mul_rows,
+)
 from kernels.qk_norm_rope import qk_norm_rope_store
 from kernels.sampling import sample_rows
 from tests.kernels.common import REL_TOL, rel_err, skip_unsupported
@@ -73,6 +80,17 @@ def test_fused_linear_reads_strided_rows_and_any_tile(device: str) -> None:
     w = torch.randn(48, 64, generator=g).to(device) * 0.1
     cfg = LinearConfig(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
     assert rel_err(fused_linear(x, w, config=cfg), F.linear(x, w)) < 1e-5
+
+
+def test_norm_and_swiglu_row_kernels_match_the_layers(device: str) -> None:
+    """The two helpers of the many-rows path (norm before cuBLAS, SwiGLU after it)."""
+    g = torch.Generator().manual_seed(5)
+    for dtype in _dtypes(device):
+        x = torch.randn(6, 2, 80, generator=g).to(device, dtype)[:, 1]  # strided rows
+        w = (torch.rand(80, generator=g) + 0.5).to(device, dtype)
+        assert rel_err(rms_norm_rows(x, w, EPS), rms_norm(x, w, EPS)) < _tol(dtype) / 10
+        gu = torch.randn(5, 2 * 1100, generator=g).to(device, dtype)  # F = 1100: two column blocks
+        assert rel_err(silu_mul_rows(gu), silu_mul(gu)) < _tol(dtype) / 10
 
 
 def test_fused_linear_rejects_bad_shapes() -> None:

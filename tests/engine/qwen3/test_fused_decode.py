@@ -54,9 +54,12 @@ def _run(model: Qwen3TTSModel) -> dict[int, np.ndarray]:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; the GPU has its own")
-def test_fused_step_gives_the_unfused_codes_and_cache() -> None:
+@pytest.mark.parametrize("cublas_rows", [8, 0], ids=["fused-linears", "norm+cublas-linears"])
+def test_fused_step_gives_the_unfused_codes_and_cache(cublas_rows: int) -> None:
+    """Both ways of running the wide projections: the fused kernel (few rows) and norm + GEMM (many)."""
     fused, plain = _model(True), _model(False)
     assert fused.step.fused is not None and plain.step.fused is None
+    fused.step.fused.cublas_rows = cublas_rows
     got, want = _run(fused), _run(plain)
     for slot, _, _, params in STREAMS:
         assert got[slot].shape == (params.forced_frames, 16)
