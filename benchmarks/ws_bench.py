@@ -86,11 +86,7 @@ async def run_turn(ws: Any, turn_id: str, text: str, words_per_s: float | None) 
         else:
             words = text.split(" ")
             for i, w in enumerate(words):
-                await ws.send(
-                    json.dumps(
-                        {"type": "text.delta", "turn_id": turn_id, "text": w + " " * (i < len(words) - 1)}
-                    )
-                )
+                await ws.send(json.dumps({"type": "text.delta", "turn_id": turn_id, "text": w + " " * (i < len(words) - 1)}))
                 await asyncio.sleep(1 / words_per_s)
         await ws.send(json.dumps({"type": "text.end", "turn_id": turn_id}))
 
@@ -130,9 +126,7 @@ async def connect(url: str) -> Any:
     return ws
 
 
-async def session_loop(
-    url: str, turns: int, words_per_s: float | None, texts: list[str], start_delay_s: float
-) -> list[TurnStats]:
+async def session_loop(url: str, turns: int, words_per_s: float | None, texts: list[str], start_delay_s: float) -> list[TurnStats]:
     await asyncio.sleep(start_delay_s)
     ws = await connect(url)
     out = []
@@ -145,18 +139,10 @@ async def session_loop(
     return out
 
 
-async def scenario(
-    url: str, sessions: int, turns: int, words_per_s: float | None, texts: list[str], stagger_s: float
-) -> list[TurnStats]:
+async def scenario(url: str, sessions: int, turns: int, words_per_s: float | None, texts: list[str], stagger_s: float) -> list[TurnStats]:
     rng = random.Random(sessions)
     tasks = [
-        session_loop(
-            url,
-            turns,
-            words_per_s,
-            texts[i % len(texts) :] + texts[: i % len(texts)],
-            rng.uniform(0, stagger_s),
-        )
+        session_loop(url, turns, words_per_s, texts[i % len(texts):] + texts[: i % len(texts)], rng.uniform(0, stagger_s))
         for i in range(sessions)
     ]
     results = await asyncio.gather(*tasks)
@@ -191,12 +177,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     print("(a) TTFP, whole sentence + flush", flush=True)
     one = await scenario(url, 1, args.turns, None, SENTENCES, 0.0)
     out["a_ttfp_whole_sentence_1_session"] = summary_ms([t.ttfp_s for t in one if t.ttfp_s is not None])
-    many = await scenario(
-        url, args.concurrent, max(3, args.turns // args.concurrent + 1), None, SENTENCES, 0.5
-    )
-    out[f"a_ttfp_whole_sentence_{args.concurrent}_sessions"] = summary_ms(
-        [t.ttfp_s for t in many if t.ttfp_s is not None]
-    )
+    many = await scenario(url, args.concurrent, max(3, args.turns // args.concurrent + 1), None, SENTENCES, 0.5)
+    out[f"a_ttfp_whole_sentence_{args.concurrent}_sessions"] = summary_ms([t.ttfp_s for t in many if t.ttfp_s is not None])
     print(json.dumps({k: v for k, v in out.items()}, indent=1), flush=True)
 
     print("(b) TTFP, streaming text at 20 words/s", flush=True)
@@ -204,11 +186,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out["b_ttfp_streaming_20wps_1_session"] = summary_ms([t.ttfp_s for t in streamed if t.ttfp_s is not None])
     print(json.dumps(out["b_ttfp_streaming_20wps_1_session"]), flush=True)
 
-    print(
-        f"(c) capacity sweep, streaming text at 20 words/s, {args.capacity_turns} turns per session, "
-        f"sessions start within {args.stagger} s",
-        flush=True,
-    )
+    print(f"(c) capacity sweep, streaming text at 20 words/s, {args.capacity_turns} turns per session, "
+          f"sessions start within {args.stagger} s", flush=True)
     sweep = []
     best = 0
     for n in args.sweep:
@@ -242,9 +221,7 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=20)
     ap.add_argument("--stagger", type=float, default=5.0, help="(c): sessions start within this many seconds")
     ap.add_argument("--capacity-turns", type=int, default=3, help="(c): turns per session")
-    ap.add_argument(
-        "--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[10, 25, 50, 75, 100, 125, 150]
-    )
+    ap.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[10, 25, 50, 75, 100, 125, 150])
     args = ap.parse_args()
     server = start_server(args.port)
     try:

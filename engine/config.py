@@ -36,9 +36,7 @@ class TextConfig:
     """Text feeding for clause-granularity models (the embedded voice)."""
 
     first_fragment_min_chars: int = 3  # the first clause of a turn may be released this short
-    first_fragment_min_words: int = (
-        3  # ...or cut before a phrase-starting word ("for", "and") after this many
-    )
+    first_fragment_min_words: int = 3  # ...or cut before a phrase-starting word ("for", "and") after this many
     first_fragment_max_words: int = 12  # ...and is forced out at a word boundary after this many words
     clause_min_chars: int = 24  # later clauses are merged up to this length for prosody
     max_clause_chars: int = 300  # a clause with no punctuation is cut at a word boundary here

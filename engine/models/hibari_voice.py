@@ -135,9 +135,7 @@ class HibariModel(Model):
         pieces: list[np.ndarray] = []
         for payload in item.frames:
             for fr in payload:  # type: ignore[attr-defined]
-                pcm = _trim_pauses(
-                    dsp.synth(*fr.parts, rng), None if fr.first_clause else LEAD_MS, fr.tail_ms
-                )
+                pcm = _trim_pauses(dsp.synth(*fr.parts, rng), None if fr.first_clause else LEAD_MS, fr.tail_ms)
                 pieces.append(apply_gain(pcm, GAIN_DB))
         return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
