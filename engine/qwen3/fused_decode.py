@@ -1,4 +1,5 @@
-"""The frame step's decode work on fused Triton kernels: six launches per decoder layer instead of ~20.
+"""The frame step's decode work on fused Triton kernels: 6 launches per decoder layer (9 above 8 rows),
+against ~20 for the unfused layers even after torch.compile.
 
     qkv  = rms_norm(x) @ Wqkv^T                       fused_linear (norm prologue)
     q    = rope(norm(q)); cache <- rope(norm(k)), v   qk_norm_rope_store
@@ -12,11 +13,12 @@ cache made per frame, its first pass with two rows per stream (the talker's hidd
 at positions 0 and 1: each row is a query with its own length, so the same decode kernel serves it).
 Sampling is one kernel per codebook (kernels/sampling.py), reading the slot tables directly.
 
-Above ``cublas_rows`` rows (8) the wide projections (q|k|v, gate|up, the heads) go to cuBLAS after a one-kernel
-norm, with a one-kernel SwiGLU: our kernel's norm prologue and fused epilogue re-read x for every band
-of W, which at 64 rows costs 2-2.5x cuBLAS's time (linear_h200.json: gate|up 34-40 us against 16 + 2 x
-~2.5 us); at a few rows the fused kernel wins by the launches it saves. o and down keep the fused
-residual epilogue at every size (on par with cuBLAS).
+Above ``cublas_rows`` rows (8) the wide projections (q|k|v, gate|up, the heads) go to cuBLAS after a
+one-kernel norm, with a one-kernel SwiGLU: the fused kernel's norm prologue and epilogue re-read x for
+every band of W, which at 64 rows costs 2-2.5x cuBLAS's time (gate|up 34-40 us against 16 us;
+benchmarks/results/fused_h200/linear_m1_m64.json); at a few rows the fused kernel wins by the launches
+it saves. o and down keep the fused residual epilogue at every size (on par with cuBLAS). Measured
+both ways in benchmarks/NOTES.md (step variants fused-kernels / fused-cublas).
 
 Everything is a fixed-shape device computation, like frame_step.py's eager body it replaces, and is
 captured in the same CUDA graphs. Rounding follows the unfused layers, so on the CPU interpreter (fp32)

@@ -12,8 +12,9 @@ Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by sl
                          not ready: it waits rather than padding
                 then, batched over all slots of the step: sample codebook 0, run the code
                 predictor for codebooks 1..15, one device->host copy of the (B, 16) codes
-    decode      frames -> PCM through the stateful streaming codec decoder: all due chunks of a
-                tick in one call, padded to a common frame count, each row with its own count
+    decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
+                tick in as few calls as pay off, each padded to a common frame count, each row
+                advancing by its own count
     close_slot  forget the host state; device rows are overwritten by the next owner
 
 One generate() call runs at most one talker forward per slot (a prefill or a one-token feed)
@@ -460,8 +461,8 @@ class Qwen3TTSModel(Model):
     # --- decode --------------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
-        """All due chunks of all streams: one codec call (graph) per largest batch bucket of chunks,
-        whatever their frame counts, every call queued before the one device->host copy of the PCM."""
+        """All due chunks of all streams in the codec calls ``_codec_groups`` picks (usually one), every
+        call queued before the one device->host copy of the PCM."""
         out = [np.zeros(0, np.float32) for _ in work]
         if self.options.codec_mode == "windowed":
             return [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
@@ -500,17 +501,14 @@ class Qwen3TTSModel(Model):
             calls = [biggest] * full + ([rest] if rest else [])
             return sum(CODEC_CALL_MS + CODEC_FRAME_MS * bucket_for(r, self.codec_buckets) * t for r in calls)
 
-        best: list[tuple[float, list[int]]] = [(0.0, [])]  # classes [0, i) -> (ms, cut points)
+        # best[i]: the cheapest split of classes [0, i) -> (estimated ms, the classes that start a call)
+        best: list[tuple[float, list[int]]] = [(0.0, [])]
         for i in range(1, len(classes) + 1):
-            best.append(
-                min(
-                    (
-                        (best[j][0] + cost(classes[j][0], sum(n for _, n in classes[j:i])), [*best[j][1], j])
-                        for j in range(i)
-                    ),
-                    key=lambda o: o[0],
-                )
-            )
+            options = []
+            for j in range(i):  # classes [j, i) share calls, padded to class j's frame count
+                rows = sum(n for _, n in classes[j:i])
+                options.append((best[j][0] + cost(classes[j][0], rows), [*best[j][1], j]))
+            best.append(min(options, key=lambda o: o[0]))
         starts = [sum(n for _, n in classes[:c]) for c in [*best[-1][1], len(classes)]]
         groups = []
         for a, b in itertools.pairwise(starts):

@@ -72,3 +72,26 @@ def run_stream(
             break
     model.close_slot(slot)
     return np.concatenate(frames) if frames else np.zeros((0, 16), np.int64)
+
+
+def run_joining(
+    model: Qwen3TTSModel, streams: Sequence[tuple[int, int, str, StreamParams]], steps: int
+) -> dict[int, np.ndarray]:
+    """Streams (slot, join at step, text, params) joining a shared batch and leaving when done, for up
+    to ``steps`` generate() calls -> each slot's codes (T, 16)."""
+    got: dict[int, list[np.ndarray]] = {slot: [] for slot, *_ in streams}
+    live: list[int] = []
+    for step in range(steps):
+        for slot, join, text, params in streams:
+            if join == step:
+                model.open_slot(slot, params)
+                model.add_text(slot, [text], True)
+                live.append(slot)
+        for r in model.generate([s for s in live if model.ready(s)]):
+            if r.frames is not None:
+                got[r.slot].append(r.frames)
+            if r.finished:
+                live.remove(r.slot)
+                model.close_slot(r.slot)
+    assert not live, f"streams {live} still running after {steps} steps"
+    return {s: np.concatenate(f) for s, f in got.items()}

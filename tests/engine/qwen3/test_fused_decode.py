@@ -21,6 +21,8 @@ if not torch.cuda.is_available():
 from engine.model import StreamParams
 from engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
 
+from .conftest import run_joining
+
 # (slot, join at step, text, params): greedy and sampled streams with top-k / top-p and a penalty
 STREAMS = [
     (0, 0, "Hello world, this is a test.", StreamParams(voice="ryan", greedy=True, forced_frames=6, seed=1)),
@@ -34,25 +36,6 @@ def _model(fused: bool) -> Qwen3TTSModel:
     return load_qwen3(None, "tiny", device="cpu", seed=5, options=opts)
 
 
-def _run(model: Qwen3TTSModel) -> dict[int, np.ndarray]:
-    got: dict[int, list[np.ndarray]] = {slot: [] for slot, *_ in STREAMS}
-    live: list[int] = []
-    for step in range(12):
-        for slot, join, text, params in STREAMS:
-            if join == step:
-                model.open_slot(slot, params)
-                model.add_text(slot, [text], True)
-                live.append(slot)
-        for r in model.generate([s for s in live if model.ready(s)]):
-            if r.frames is not None:
-                got[r.slot].append(r.frames)
-            if r.finished:
-                live.remove(r.slot)
-                model.close_slot(r.slot)
-    assert not live
-    return {s: np.concatenate(f) for s, f in got.items()}
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; the GPU has its own")
 @pytest.mark.parametrize("cublas_rows", [8, 0], ids=["fused-linears", "norm+cublas-linears"])
 def test_fused_step_gives_the_unfused_codes_and_cache(cublas_rows: int) -> None:
@@ -60,7 +43,7 @@ def test_fused_step_gives_the_unfused_codes_and_cache(cublas_rows: int) -> None:
     fused, plain = _model(True), _model(False)
     assert fused.step.fused is not None and plain.step.fused is None
     fused.step.fused.cublas_rows = cublas_rows
-    got, want = _run(fused), _run(plain)
+    got, want = run_joining(fused, STREAMS, 12), run_joining(plain, STREAMS, 12)
     for slot, _, _, params in STREAMS:
         assert got[slot].shape == (params.forced_frames, 16)
         np.testing.assert_array_equal(got[slot], want[slot], err_msg=f"slot {slot}")

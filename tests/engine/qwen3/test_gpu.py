@@ -22,7 +22,7 @@ from engine.qwen3.config import preset
 from engine.qwen3.testing import write_random_checkpoint
 from engine.qwen3.weights import build_modules, randomize
 
-from .conftest import run_stream
+from .conftest import run_joining, run_stream
 
 pytestmark = pytest.mark.gpu
 
@@ -106,21 +106,7 @@ def test_graph_replay_gives_the_eager_codes() -> None:
         model = load_qwen3(None, "tiny", device="cuda", seed=4, options=opts)
         model.warmup()
         assert model.graphs.enabled == graphs
-        got: dict[int, list[np.ndarray]] = {slot: [] for slot, *_ in STREAMS}
-        live: list[int] = []
-        for step in range(60):
-            for slot, join, text, params in STREAMS:
-                if join == step:
-                    model.open_slot(slot, params)
-                    model.add_text(slot, [text], True)
-                    live.append(slot)
-            for r in model.generate([s for s in live if model.ready(s)]):
-                if r.frames is not None:
-                    got[r.slot].append(r.frames)
-                if r.finished:
-                    live.remove(r.slot)
-                    model.close_slot(r.slot)
-        return {s: np.concatenate(f) for s, f in got.items()}
+        return run_joining(model, STREAMS, 60)
 
     eager, graphed = run(False), run(True)
     for slot in eager:
