@@ -7,16 +7,12 @@ import os
 import pytest
 import torch
 
-DEVICES = [
-    pytest.param(
-        "cpu",
-        marks=pytest.mark.skipif(
-            os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
-            reason="CPU cases need the Triton interpreter (only enabled without CUDA)",
-        ),
-    ),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
+# CPU tensors reach a kernel only through the Triton interpreter (enabled by conftest.py without CUDA)
+needs_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+    reason="CPU cases need the Triton interpreter (only enabled without CUDA)",
+)
+DEVICES = [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=pytest.mark.gpu)]
 
 # ‖out - ref‖ / ‖ref‖ bounds against fp32 references: fp32 dots in IEEE mode land near 1e-7; fp16 and
 # bf16 round P to 10 and 7 mantissa bits before P @ V (seen: ~5e-5 fp16 here; bf16 ~4e-3 typical).
