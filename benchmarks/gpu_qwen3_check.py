@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 from engine.config import ChunkSchedule  # noqa: E402
 from engine.model import DecodeWork, StreamParams  # noqa: E402
 from engine.qwen3 import load_qwen3  # noqa: E402
-from engine.qwen3.codec_decoder import CodecDecoder  # noqa: E402
 from engine.qwen3.config import preset  # noqa: E402
+from engine.qwen3.testing import streaming_deviation  # noqa: E402
 from engine.qwen3.weights import build_modules, randomize  # noqa: E402
 
 WHEELS = """python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
@@ -159,20 +159,6 @@ def parity(site: str, device: str, work: Path) -> dict[str, Any]:
     return out
 
 
-def stream_vs_offline(codec: CodecDecoder, n_frames: int, schedule: ChunkSchedule, seed: int = 0) -> float:
-    dev = codec.codebook_sum.device
-    codes = torch.from_numpy(np.random.default_rng(seed).integers(0, 2048, (2, 16, n_frames))).to(dev)
-    offline = codec.decode(codes)
-    state, start = codec.fresh_state(2)
-    pieces, t, i = [], 0, 0
-    while t < n_frames:
-        n = min(schedule.frames_for(i), n_frames - t)
-        pcm, state, start = codec.stream(codes[..., t : t + n], state, start)
-        pieces.append(pcm)
-        t, i = t + n, i + 1
-    return float((torch.cat(pieces, dim=1) - offline).abs().max())
-
-
 def streaming(device: str, sizes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for size in sizes:
@@ -182,7 +168,7 @@ def streaming(device: str, sizes: list[str]) -> dict[str, Any]:
             codec = mods.codec.eval()
             codec.prepare()
             name = f"codec-{size}-{str(dt).split('.')[-1]}"
-            out[name] = {s: stream_vs_offline(codec, 100, sch) for s, sch in SCHEDULES.items()}
+            out[name] = {s: streaming_deviation(codec, 100, sch) for s, sch in SCHEDULES.items()}
             del mods, codec
             torch.cuda.empty_cache()
     out["fp32_pass"] = all(v <= 1e-5 for k, d in out.items() if "float32" in k for v in d.values())

@@ -24,7 +24,6 @@ never waits on the host except for the one copy of the sampled codes.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ..model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
+from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for
@@ -49,12 +49,6 @@ from .weights import Modules
 
 CODEC_MODES = ("stateful", "windowed")
 log = logging.getLogger("voicewire.qwen3")
-
-
-# Estimated codec call time on the H200 (bf16, graphs; measured 2026-11-29): ~2.7 ms per call plus
-# ~0.09 ms per padded frame (16 rows x 12 frames: 21 ms). Only used to choose how to split a tick.
-CODEC_CALL_MS = 2.7
-CODEC_FRAME_MS = 0.09
 
 
 @dataclass(frozen=True)
@@ -461,7 +455,7 @@ class Qwen3TTSModel(Model):
     # --- decode --------------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
-        """All due chunks of all streams in the codec calls ``_codec_groups`` picks (usually one), every
+        """All due chunks of all streams in the codec calls ``plan_codec_calls`` picks (usually one), every
         call queued before the one device->host copy of the PCM."""
         out = [np.zeros(0, np.float32) for _ in work]
         if self.options.codec_mode == "windowed":
@@ -469,7 +463,10 @@ class Qwen3TTSModel(Model):
         due = sorted((i for i, w in enumerate(work) if w.n_frames), key=lambda i: -work[i].n_frames)
         if not due:
             return out
-        groups = [[due[j] for j in g] for g in self._codec_groups([work[i].n_frames for i in due])]
+        frames = [work[i].n_frames for i in due]
+        groups = [
+            [due[j] for j in g] for g in plan_codec_calls(frames, self.codec_frames, self.codec_buckets)
+        ]
         pcms = [self._run_codec([work[i] for i in group]) for group in groups]
         frame_samples = self.cfg.codec.frame_samples
         for group, pcm_host in zip(groups, self._pcm_to_host(pcms), strict=True):
@@ -477,49 +474,11 @@ class Qwen3TTSModel(Model):
                 out[i] = pcm_host[r, : work[i].n_frames * frame_samples]
         return out
 
-    def _codec_groups(self, frames_desc: list[int]) -> list[list[int]]:
-        """Split a tick's chunks (frame counts, longest first) into the codec calls of least estimated
-        time -> lists of positions in ``frames_desc``.
-
-        One call pads every row to the longest chunk's frame count, so a lone 12-frame chunk next to
-        fifteen 1-frame first chunks makes them all pay for 12 frames (~21 ms on the H200 instead of
-        ~7.5 ms for two calls). A call costs about CODEC_CALL_MS + CODEC_FRAME_MS per padded frame
-        (bucket rows x frames). Chunks of one padded size always share calls, so the choice is where to
-        cut the few (<= 6) size classes: a DP over them, microseconds of host time.
-        """
-        biggest = self.codec_buckets[-1]
-        sizes = [next((n for n in self.codec_frames if n >= f), f) for f in frames_desc]
-        classes: list[tuple[int, int]] = []  # (padded frames, chunks), longest first
-        for t in sizes:
-            if classes and classes[-1][0] == t:
-                classes[-1] = (t, classes[-1][1] + 1)
-            else:
-                classes.append((t, 1))
-
-        def cost(t: int, rows: int) -> float:
-            full, rest = divmod(rows, biggest)
-            calls = [biggest] * full + ([rest] if rest else [])
-            return sum(CODEC_CALL_MS + CODEC_FRAME_MS * bucket_for(r, self.codec_buckets) * t for r in calls)
-
-        # best[i]: the cheapest split of classes [0, i) -> (estimated ms, the classes that start a call)
-        best: list[tuple[float, list[int]]] = [(0.0, [])]
-        for i in range(1, len(classes) + 1):
-            options = []
-            for j in range(i):  # classes [j, i) share calls, padded to class j's frame count
-                rows = sum(n for _, n in classes[j:i])
-                options.append((best[j][0] + cost(classes[j][0], rows), [*best[j][1], j]))
-            best.append(min(options, key=lambda o: o[0]))
-        starts = [sum(n for _, n in classes[:c]) for c in [*best[-1][1], len(classes)]]
-        groups = []
-        for a, b in itertools.pairwise(starts):
-            groups += [list(range(j, min(j + biggest, b))) for j in range(a, b, biggest)]
-        return groups
-
     def _run_codec(self, chunks: list[DecodeWork]) -> Tensor:
         """One codec call: the chunks padded to a common frame count T -> pcm (len(chunks), T * 1920)
         on the device, row r's audio in its first n_frames * 1920 samples."""
         longest = max(w.n_frames for w in chunks)
-        t = next((n for n in self.codec_frames if n >= longest), longest)  # no graph: exact length
+        t = padded_frames(longest, self.codec_frames)
         b = bucket_for(len(chunks), self.codec_buckets)
         q = self.cfg.talker.num_code_groups
         rows = np.zeros((b, q * t + 2), np.int64)  # padding frames: code 0, decoded and dropped

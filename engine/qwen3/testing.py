@@ -14,8 +14,12 @@ import dataclasses
 import json
 import os
 
+import numpy as np
+import torch
 from tokenizers import pre_tokenizers
 
+from ..config import ChunkSchedule
+from .codec_decoder import CodecDecoder
 from .config import Qwen3TTSConfig, preset
 from .weights import build_modules, randomize, save_checkpoint
 
@@ -209,3 +213,18 @@ def write_random_checkpoint(
     write_config_files(cfg, directory)
     save_checkpoint(mods, cfg, directory, shard_max_bytes)
     return cfg
+
+
+def streaming_deviation(codec: CodecDecoder, n_frames: int, schedule: ChunkSchedule, seed: int = 0) -> float:
+    """Max |streamed - offline| of the codec decoder on random codes (2 streams) cut by ``schedule``."""
+    dev = next(codec.parameters()).device
+    codes = torch.from_numpy(np.random.default_rng(seed).integers(0, 2048, (2, 16, n_frames))).to(dev)
+    offline = codec.decode(codes)
+    state, start = codec.fresh_state(2)
+    pieces, t, i = [], 0, 0
+    while t < n_frames:
+        n = min(schedule.frames_for(i), n_frames - t)
+        pcm, state, start = codec.stream(codes[..., t : t + n], state, start)
+        pieces.append(pcm)
+        t, i = t + n, i + 1
+    return float((torch.cat(pieces, dim=1) - offline).abs().max())

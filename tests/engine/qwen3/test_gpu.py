@@ -17,9 +17,8 @@ import torch
 from engine.config import ChunkSchedule
 from engine.model import StreamParams
 from engine.qwen3 import load_qwen3
-from engine.qwen3.codec_decoder import CodecDecoder
 from engine.qwen3.config import preset
-from engine.qwen3.testing import write_random_checkpoint
+from engine.qwen3.testing import streaming_deviation, write_random_checkpoint
 from engine.qwen3.weights import build_modules, randomize
 
 from .conftest import run_joining, run_stream
@@ -33,20 +32,6 @@ def _no_tf32() -> Iterator[None]:
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
-
-
-def _stream_vs_offline(codec: CodecDecoder, n: int, schedule: ChunkSchedule) -> float:
-    dev = next(codec.parameters()).device
-    codes = torch.from_numpy(np.random.default_rng(0).integers(0, 2048, (2, 16, n))).to(dev)
-    offline = codec.decode(codes)
-    state, start = codec.fresh_state(2)
-    pieces, t, i = [], 0, 0
-    while t < n:
-        k = min(schedule.frames_for(i), n - t)
-        pcm, state, start = codec.stream(codes[..., t : t + k], state, start)
-        pieces.append(pcm)
-        t, i = t + k, i + 1
-    return float((torch.cat(pieces, dim=1) - offline).abs().max())
 
 
 def test_cuda_fp32_gives_the_cpu_codes_and_audio(tmp_path: Path) -> None:
@@ -71,7 +56,7 @@ def test_cuda_streaming_equals_offline(size: str, record_property: pytest.Record
         randomize(mods, 1)
         codec = mods.codec.eval()
         codec.prepare()
-        err = max(_stream_vs_offline(codec, 90, s) for s in (ChunkSchedule(), ChunkSchedule(1, (), 1)))
+        err = max(streaming_deviation(codec, 90, s) for s in (ChunkSchedule(), ChunkSchedule(1, (), 1)))
         record_property(f"{size}-{dtype}-stream-vs-offline-max-abs", err)
         print(f"{size} {dtype}: streamed vs offline max abs diff {err:.3g}")
         assert err <= tol
