@@ -3,6 +3,8 @@
 #   bash benchmarks/gpu_issue5.sh step   # GPU tests, frame step (eager / graphs / compile), codec, 0.6B
 #   bash benchmarks/gpu_issue5.sh sbs    # side by side with the official qwen-tts (carry .whl) + serving sweep
 #   bash benchmarks/gpu_issue5.sh fused  # GPU tests of the fused decode kernels, fused vs unfused step, tile sweep
+#   bash benchmarks/gpu_issue5.sh check  # the served code: GPU tests of the fused path, step variants
+#   bash benchmarks/gpu_issue5.sh pdl    # the same with PDL / prefetch variants, and a kernel profile
 # Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -40,6 +42,19 @@ if [ "$mode" = fused ]; then
     --concurrency 64 --closed-duration-s 5 --out "$OUT/serve_1.7b.json" > "$OUT/serve.log" 2>&1
   grep -E "^\[(single|open|closed)\]" "$OUT/serve.log" | cut -c1-400; grep -m3 -E "Error|assert" "$OUT/serve.log" | cut -c1-300
   timeout $((560 - SECONDS)) python3 benchmarks/linear_bench.py --rows 1,64 --out "$OUT/linear.json" 2>&1 | cut -c1-200 | tail -22
+fi
+if [ "$mode" = pdl ]; then
+  # programmatic dependent launch + L2 weight prefetch (kernels/pdl.py): tests, step variants, profile
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_decode_ops.py \
+    tests/engine/qwen3/test_gpu.py -k "fused or graph_replay or row_kernels or pdl or gathers" > "$OUT/pytest_gpu.txt" 2>&1
+  tail -1 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
+  timeout 180 python3 benchmarks/serving_bench.py --size 1.7b --sections step \
+    --step-variants fused,fused-nopdl,fused-noprefetch,fused-prefetch-all --step-batches 1,16,64,128 \
+    --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -18
+  timeout 100 python3 benchmarks/profile_step.py --size 1.7b --variants fused,fused-nopdl --batches 1,64 \
+    --out "$OUT/profile_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-400 | tail -6
+  timeout $((560 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -3
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

@@ -11,7 +11,9 @@ Sections (each kept in the JSON even if another fails):
   per batch size, as ``fused`` (the served path: the decode work on fused Triton kernels,
   engine/qwen3/fused_decode.py, one CUDA graph per batch bucket), ``fused-eager`` (the same, not
   captured), ``fused-kernels`` / ``fused-cublas`` (the wide projections always on the fused kernel /
-  always norm + cuBLAS, instead of switching above 8 rows), and on the unfused layers ``eager``, ``graphs`` and ``compile`` (graphs around
+  always norm + cuBLAS, instead of switching above 8 rows), ``fused-nopdl`` / ``fused-noprefetch`` /
+  ``fused-prefetch-all`` (no programmatic dependent launch / PDL without the L2 weight prefetch / whole
+  weight bands prefetched, against 128 KiB per program), and on the unfused layers ``eager``, ``graphs`` and ``compile`` (graphs around
   torch.compile'd norms / RoPE / SwiGLU / sampler). GPU time
   by CUDA events over back-to-back replays; host-inclusive time = wall of ``model.generate``
   (input staging, replay, the one device->host copy, bookkeeping). Per stage (graphs): talker,
@@ -180,6 +182,14 @@ def close_streams(model: Qwen3TTSModel, slots: list[int]) -> None:
 
 
 # --- section: step ---------------------------------------------------------------------------------
+# ServeOptions of the fused variants that differ from the served defaults
+FUSED_VARIANTS: dict[str, dict[str, Any]] = {
+    "fused-kernels": {"fused_cublas_rows": 1 << 20},  # wide projections never on cuBLAS
+    "fused-cublas": {"fused_cublas_rows": 0},  # always norm + cuBLAS + SwiGLU
+    "fused-nopdl": {"fused_pdl": False},  # every kernel launched plainly (kernels/pdl.py)
+    "fused-noprefetch": {"fused_prefetch_kib": 0},  # PDL without the L2 weight prefetch
+    "fused-prefetch-all": {"fused_prefetch_kib": 1 << 16},  # whole weight bands prefetched
+}
 def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {"context_frames": args.step_context, "variants": {}}
     rate = copy_rate_gb_s(dev)
@@ -193,9 +203,8 @@ def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
                 cuda_graphs=variant not in ("eager", "fused-eager"),
                 compile_elementwise=variant == "compile",
                 fused_kernels=variant.startswith("fused"),
-                # fused: wide projections on cuBLAS above 8 rows; -kernels: never; -cublas: always
-                fused_cublas_rows={"fused-kernels": 1 << 20, "fused-cublas": 0}.get(variant, 8),
                 codec_mode="windowed",  # no codec graphs needed here
+                **FUSED_VARIANTS.get(variant, {}),
             )
         except Exception as err:
             out["variants"][variant] = {"error": repr(err), "traceback": traceback.format_exc()[-2000:]}

@@ -50,6 +50,7 @@ from kernels.launch_checks import (
     check_same_device_unit_stride,
     check_values_in_range,
 )
+from kernels.pdl import pdl_enter, pdl_launch
 
 # Tile of keys per loop iteration: 64 tokens x 128 dims x 2 B = 16 KiB of K (and as much V) per stage,
 # loaded with cp.async, 16 B per thread per load (seen in the sm_90 PTX of Triton 3.9).
@@ -107,7 +108,9 @@ def _decode_attention_kernel(
     HEAD_DIM: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -185,7 +188,9 @@ def _decode_combine_kernel(
     stride_oh,
     BLOCK_S: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -344,6 +349,7 @@ def decode_attention(
     plan: DecodeAttentionPlan | None = None,
     out: torch.Tensor | None = None,
     check_bounds: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of one query token per row over its slot's first `lengths[b]` cached keys.
 
@@ -381,6 +387,7 @@ def decode_attention(
     else:
         part_o = part_lse = out  # unused placeholders: the SPLIT=False kernel never touches them
 
+    launch = pdl_launch(pdl, q.device)
     _decode_attention_kernel[(batch, kv_heads, plan.num_splits)](
         q,
         k_cache,
@@ -415,6 +422,7 @@ def decode_attention(
         DOT_PRECISION=dot_precision,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
+        **launch,
     )
     if split:
         _decode_combine_kernel[(batch, q_heads)](
@@ -432,6 +440,7 @@ def decode_attention(
             BLOCK_S=max(2, triton.next_power_of_2(plan.num_splits)),
             HEAD_DIM=head_dim,
             num_warps=1 if head_dim <= 64 else 2,
+            **launch,
         )
     return out
 

@@ -40,6 +40,7 @@ from kernels.launch_checks import (
     check_same_device_unit_stride,
     interpreter_enabled,
 )
+from kernels.pdl import pdl_enter, pdl_launch, prefetch_l2, prefetch_ok
 
 ACT_NONE, ACT_SILU, ACT_SILU_MUL = 0, 1, 2
 # Rows per program: tl.dot needs >= 16; above 64 the x tile and the accumulator crowd the registers,
@@ -110,6 +111,7 @@ def _fused_linear_kernel(
     norm_ptr,
     bias_ptr,
     res_ptr,
+    index_ptr,
     M,
     N,
     K,
@@ -118,25 +120,42 @@ def _fused_linear_kernel(
     stride_om,
     stride_rm,
     eps,
+    prefetch_elements,
     HAS_NORM: tl.constexpr,
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RES: tl.constexpr,
+    HAS_INDEX: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PREFETCH_PIECES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    if PREFETCH:  # noqa: SIM102 (a constexpr branch: compiled out when off)
+        # PDL: while the previous kernel runs, pull the head of this program's weight band(s) into L2
+        if pid_m == 0:
+            band = w_ptr + pid_n * BLOCK_N * stride_wn  # BLOCK_N contiguous rows of W
+            count = tl.minimum(tl.minimum(BLOCK_N, N - pid_n * BLOCK_N) * stride_wn, prefetch_elements)
+            prefetch_l2(band, count, PREFETCH_PIECES)
+            if ACT == 2:
+                prefetch_l2(band + N * stride_wn, count, PREFETCH_PIECES)
+    pdl_enter(USE_PDL)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
     dtype = x_ptr.dtype.element_ty
-    x_rows = x_ptr + rm[:, None] * stride_xm  # (BM, 1)
+    if HAS_INDEX:  # row m of x is row index[m] of the table x_ptr (an embedding lookup)
+        x_rows = x_ptr + tl.load(index_ptr + rm, mask=m_ok, other=0).to(tl.int64)[:, None] * stride_xm
+    else:
+        x_rows = x_ptr + rm[:, None] * stride_xm  # (BM, 1)
     w_cols = w_ptr + rn[None, :] * stride_wn  # (1, BN): W^T tiles are (BK, BN)
 
     if HAS_NORM:
@@ -192,7 +211,10 @@ def _fused_linear_kernel(
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_xm, stride_om, eps, BLOCK_K: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr, K, stride_xm, stride_om, eps, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr
+):
+    pdl_enter(USE_PDL)
     m = tl.program_id(0)
     k = tl.arange(0, BLOCK_K)
     ok = k < K
@@ -204,7 +226,8 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_xm, stride_om, eps, BLOCK_
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, F, stride_xm, stride_om, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, F, stride_xm, stride_om, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_enter(USE_PDL)
     m = tl.program_id(0)
     f = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = f < F
@@ -215,7 +238,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, F, stride_xm, stride_om, BLOCK: tl.constexp
     tl.store(out_ptr + m * stride_om + f, (s * up).to(gate.dtype), mask=ok)
 
 
-def silu_mul_rows(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul_rows(gate_up: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     """(M, 2F) gate|up -> silu(gate) * up (M, F), rounded as the unfused ops round."""
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be (M, 2F), got {tuple(gate_up.shape)}")
@@ -225,12 +248,19 @@ def silu_mul_rows(gate_up: torch.Tensor) -> torch.Tensor:
     if m:
         block = min(1024, triton.next_power_of_2(f))
         _silu_mul_kernel[(m, triton.cdiv(f, block))](
-            gate_up, out, f, gate_up.stride(0), out.stride(0), BLOCK=block, num_warps=4
+            gate_up,
+            out,
+            f,
+            gate_up.stride(0),
+            out.stride(0),
+            BLOCK=block,
+            num_warps=4,
+            **pdl_launch(pdl, gate_up.device),
         )
     return out
 
 
-def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, *, pdl: bool = False) -> torch.Tensor:
     """rms_norm(x) * weight for x (M, K), one program per row (the talker's final norm)."""
     if x.dim() != 2 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
         raise ValueError(
@@ -249,6 +279,7 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
             eps,
             BLOCK_K=triton.next_power_of_2(x.shape[1]),
             num_warps=4,
+            **pdl_launch(pdl, x.device),
         )
     return out
 
@@ -264,6 +295,9 @@ def fused_linear(
     residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    index: torch.Tensor | None = None,
+    pdl: bool = False,
+    prefetch_bytes: int = 0,
     config: LinearConfig | None = None,
 ) -> torch.Tensor:
     """y = epilogue(prologue(x) @ W^T) for x (M, K) (any row stride, unit column stride).
@@ -271,12 +305,21 @@ def fused_linear(
     weight (N, K), or (2N, K) gate|up rows for ``act=ACT_SILU_MUL``; norm_weight (K,); bias (N,);
     residual (M, N). Returns (M, N) in ``out_dtype`` (default x's dtype; the value is always rounded to
     x's dtype first, as an unfused bf16 linear would be), written into ``out`` when given.
+
+    ``index`` (M,) int32/int64: x is a table and row m of the input is ``x[index[m]]`` (an embedding
+    lookup folded in; indices are not bounds-checked: the kernel runs inside CUDA graphs).
+    ``pdl``: launch with programmatic dependent launch where the device has it (kernels/pdl.py), and
+    prefetch up to ``prefetch_bytes`` of each program's weight band into L2 before the wait.
     """
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(
             f"x must be (M, K) and weight (N, K), got {tuple(x.shape)} and {tuple(weight.shape)}"
         )
     m, k = x.shape
+    if index is not None:
+        if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"index must be 1-D int32 or int64, got {index.dtype} {tuple(index.shape)}")
+        m = index.shape[0]
     rows, k_w = weight.shape
     if k_w != k:
         raise ValueError(f"x has {k} columns but weight has {k_w}")
@@ -304,11 +347,15 @@ def fused_linear(
     elif tuple(out.shape) != (m, n):
         raise ValueError(f"out must be {(m, n)}, got {tuple(out.shape)}")
     tensors["out"] = out
+    if index is not None:
+        tensors["index"] = index
     check_same_device_unit_stride(tensors, x.device)
     if m == 0:
         return out
     cfg = fit_shared_memory(config or linear_config(m, n, k, act), act, x.element_size())
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    launch = pdl_launch(pdl, x.device)
+    prefetch = launch["USE_PDL"] and prefetch_bytes > 0 and prefetch_ok(weight)
     _fused_linear_kernel[grid](
         x,
         weight,
@@ -316,6 +363,7 @@ def fused_linear(
         norm_weight if norm_weight is not None else x,
         bias if bias is not None else x,
         residual if residual is not None else x,
+        index if index is not None else x,
         m,
         n,
         k,
@@ -324,17 +372,22 @@ def fused_linear(
         out.stride(0),
         residual.stride(0) if residual is not None else 0,
         eps,
+        prefetch_bytes // weight.element_size(),
         HAS_NORM=norm_weight is not None,
         ACT=act,
         HAS_BIAS=bias is not None,
         HAS_RES=residual is not None,
+        HAS_INDEX=index is not None,
         EVEN_K=k % cfg.block_k == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        PREFETCH=prefetch,
+        PREFETCH_PIECES=32 * cfg.num_warps,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **launch,
     )
     return out
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch_checks import SUPPORTED_DTYPES, check_index, check_same_device_unit_stride
+from kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -59,7 +60,9 @@ def _qk_norm_rope_store_kernel(
     Q_HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     m = tl.program_id(0)
     h = tl.program_id(1)
     half: tl.constexpr = HEAD_DIM // 2
@@ -107,6 +110,7 @@ def qk_norm_rope_store(
     q_heads: int,
     eps: float,
     q_out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Normed, rotated queries (M, Hq, D); keys and values of the M rows written into the caches.
 
@@ -172,6 +176,7 @@ def qk_norm_rope_store(
         KV_HEADS=kv_heads,
         HEAD_DIM=head_dim,
         num_warps=1,
+        **pdl_launch(pdl, qkv.device),
     )
     return q_out
 

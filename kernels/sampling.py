@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch_checks import check_index, check_same_device_unit_stride
+from kernels.pdl import pdl_enter, pdl_launch
 
 # kernels may read module globals only as tl.constexpr
 INT32_MIN = tl.constexpr(-(2**31))
@@ -74,7 +75,9 @@ def _sample_kernel(
     min_frames,
     PROCESS: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0)
     v = tl.arange(0, BLOCK_V)
     in_vocab = v < V
@@ -149,6 +152,7 @@ def sample_rows(
     seed: torch.Tensor,
     process: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int] | None = None,
     out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Sample one code per row of ``logits`` (M, V) float32 -> (M,) int64.
 
@@ -206,6 +210,7 @@ def sample_rows(
         PROCESS=process is not None,
         BLOCK_V=triton.next_power_of_2(vocab),
         num_warps=4,
+        **pdl_launch(pdl, logits.device),
     )
     return out
 

@@ -20,6 +20,12 @@ benchmarks/results/fused_h200/linear_m1_m64.json); at a few rows the fused kerne
 it saves. o and down keep the fused residual epilogue at every size (on par with cuBLAS). Measured
 both ways in benchmarks/NOTES.md (step variants fused-kernels / fused-cublas).
 
+On sm_90+ every Triton kernel here is launched with programmatic dependent launch (kernels/pdl.py): the
+next kernel launches while the current one runs, and a fused linear pulls the head of its weight band
+into L2 before it waits for its input, so the chain of ~700 small kernels per frame overlaps each
+kernel's ramp-up with the one before it. The code predictor's codebook-embedding lookup is folded into
+its projection (fused_linear's ``index``), which keeps each pass one unbroken chain of Triton kernels.
+
 Everything is a fixed-shape device computation, like frame_step.py's eager body it replaces, and is
 captured in the same CUDA graphs. Rounding follows the unfused layers, so on the CPU interpreter (fp32)
 the fused and unfused steps give the same codes (tests/engine/qwen3/test_fused_decode.py).
@@ -28,7 +34,7 @@ the fused and unfused steps give the same codes (tests/engine/qwen3/test_fused_d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -119,6 +125,10 @@ class FusedDecode:
         self.cp_heads = torch.stack([cast(nn.Linear, h).weight for h in code_predictor.lm_head])  # (15, V, H)
         self.suppress = suppress  # (vocab,) bool: the talker's control ids (frame_step.py)
         self.cublas_rows = 8  # rows above which the wide projections run on cuBLAS (ServeOptions)
+        # programmatic dependent launch (kernels/pdl.py) on sm_90+, and how much of each program's
+        # weight band a linear pulls into L2 before it waits (ServeOptions.fused_pdl / fused_prefetch_kib)
+        self.pdl = True
+        self.prefetch_bytes = 128 << 10
         self._rows: dict[int, _Rows] = {}
 
     # --- the talker -------------------------------------------------------------------------------
@@ -133,7 +143,7 @@ class FusedDecode:
                 w, x, slots32, pos32, lengths, self.kv.k[i], self.kv.v[i], self.talker_freqs, rows.talker_plan
             )
         norm = self.talker.norm
-        return rms_norm_rows(x, norm.weight, norm.eps)
+        return rms_norm_rows(x, norm.weight, norm.eps, pdl=self.pdl)
 
     def talker_logits(self, hidden: Tensor) -> Tensor:
         """(B, H) final-norm hidden -> (B, vocab) float32."""
@@ -146,11 +156,14 @@ class FusedDecode:
         cublas_rows rows, else a norm kernel + cuBLAS + an activation kernel."""
         if x.shape[0] <= self.cublas_rows:
             out_dtype = torch.float32 if logits else None
-            return fused_linear(x, weight, norm_weight=norm, eps=eps, act=act, out_dtype=out_dtype)
-        y = F.linear(rms_norm_rows(x, norm, eps) if norm is not None else x, weight)
+            return self._fused(x, weight, norm_weight=norm, eps=eps, act=act, out_dtype=out_dtype)
+        y = F.linear(rms_norm_rows(x, norm, eps, pdl=self.pdl) if norm is not None else x, weight)
         if act == ACT_SILU_MUL:
-            return silu_mul_rows(y)
+            return silu_mul_rows(y, pdl=self.pdl)
         return y.float() if logits else y
+
+    def _fused(self, x: Tensor, weight: Tensor, **kw: Any) -> Tensor:
+        return fused_linear(x, weight, pdl=self.pdl, prefetch_bytes=self.prefetch_bytes, **kw)
 
     # --- sampling -----------------------------------------------------------------------------------
     def sample(self, logits: Tensor, st: SlotState, slots32: Tensor, frames: Tensor, codebook: int) -> Tensor:
@@ -171,6 +184,7 @@ class FusedDecode:
             top_p=st.top_p,
             seed=st.seed,
             process=process,
+            pdl=self.pdl,
         )
 
     # --- the code predictor ----------------------------------------------------------------------------
@@ -208,7 +222,7 @@ class FusedDecode:
             if j + 1 == n:
                 break
             pos, lengths = rows.pass_positions[j + 2], rows.pass_lengths[j + 2]
-            h = self._project(cast(nn.Embedding, self.cp.codec_embedding[j])(code))
+            h = self._embed_project(cast(nn.Embedding, self.cp.codec_embedding[j]).weight, code)
             for i, w in enumerate(self.cp_layers):
                 h = self._layer(
                     w, h, rows.index, pos, lengths, k[i], v[i], self.cp_freqs, rows.predictor_plan
@@ -219,7 +233,13 @@ class FusedDecode:
     def _project(self, x: Tensor) -> Tensor:
         if self.proj is None:
             return x
-        return fused_linear(x, self.proj.weight, bias=self.proj.bias)
+        return self._fused(x, self.proj.weight, bias=self.proj.bias)
+
+    def _embed_project(self, table: Tensor, codes: Tensor) -> Tensor:
+        """project(table[codes]): the lookup folded into the projection's row loads (one launch)."""
+        if self.proj is None:
+            return F.embedding(codes, table)
+        return self._fused(table, self.proj.weight, bias=self.proj.bias, index=codes)
 
     # --- shared -------------------------------------------------------------------------------------
     def _layer(
@@ -237,12 +257,22 @@ class FusedDecode:
         m = x.shape[0]
         qkv = self._linear(x, w.qkv, w.ln1, w.eps)
         q = qk_norm_rope_store(
-            qkv, w.q_norm, w.k_norm, freqs, k_cache, v_cache, slots, positions, q_heads=w.q_heads, eps=w.eps
+            qkv,
+            w.q_norm,
+            w.k_norm,
+            freqs,
+            k_cache,
+            v_cache,
+            slots,
+            positions,
+            q_heads=w.q_heads,
+            eps=w.eps,
+            pdl=self.pdl,
         )
-        a = decode_attention(q, k_cache, v_cache, slots, lengths, scale=w.scale, plan=plan)
-        x = fused_linear(a.view(m, -1), w.o, residual=x)
+        a = decode_attention(q, k_cache, v_cache, slots, lengths, scale=w.scale, plan=plan, pdl=self.pdl)
+        x = self._fused(a.view(m, -1), w.o, residual=x)
         g = self._linear(x, w.gate_up, w.ln2, w.eps, ACT_SILU_MUL)
-        return fused_linear(g, w.down, residual=x)
+        return self._fused(g, w.down, residual=x)
 
     def rows(self, b: int) -> _Rows:
         """Row metadata for batch ``b`` (made on first use: the eager warm-up runs before capture)."""

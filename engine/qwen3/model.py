@@ -69,6 +69,10 @@ class ServeOptions:
     fused_kernels: bool | None = None
     # fused path: batches above this many rows run the wide projections on cuBLAS (fused_decode.py)
     fused_cublas_rows: int = 8
+    # fused path: programmatic dependent launch on sm_90+ (kernels/pdl.py), and how much of each
+    # program's weight band a fused linear prefetches into L2 while the kernel before it runs
+    fused_pdl: bool = True
+    fused_prefetch_kib: int = 128
     decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
     max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
     prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
@@ -157,6 +161,8 @@ class Qwen3TTSModel(Model):
         )
         if self.step.fused is not None:
             self.step.fused.cublas_rows = options.fused_cublas_rows
+            self.step.fused.pdl = options.fused_pdl
+            self.step.fused.prefetch_bytes = options.fused_prefetch_kib << 10
         if options.compile_elementwise and dev.type == "cuda":
             from .fused_ops import compile_elementwise, compile_sampler
 

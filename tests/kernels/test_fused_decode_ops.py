@@ -82,6 +82,63 @@ def test_fused_linear_reads_strided_rows_and_any_tile(device: str) -> None:
     assert rel_err(fused_linear(x, w, config=cfg), F.linear(x, w)) < 1e-5
 
 
+def test_fused_linear_gathers_its_rows_by_index(device: str) -> None:
+    """index: row m of the input is table[index[m]] (the code predictor's embedding lookup), bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    for dtype in _dtypes(device):
+        table = torch.randn(50, 64, generator=g).to(device, dtype)
+        w = (torch.randn(48, 64, generator=g) * 0.1).to(device, dtype)
+        bias = torch.randn(48, generator=g).to(device, dtype)
+        index = torch.tensor([7, 0, 49, 7, 3], device=device)
+        got = fused_linear(table, w, bias=bias, index=index)
+        torch.testing.assert_close(got, fused_linear(table[index], w, bias=bias), rtol=0, atol=0)
+        got32 = fused_linear(table, w, index=index.to(torch.int32))
+        torch.testing.assert_close(got32, fused_linear(table[index], w), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_pdl_launches_give_the_same_bits() -> None:
+    """Programmatic dependent launch with the L2 weight prefetch (kernels/pdl.py), eager and inside a
+    CUDA graph, on the real 1.7B talker shapes: a chain of the kernels gives exactly the bits of the
+    same chain launched plainly. A missing wait would read a half-written input."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator().manual_seed(6)
+    dev, dtype = "cuda", torch.bfloat16
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * scale).to(dev, dtype)
+
+    x0, ln = rand(4, 2048), rand(2048, scale=0.1) + 1
+    w_gu, w_down, w_qkv = (
+        rand(12288, 2048, scale=0.02),
+        rand(2048, 6144, scale=0.02),
+        rand(4096, 2048, scale=0.02),
+    )
+
+    def chain(pdl: bool) -> torch.Tensor:
+        x = x0
+        for _ in range(3):
+            h = fused_linear(
+                x, w_gu, norm_weight=ln, eps=EPS, act=ACT_SILU_MUL, pdl=pdl, prefetch_bytes=1 << 20
+            )
+            x = fused_linear(h, w_down, residual=x, pdl=pdl, prefetch_bytes=64 << 10)
+            y = fused_linear(x, w_qkv, norm_weight=ln, eps=EPS, pdl=pdl, prefetch_bytes=128 << 10)
+            x = x + silu_mul_rows(rms_norm_rows(y, ln[:1].expand(4096).contiguous(), EPS, pdl=pdl), pdl=pdl)
+        return x
+
+    plain = chain(False)
+    torch.testing.assert_close(chain(True), plain, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    chain(True)
+    with torch.cuda.graph(graph):
+        out = chain(True)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, plain, rtol=0, atol=0)
+
+
 def test_norm_and_swiglu_row_kernels_match_the_layers(device: str) -> None:
     """The two helpers of the many-rows path (norm before cuBLAS, SwiGLU after it)."""
     g = torch.Generator().manual_seed(5)

@@ -176,11 +176,15 @@ def test_fused_step_matches_the_unfused_layers_in_bf16() -> None:
 
 def test_fused_step_graph_replay_gives_its_eager_codes_at_real_size() -> None:
     """1.7B bf16 on the fused kernels: captured graphs give the same codes as the same body run eagerly
-    (greedy and seeded sampling, two streams)."""
+    (greedy and seeded sampling), and programmatic dependent launch (kernels/pdl.py) changes no code:
+    two streams alone (every projection on the fused kernel), then ten joining one batch (16-row
+    bucket: the wide projections on norm + cuBLAS + SwiGLU, PDL chains broken around cuBLAS)."""
     from engine.qwen3 import ServeOptions
 
-    def run(graphs: bool) -> list[np.ndarray]:
-        opts = ServeOptions(max_slots=2, max_batch_size=2, max_seq_len=64, cuda_graphs=graphs)
+    def run(graphs: bool, pdl: bool) -> list[np.ndarray]:
+        opts = ServeOptions(
+            max_slots=10, max_batch_size=10, max_seq_len=64, cuda_graphs=graphs, fused_pdl=pdl
+        )
         model = load_qwen3(None, "1.7b", device="cuda", dtype="bf16", seed=1, options=opts)
         model.warmup()
         out = []
@@ -188,10 +192,17 @@ def test_fused_step_graph_replay_gives_its_eager_codes_at_real_size() -> None:
             out.append(
                 run_stream(model, s, ["A short one."], StreamParams(greedy=greedy, forced_frames=12, seed=9))
             )
+        streams = [
+            (s, s // 3, "Ten at once.", StreamParams(greedy=s % 2 == 0, forced_frames=8 + s, seed=s))
+            for s in range(10)
+        ]
+        joined = run_joining(model, streams, steps=40)
+        out.extend(joined[s] for s in range(10))
         del model
         torch.cuda.empty_cache()
         return out
 
-    eager, graphed = run(False), run(True)
-    for e, g in zip(eager, graphed, strict=True):
-        np.testing.assert_array_equal(g, e)
+    eager = run(graphs=False, pdl=False)
+    for graphs, pdl in ((True, True), (True, False), (False, True)):
+        for e, g in zip(eager, run(graphs, pdl), strict=True):
+            np.testing.assert_array_equal(g, e, err_msg=f"graphs={graphs} pdl={pdl}")
