@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -38,7 +39,7 @@ def profile_batch(model: Any, b: int, context: int, steps: int) -> dict[str, Any
     for _ in range(context + 1):  # the prefill, then a typical stream's context
         model.generate(slots)
     bucket = bucket_for(b, model.decode_buckets)
-    rows = [*slots, *[model.pad_slot] * (bucket - b)]
+    rows = np.array([*slots, *[model.pad_slot] * (bucket - b)], dtype=np.int64)
     replay = lambda: model.graphs.run(("decode", bucket), rows)  # noqa: E731
     row: dict[str, Any] = {"bucket": bucket, "replay_ms": gpu_ms(replay, dev, 20)}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
