@@ -88,8 +88,21 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
+        self._consts: tuple[Tensor, Tensor] | None = None  # (exp(alpha), 1 / (exp(beta) + 1e-9)) fp32
+
+    @torch.no_grad()
+    def prepare(self, kernel: bool) -> None:
+        """Use the one-pass Triton kernel (kernels/snake.py) from now on, or the torch ops."""
+        self._consts = None
+        if kernel:
+            a = torch.exp(self.alpha.float()).contiguous()
+            self._consts = (a, (1.0 / (torch.exp(self.beta.float()) + 1e-9)).contiguous())
 
     def forward(self, x: Tensor) -> Tensor:
+        if self._consts is not None:
+            from kernels.snake import snake
+
+            return snake(x, *self._consts)
         alpha = torch.exp(self.alpha)[None, :, None]
         inv_beta = 1.0 / (torch.exp(self.beta)[None, :, None] + 1e-9)
         return x + inv_beta * torch.sin(x * alpha).pow(2)
@@ -252,12 +265,17 @@ class CodecDecoder(nn.Module):
         self.state_width = 0
 
     @torch.no_grad()
-    def prepare(self) -> None:
-        """Fold the RVQ normalization and output projections into one (Q, V, codebook_dim) table.
+    def prepare(self, snake_kernel: bool | None = None) -> None:
+        """Fold the RVQ normalization and output projections into one (Q, V, codebook_dim) table, and
+        set the SnakeBeta activations on the one-pass kernel (``snake_kernel``; None = on CUDA).
 
         Call after loading weights (the model does). Sum-then-project in the reference becomes
         project-then-sum here: the same math, a float-rounding difference.
         """
+        kernel = self.codebook_sum.is_cuda if snake_kernel is None else snake_kernel
+        for m in self.modules():
+            if isinstance(m, SnakeBeta):
+                m.prepare(kernel)
         emb = self.codebook_sum.float() / self.cluster_usage.float().clamp(min=1e-5)[..., None]  # (Q, V, d)
         first = emb[:1] @ self.proj_first.float().T
         rest = emb[1:] @ self.proj_rest.float().T

@@ -80,6 +80,8 @@ class ServeOptions:
     # codec graphs for 1, 2, 4, 8 ... up to this many frames; a tick's chunks are padded to the
     # smallest that fits the longest; a longer chunk runs eagerly at its own length
     codec_graph_frames: int = 12
+    # codec SnakeBeta activations on the one-pass Triton kernel (kernels/snake.py): None = on CUDA
+    codec_snake_kernel: bool | None = None
 
     def __post_init__(self) -> None:
         if self.codec_mode not in CODEC_MODES:
@@ -124,7 +126,7 @@ class Qwen3TTSModel(Model):
         self.speaker_encoder_weights = speaker_encoder_weights or {}  # Base: for the cloning path
         for m in (self.talker, self.code_predictor, self.codec):
             m.eval().requires_grad_(False)
-        self.codec.prepare()
+        self.codec.prepare(options.codec_snake_kernel)
         p = next(self.talker.parameters())
         self.device, self.dtype = p.device, p.dtype
         t = cfg.talker
