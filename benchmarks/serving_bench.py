@@ -190,6 +190,8 @@ FUSED_VARIANTS: dict[str, dict[str, Any]] = {
     "fused-noprefetch": {"fused_prefetch_kib": 0},  # PDL without the L2 weight prefetch
     "fused-prefetch-all": {"fused_prefetch_kib": 1 << 16},  # whole weight bands prefetched
 }
+
+
 def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {"context_frames": args.step_context, "variants": {}}
     rate = copy_rate_gb_s(dev)
@@ -296,20 +298,24 @@ def section_codec(model: Qwen3TTSModel, args: argparse.Namespace, dev: torch.dev
     q = model.cfg.talker.num_code_groups
     res: dict[str, Any] = {}
     rng = np.random.default_rng(0)
+
+    def packed(b: int, t: int) -> np.ndarray:
+        """b rows of t valid frames each, on slots 0..b-1 (reset when the serve section opens them)."""
+        rows = rng.integers(0, 2048, (b, q * t + 2)).astype(np.int64)
+        rows[:, -2], rows[:, -1] = t, np.arange(b)
+        return rows
+
     for b in (1, 4, 16, 64):
         for t in (1, 2, 4, 12):
             if b > model.codec_buckets[-1] or not model.graphs.has(("codec", b, t)):
                 continue
-            rows = rng.integers(0, 2048, (b, q * t + 1)).astype(np.int64)
-            rows[:, -1] = model.pad_slot
+            rows = packed(b, t)
             ms = gpu_ms(lambda rows=rows, b=b, t=t: model.graphs.run(("codec", b, t), rows), dev, 10)
             res[f"B{b}_T{t}"] = {"graph_ms": ms, "frames_per_s": b * t / (ms / 1e3)}
     for b, t in ((1, 1), (16, 4), (64, 12)):
         if b > model.codec_buckets[-1]:
             continue
-        rows = rng.integers(0, 2048, (b, q * t + 1)).astype(np.int64)
-        rows[:, -1] = model.pad_slot
-        x = torch.from_numpy(rows).to(dev)
+        x = torch.from_numpy(packed(b, t)).to(dev)
         res.setdefault(f"B{b}_T{t}", {})["eager_ms"] = gpu_ms(lambda x=x: model._codec_body(x), dev, 3)
     return res
 
@@ -587,6 +593,8 @@ def main() -> None:
     ap.add_argument("--length-scale", type=float, default=1.0)
     ap.add_argument("--compile", action="store_true", help="serve with torch.compile'd elementwise ops")
     ap.add_argument("--no-fused", action="store_true", help="serve on the unfused layers (no fused kernels)")
+    ap.add_argument("--torch-snake", action="store_true", help="codec SnakeBeta on torch ops, not the kernel")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its conv algorithms")
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, short sweeps")
     ap.add_argument("--out", required=True)
     ap.add_argument("--plot", default=None)
@@ -640,10 +648,19 @@ def main() -> None:
         run("step", lambda: section_step(args, dev))
     if {"codec", "single", "serve"} & set(args.sections):
         t0 = time.perf_counter()
-        model = build(args, compile_elementwise=args.compile, fused_kernels=not args.no_fused)
+        if args.cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True
+        model = build(
+            args,
+            compile_elementwise=args.compile,
+            fused_kernels=not args.no_fused,
+            codec_snake_kernel=False if args.torch_snake else None,
+        )
         res["serve_model"] = {
             "compile_elementwise": args.compile,
             "fused_kernels": not args.no_fused,
+            "codec_snake_kernel": not args.torch_snake,
+            "cudnn_benchmark": args.cudnn_benchmark,
             "build_and_capture_s": round(time.perf_counter() - t0, 1),
             "capture_s": round(model.graphs.capture_s, 1),
             "graphs": len(model.graphs),
