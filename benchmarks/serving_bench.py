@@ -29,7 +29,9 @@ Sections (each kept in the JSON even if another fails):
   TTFP (first text -> first audio chunk on the caller's loop), end-to-end, RTF; underruns with
   playback simulated from the first chunk and no extra buffer (a late chunk stalls playback, which
   resumes when it arrives); per-request and per-chunk on-time rates; aggregate audio-s/s; worker
-  time split into frame steps and codec calls, and the frame-step GPU time from the ``step`` table.
+  time split into frame steps and codec calls, and the frame-step GPU time from the ``step`` table;
+  with ``--bursts``, n requests of ``--single-frames`` submitted at once (the official package's
+  batched generate as a workload): aggregate audio-s/s, codec and streaming included.
 
 Text: each request sends its whole text at once, then ends (the LLM-streaming case is tested
 elsewhere); the talker still reads it one token per frame. Lead-in trimming is off (threshold
@@ -477,6 +479,21 @@ async def closed_loop(
     return out
 
 
+async def burst(engine: Engine, n: int, frames: int, seed: int) -> dict[str, Any]:
+    """n requests of ``frames`` frames at once, the official package's batched generate as a workload:
+    aggregate audio-s/s from the first submission to the last chunk (codec and streaming included)."""
+    recs: list[dict[str, Any]] = []
+    before = engine_snapshot(engine)
+    t_start = time.perf_counter()
+    requests = (one_request(engine, frames, seed * 100_000 + i, recs) for i in range(n))
+    await asyncio.wait_for(asyncio.gather(*requests), timeout=300)
+    t_end = max(r["t_done"] for r in recs)
+    out = summarize(recs, t_start, t_end)
+    out.update(requests_at_once=n, frames=frames, wall_s=t_end - t_start)
+    out["engine"] = engine_delta(engine, before)
+    return out
+
+
 def section_serve(model: Qwen3TTSModel, args: argparse.Namespace) -> dict[str, Any]:
     cfg = EngineConfig(
         model="qwen3-tts",
@@ -508,6 +525,10 @@ def section_serve(model: Qwen3TTSModel, args: argparse.Namespace) -> dict[str, A
             r = await closed_loop(engine, c, args.closed_duration_s, lengths, 50 + k)
             res["closed_loop"].append(r)
             print(f"[closed] {json.dumps(r)}", flush=True)
+        for k, n in enumerate(args.bursts):
+            r = await burst(engine, n, args.single_frames, 80 + k)
+            res.setdefault("burst", []).append(r)
+            print(f"[burst] {json.dumps(r)}", flush=True)
 
     try:
         asyncio.run(main())
@@ -589,6 +610,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16,64,128")
     ap.add_argument("--closed-duration-s", type=float, default=8.0)
     ap.add_argument("--single-frames", type=int, default=125)
+    ap.add_argument("--bursts", default="", help="serve: n requests of --single-frames at once, e.g. 128,256")
     ap.add_argument("--single-n", type=int, default=5)
     ap.add_argument("--length-scale", type=float, default=1.0)
     ap.add_argument("--compile", action="store_true", help="serve with torch.compile'd elementwise ops")
@@ -611,6 +633,7 @@ def main() -> None:
             4,
         )
         args.rates, args.rate_duration_s, args.concurrency, args.closed_duration_s = "1,4", 2.0, "2", 2.0
+        args.bursts = "3"
         args.single_frames, args.single_n, args.length_scale = 25, 2, 0.3
         torch.set_num_threads(2)
     args.sections = [s for s in args.sections.split(",") if s]
@@ -619,6 +642,7 @@ def main() -> None:
     args.eager_batches = [int(x) for x in args.eager_batches.split(",") if x]
     args.rates = [float(x) for x in args.rates.split(",") if x]
     args.concurrency = [int(x) for x in args.concurrency.split(",") if x]
+    args.bursts = [int(x) for x in args.bursts.split(",") if x]
     dev = torch.device(args.device)
     res: dict[str, Any] = {
         "command": args.command,
