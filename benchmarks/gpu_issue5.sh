@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_issue5.sh fused  # GPU tests of the fused decode kernels, fused vs unfused step, tile sweep
 #   bash benchmarks/gpu_issue5.sh check  # the served code: GPU tests of the fused path, step variants
 #   bash benchmarks/gpu_issue5.sh pdl    # the same with PDL / prefetch variants, and a kernel profile
+#   bash benchmarks/gpu_issue5.sh codec  # every GPU test; the codec with / without the SnakeBeta kernel
 # Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -55,6 +56,18 @@ if [ "$mode" = pdl ]; then
     --out "$OUT/profile_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-400 | tail -6
   timeout $((560 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
     --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -3
+fi
+if [ "$mode" = codec ]; then
+  # every GPU test, then the codec per (streams, frames) graph: SnakeBeta kernel / torch ops / cuDNN autotune
+  timeout 260 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  VOICEWIRE_TEST_DEVICE=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
+  grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
+  for v in kernel torch-snake cudnn-benchmark; do
+    flag=""; [ $v != kernel ] && flag="--$v"
+    timeout 90 python3 benchmarks/serving_bench.py --size 0.6b --sections codec --max-batch 64 --max-slots 64 $flag \
+      --out "$OUT/codec_$v.json" > "$OUT/codec_$v.log" 2>&1
+    python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['codec']; print(sys.argv[2], {k: round(v['graph_ms'], 2) for k, v in c.items() if 'graph_ms' in v})" "$OUT/codec_$v.json" $v
+  done
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

@@ -270,6 +270,8 @@ def plan_decode_attention(
         raise ValueError(f"max_len_bound must be >= 1, got {max_len_bound}")
     if block_n is None:
         block_n = FP32_BLOCK_N if dtype == torch.float32 else DEFAULT_BLOCK_N
+        # no wider than the longest row: the code predictor's 16-position cache takes 16-key tiles
+        block_n = min(block_n, max(MIN_DOT_DIM, triton.next_power_of_2(max_len_bound)))
     if block_n < MIN_DOT_DIM or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= {MIN_DOT_DIM}, got {block_n}")
 
