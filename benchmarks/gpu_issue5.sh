@@ -58,12 +58,14 @@ if [ "$mode" = pdl ]; then
     --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -3
 fi
 if [ "$mode" = codec ]; then
-  # every GPU test, then the codec per (streams, frames) graph: SnakeBeta kernel / torch ops / cuDNN autotune
+  # every GPU test, then the codec per (streams, frames) graph: torch-op SnakeBeta (heuristic convs) / SnakeBeta kernel (heuristic convs) / the default (kernel, cuDNN-timed convs)
   timeout 260 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   VOICEWIRE_TEST_DEVICE=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
   grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
-  for v in kernel torch-snake cudnn-benchmark; do
-    flag=""; [ $v != kernel ] && flag="--$v"
+  # (run 3 of 2026-11-29 was made with variants kernel / torch-snake / cudnn-benchmark, before cuDNN
+  # timing became the codec graphs' default; the same three configurations are these)
+  for v in torch-snake cudnn-heuristics default; do
+    flag="--$v"; [ $v = default ] && flag=""
     timeout 90 python3 benchmarks/serving_bench.py --size 0.6b --sections codec --max-batch 64 --max-slots 64 $flag \
       --out "$OUT/codec_$v.json" > "$OUT/codec_$v.log" 2>&1
     python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['codec']; print(sys.argv[2], {k: round(v['graph_ms'], 2) for k, v in c.items() if 'graph_ms' in v})" "$OUT/codec_$v.json" $v
@@ -87,10 +89,10 @@ fi
 if [ "$mode" = sbs ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/oracle_site \
     .whl/qwen3-oracle/*.whl || exit 1
-  timeout 520 python3 benchmarks/side_by_side.py --size 1.7b --oracle-site /tmp/oracle_site --workdir /tmp/sbs \
-    --out "$OUT/side_by_side_1.7b.json" --official-timeout-s 170 --ours-timeout-s 330 \
+  timeout 540 python3 benchmarks/side_by_side.py --size 1.7b --oracle-site /tmp/oracle_site --workdir /tmp/sbs \
+    --out "$OUT/side_by_side_1.7b.json" --official-timeout-s 200 --ours-timeout-s 320 --official-args=--e2e-batch \
     -- --sections step,single,serve --step-variants fused --step-batches 1,8,32,64,128 \
-    --rates 1,20,40,60,80 --rate-duration-s 8 --concurrency 16,64,128 --closed-duration-s 6 \
+    --rates 1,20,40,60,80 --rate-duration-s 8 --concurrency 16,64,128 --closed-duration-s 6 --bursts 128,256 \
     --plot "$OUT/serving_1.7b.png" 2>&1 | tail -40
   cp /tmp/sbs/official.log "$OUT/official.log" 2>/dev/null; tail -c 200000 /tmp/sbs/ours.log > "$OUT/ours.log" 2>/dev/null
 fi

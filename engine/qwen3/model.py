@@ -82,6 +82,8 @@ class ServeOptions:
     codec_graph_frames: int = 12
     # codec SnakeBeta activations on the one-pass Triton kernel (kernels/snake.py): None = on CUDA
     codec_snake_kernel: bool | None = None
+    # cuDNN times its conv algorithms while the codec graphs are captured (CUDA graphs only)
+    codec_cudnn_benchmark: bool = True
 
     def __post_init__(self) -> None:
         if self.codec_mode not in CODEC_MODES:
@@ -539,7 +541,15 @@ class Qwen3TTSModel(Model):
         (before any stream is open)."""
         if self._slots:
             return
-        self.graphs.capture()
+        # the captured codec graphs keep the conv algorithms cuDNN times for their shapes (1.5-1.9x
+        # faster codec calls at 16-64 rows x 2-12 frames than its heuristics: benchmarks/NOTES.md);
+        # the flag is restored after, so a rare eager call of another length pays no timing run
+        cudnn, before = torch.backends.cudnn, torch.backends.cudnn.benchmark
+        cudnn.benchmark = before or self.options.codec_cudnn_benchmark
+        try:
+            self.graphs.capture()
+        finally:
+            cudnn.benchmark = before
         self.open_slot(0, StreamParams(greedy=True, forced_frames=2, seed=0, voice=""))
         self.add_text(0, ["Hello."], True)
         frames = []
