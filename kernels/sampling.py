@@ -9,11 +9,9 @@ The torch sampler (engine/qwen3/sampler.py) is the reference and this kernel fol
 
 Unfused, that is two full sorts of the vocabulary per codebook (top-k, top-p) and ~40 elementwise
 kernels; compiled it is still the sorts. Here one program owns one row and its whole vocabulary
-(<= 4096 logits in registers); the k-th largest value and the top-p cut are searched over the
-order-preserving integer image of the float scores, which lands on exactly the value a sort would give:
-the k-th value 4 bits at a time (8 rounds, each counting 16 candidate thresholds in one reduction; it
-was 32 rounds of bisection, 13 us per call at B=1 on the H200), the top-p cut by bisection (32 rounds
-of a masked sum). Ties at the top-p cut are kept together (a sort would keep
+(<= 4096 logits in registers); the k-th largest value and the top-p cut are found by bisection over the
+order-preserving integer image of the float scores (32 rounds of a masked count / masked sum each), which
+lands on exactly the value a sort would give. Ties at the top-p cut are kept together (a sort would keep
 or drop tied tokens in its own order); with float scores such ties are measure-zero.
 
 Per-row parameters are read from the slot-indexed state tables (column ``col``: 0 = talker, 1 = code
@@ -33,9 +31,6 @@ from kernels.pdl import pdl_enter, pdl_launch
 INT32_MIN = tl.constexpr(-(2**31))
 INT32_MAX = tl.constexpr(2**31 - 1)
 NEVER_KEY = tl.constexpr(-(2**31) - 1)  # below every float's key: padding lanes, cut tokens
-# top-k threshold: 4 bits per round, 16 candidate thresholds counted together (8 rounds, not 32)
-RADIX_BITS = tl.constexpr(4)
-RADIX = tl.constexpr(16)
 
 
 @triton.jit
@@ -102,15 +97,14 @@ def _sample_kernel(
     key = tl.where(in_vocab, _ordered_key(t), NEVER_KEY)  # padding lanes sort below everything
     top_k = tl.minimum(tl.maximum(tl.load(top_k_ptr + slot * stride_param + col), 1), V)
     if top_k < V:
-        # the largest threshold that still keeps >= k tokens is the k-th largest key (ties stay),
-        # found digit by digit from the top: RADIX_BITS of it per round, one masked count per
-        # candidate digit, all candidates in one reduction (32 / RADIX_BITS dependent rounds)
-        digits = tl.arange(0, RADIX).to(tl.int64)
+        # the largest threshold that still keeps >= k tokens is the k-th largest key (ties stay)
         lo = tl.full((), INT32_MIN, tl.int64)
-        for r in tl.static_range(32 // RADIX_BITS):
-            shift = 32 - RADIX_BITS * (r + 1)
-            counts = tl.sum((key[None, :] >= lo + (digits << shift)[:, None]).to(tl.int32), axis=1)
-            lo += tl.max(tl.where(counts >= top_k, digits, 0), axis=0) << shift
+        hi = tl.full((), INT32_MAX, tl.int64)
+        for _ in range(32):
+            mid = lo + (hi - lo + 1) // 2
+            keep = tl.sum((key >= mid).to(tl.int32), axis=0) >= top_k
+            lo = tl.where(keep, mid, lo)
+            hi = tl.where(keep, hi, mid - 1)
         t = tl.where(key >= lo, t, float("-inf"))
         key = tl.where(key >= lo, key, NEVER_KEY)
     prob = tl.exp(t - tl.max(t, axis=0))
