@@ -156,6 +156,9 @@ def test_plan_shapes() -> None:
         assert plan.num_splits == 1 or plan.tokens_per_split >= MIN_TOKENS_PER_SPLIT
     assert plan_decode_attention(128, KV_HEADS, 2048, "cpu").num_splits == 1  # enough programs already
     assert plan_decode_attention(1, KV_HEADS, 512, "cpu", torch.bfloat16).block_n == DEFAULT_BLOCK_N
+    # no key tile wider than the longest row (the code predictor's 16 positions), never below tl.dot's 16
+    assert plan_decode_attention(64, KV_HEADS, 16, "cpu", torch.bfloat16).block_n == 16
+    assert plan_decode_attention(64, KV_HEADS, 3, "cpu", torch.bfloat16).block_n == 16
 
 
 @needs_interpreter  # CPU tensors: on a CUDA machine the device check would speak first
