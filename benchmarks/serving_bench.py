@@ -33,6 +33,9 @@ Sections (each kept in the JSON even if another fails):
   with ``--bursts``, n requests of ``--single-frames`` submitted at once (the official package's
   batched generate as a workload): aggregate audio-s/s, codec and streaming included.
 
+The request side of ``serve`` (lengths, one request, the open / closed loops, bursts, the summary)
+is benchmarks/engine_load.py.
+
 Text: each request sends its whole text at once, then ends (the LLM-streaming case is tested
 elsewhere); the talker still reads it one token per frame. Lead-in trimming is off (threshold
 -300 dBFS): random weights have no leading silence, so TTFP is the first chunk out.
@@ -61,28 +64,27 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine_load import (  # noqa: E402  (this script's folder is on sys.path)
+    LENGTHS,
+    WORDS,
+    Lengths,
+    burst,
+    closed_loop,
+    med,
+    one_request,
+    open_loop,
+    pct,
+    summarize,
+)
+
 from engine.config import EngineConfig, LevelConfig  # noqa: E402
-from engine.engine import Engine, EngineBusy  # noqa: E402
+from engine.engine import Engine  # noqa: E402
 from engine.model import StreamParams  # noqa: E402
 from engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3  # noqa: E402
 from engine.qwen3.cuda_graphs import bucket_for  # noqa: E402
 
-LENGTHS = ROOT / "benchmarks" / "data" / "utterance_lengths.json"
-SR = 24_000
-FRAME_S = 0.08
-MIN_REQUESTS_PER_RATE = 20
-WORDS = "the quick brown fox jumps over the lazy dog while the evening sun sets behind the hills".split()
-
 
 # --- helpers ---------------------------------------------------------------------------------------
-def pct(xs: list[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
-
-
-def med(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -320,178 +322,6 @@ def section_codec(model: Qwen3TTSModel, args: argparse.Namespace, dev: torch.dev
         x = torch.from_numpy(packed(b, t)).to(dev)
         res.setdefault(f"B{b}_T{t}", {})["eager_ms"] = gpu_ms(lambda x=x: model._codec_body(x), dev, 3)
     return res
-
-
-# --- requests --------------------------------------------------------------------------------------
-class Lengths:
-    def __init__(self, scale: float = 1.0) -> None:
-        table = json.loads(LENGTHS.read_text())
-        self.frames = [max(1, round(f * scale)) for f in table["frames"]]
-        self.i = 0
-
-    def next(self) -> int:
-        f = self.frames[self.i % len(self.frames)]
-        self.i += 1
-        return f
-
-
-async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str, Any]]) -> None:
-    text = " ".join(WORDS[i % len(WORDS)] for i in range(max(1, frames // 3)))
-    t_submit = time.perf_counter()
-    try:
-        stream = engine.open_stream(StreamParams(forced_frames=frames, seed=seed))
-    except EngineBusy:
-        out.append({"rejected": True, "t_submit": t_submit})
-        return
-    stream.push_text(text + ".")
-    stream.end()
-    chunks: list[tuple[float, int]] = []
-    error = None
-    try:
-        async for chunk in stream:
-            if chunk.pcm.size:
-                chunks.append((time.perf_counter(), chunk.pcm.size))
-    except Exception as err:
-        error = repr(err)
-    t_done = time.perf_counter()
-    m = stream.metrics
-    rec: dict[str, Any] = {"frames": frames, "t_submit": t_submit, "t_done": t_done, "error": error}
-    if chunks and m.t_first_text is not None:
-        t0 = chunks[0][0]
-        # playback from the first chunk, zero extra buffer; a late chunk stalls playback
-        played_until = t0 + chunks[0][1] / SR
-        stalls, stall_s, late_chunks = 0, 0.0, 0
-        for t_arr, n in chunks[1:]:
-            if t_arr > played_until:
-                stalls += 1
-                late_chunks += 1
-                stall_s += t_arr - played_until
-                played_until = t_arr
-            played_until += n / SR
-        audio_s = sum(n for _, n in chunks) / SR
-        rec.update(
-            ttfp_ms=(t0 - m.t_first_text) * 1e3,
-            e2e_s=t_done - m.t_first_text,
-            audio_s=audio_s,
-            rtf=(chunks[-1][0] - m.t_first_text) / audio_s,
-            chunks=len(chunks),
-            late_chunks=late_chunks,
-            stalls=stalls,
-            stall_s=stall_s,
-            arrivals=[(t, n) for t, n in chunks],
-        )
-    out.append(rec)
-
-
-def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[str, Any]:
-    ok = [r for r in recs if "ttfp_ms" in r]
-    ttfp = [r["ttfp_ms"] for r in ok]
-    audio_in_window = sum(n for r in ok for t, n in r["arrivals"] if t_start <= t <= t_end) / SR
-    chunks = sum(r["chunks"] for r in ok)
-    late = sum(r["late_chunks"] for r in ok)
-    return {
-        "requests": len(recs),
-        "completed": len(ok),
-        "rejected": sum(1 for r in recs if r.get("rejected")),
-        "errors": sum(1 for r in recs if r.get("error")),
-        "ttfp_ms_p50": med(ttfp),
-        "ttfp_ms_p95": pct(ttfp, 95),
-        "ttfp_ms_p99": pct(ttfp, 99),
-        "ttfp_ms_max": max(ttfp) if ttfp else None,
-        "e2e_s_p50": med([r["e2e_s"] for r in ok]),
-        "rtf_p50": med([r["rtf"] for r in ok]),
-        "rtf_p95": pct([r["rtf"] for r in ok], 95),
-        "underrun_requests": sum(1 for r in ok if r["stalls"]),
-        "request_on_time_rate": (sum(1 for r in ok if not r["stalls"]) / len(ok)) if ok else None,
-        "chunk_on_time_rate": (1 - late / chunks) if chunks else None,
-        "stall_s_total": sum(r["stall_s"] for r in ok),
-        "audio_s_per_s": audio_in_window / (t_end - t_start),
-    }
-
-
-def engine_delta(engine: Engine, before: dict[str, Any]) -> dict[str, Any]:
-    st = engine.stats
-    hist = {k: v - before["hist"].get(k, 0) for k, v in st.batch_sizes.items()}
-    return {
-        "steps": st.steps - before["steps"],
-        "generate_s": st.generate_s - before["generate_s"],
-        "decode_s": st.decode_s - before["decode_s"],
-        "batch_hist": {str(k): v for k, v in sorted(hist.items()) if v},
-    }
-
-
-def engine_snapshot(engine: Engine) -> dict[str, Any]:
-    st = engine.stats
-    return {
-        "steps": st.steps,
-        "generate_s": st.generate_s,
-        "decode_s": st.decode_s,
-        "hist": dict(st.batch_sizes),
-    }
-
-
-async def open_loop(
-    engine: Engine, rate: float, duration_s: float, lengths: Lengths, seed: int
-) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    recs: list[dict[str, Any]] = []
-    tasks = []
-    before = engine_snapshot(engine)
-    t_start = time.perf_counter()
-    t_next = t_start
-    lag = []
-    i = 0
-    duration_s = max(duration_s, MIN_REQUESTS_PER_RATE / rate)  # enough requests for a p95
-    while t_next < t_start + duration_s:
-        now = time.perf_counter()
-        if t_next > now:
-            await asyncio.sleep(t_next - now)
-        lag.append(time.perf_counter() - t_next)
-        tasks.append(asyncio.create_task(one_request(engine, lengths.next(), seed * 100_000 + i, recs)))
-        i += 1
-        t_next += rng.exponential(1.0 / rate)
-    t_end = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
-    out = summarize(recs, t_start, t_end)
-    out.update(rate=rate, duration_s=duration_s, arrival_lag_ms_p99=pct([x * 1e3 for x in lag], 99))
-    out["engine"] = engine_delta(engine, before)
-    return out
-
-
-async def closed_loop(
-    engine: Engine, conc: int, duration_s: float, lengths: Lengths, seed: int
-) -> dict[str, Any]:
-    recs: list[dict[str, Any]] = []
-    before = engine_snapshot(engine)
-    t_start = time.perf_counter()
-    t_stop = t_start + duration_s
-
-    async def client(c: int) -> None:
-        j = 0
-        while time.perf_counter() < t_stop:
-            await one_request(engine, lengths.next(), seed * 100_000 + c * 1000 + j, recs)
-            j += 1
-
-    await asyncio.wait_for(asyncio.gather(*(client(c) for c in range(conc))), timeout=duration_s + 120)
-    out = summarize(recs, t_start, t_stop)
-    out.update(concurrency=conc, duration_s=duration_s)
-    out["engine"] = engine_delta(engine, before)
-    return out
-
-
-async def burst(engine: Engine, n: int, frames: int, seed: int) -> dict[str, Any]:
-    """n requests of ``frames`` frames at once, the official package's batched generate as a workload:
-    aggregate audio-s/s from the first submission to the last chunk (codec and streaming included)."""
-    recs: list[dict[str, Any]] = []
-    before = engine_snapshot(engine)
-    t_start = time.perf_counter()
-    requests = (one_request(engine, frames, seed * 100_000 + i, recs) for i in range(n))
-    await asyncio.wait_for(asyncio.gather(*requests), timeout=300)
-    t_end = max(r["t_done"] for r in recs)
-    out = summarize(recs, t_start, t_end)
-    out.update(requests_at_once=n, frames=frames, wall_s=t_end - t_start)
-    out["engine"] = engine_delta(engine, before)
-    return out
 
 
 def section_serve(model: Qwen3TTSModel, args: argparse.Namespace) -> dict[str, Any]:
