@@ -106,7 +106,7 @@ def compare_codes(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
 
 
 def parity(site: str, device: str, work: Path) -> dict[str, Any]:
-    from tests.engine.qwen3.oracle import CHECKPOINTS, run_oracle
+    from tests.engine.qwen3.oracle import CHECKPOINTS, greedy_params, run_oracle
 
     site = ":".join(str(Path(p).resolve()) for p in site.split(":"))  # the oracle runs in another cwd
     out: dict[str, Any] = {}
@@ -118,14 +118,7 @@ def parity(site: str, device: str, work: Path) -> dict[str, Any]:
         ours16 = load_qwen3(d, device=device, dtype="bf16", codec_dtype="bf16", max_seq_len=256)
         for i, p in enumerate(c["prompts"]):
             key = f"{c['name']}/p{i}"
-            params = StreamParams(
-                voice=p["speaker"] or "",
-                language=p["language"],
-                greedy=True,
-                forced_frames=p["frames"],
-                seed=0,
-                extra={"whole_text": p.get("whole_text", False)},
-            )
+            params = greedy_params(p)
             r32, r16 = ref32.ref[f"{key}/codes"], ref16.ref[f"{key}/codes"]
             c32, c16 = run_codes(ours32, p["text"], params), run_codes(ours16, p["text"], params)
             w32 = decode(ours32, r32)

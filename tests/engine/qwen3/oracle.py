@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.model import StreamParams
 from engine.qwen3.config import preset
 from engine.qwen3.testing import write_config_files
 
@@ -69,6 +70,18 @@ CHECKPOINTS: list[dict[str, Any]] = [
         "prompts": [{"text": "Base model speaks.", "speaker": None, "language": "english", "frames": 15}],
     },
 ]
+
+
+def greedy_params(prompt: dict[str, Any]) -> StreamParams:
+    """Our stream parameters for one CHECKPOINTS prompt: greedy, its forced length, its voice."""
+    return StreamParams(
+        voice=prompt["speaker"] or "",
+        language=prompt["language"],
+        greedy=True,
+        forced_frames=prompt["frames"],
+        seed=0,
+        extra={"whole_text": prompt.get("whole_text", False)},
+    )
 
 
 def oracle_ready(oracle_dir: Path = ORACLE_DIR) -> bool:

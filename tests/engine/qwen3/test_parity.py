@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model import StreamParams
 from engine.qwen3 import load_qwen3
 
 from .conftest import run_stream
-from .oracle import CHECKPOINTS, OracleRun
+from .oracle import CHECKPOINTS, OracleRun, greedy_params
 
 WAVE_TOL = 1e-4  # fp32
 CASES = [(c["name"], i) for c in CHECKPOINTS for i in range(len(c["prompts"]))]
@@ -45,14 +44,7 @@ def test_tokenizer_ids_equal_the_official_processor(
 @pytest.mark.parametrize(("name", "i"), CASES)
 def test_greedy_codes_equal_the_official_package(oracle: OracleRun, models: dict, name: str, i: int) -> None:
     p = _prompt(name, i)
-    params = StreamParams(
-        voice=p["speaker"] or "",
-        language=p["language"],
-        greedy=True,
-        forced_frames=p["frames"],
-        seed=0,
-        extra={"whole_text": p.get("whole_text", False)},
-    )
+    params = greedy_params(p)
     codes = run_stream(models[name], 0, [p["text"]], params)
     ref = oracle.ref[f"{name}/p{i}/codes"]
     assert ref.shape == (p["frames"], 16)
