@@ -14,6 +14,7 @@ no stream uses carry the padding slot.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -40,6 +41,15 @@ def pack_prefill_row(text_ids: list[int], codec_ids: list[int | None], slot: int
     return [*text_ids, *pad_text, *codec, *([NO_CODEC] * (width - n)), n, slot]
 
 
+@dataclass(frozen=True)
+class FusedSettings:
+    """How the fused decode path runs (from ServeOptions.fused_*; see fused_decode.py)."""
+
+    cublas_rows: int  # above this many rows the wide projections run on norm + cuBLAS + SwiGLU
+    pdl: bool  # programmatic dependent launch on sm_90+ (kernels/pdl.py)
+    prefetch_bytes: int  # of each program's weight band, pulled into L2 before a fused linear waits
+
+
 class FrameStep:
     def __init__(
         self,
@@ -49,7 +59,7 @@ class FrameStep:
         kv: SlotKVCache,
         state: SlotState,
         use_attention_kernel: bool,
-        fused_kernels: bool = False,
+        fused: FusedSettings | None = None,
     ) -> None:
         self.cfg, self.talker, self.code_predictor = cfg, talker, code_predictor
         self.kv, self.state, self.use_kernel = kv, state, use_attention_kernel
@@ -63,10 +73,10 @@ class FrameStep:
         self.sample = sample  # fused_ops.compile_sampler swaps in a compiled version
         # the decode work on fused Triton kernels (fused_decode.py): CUDA, or the CPU interpreter in tests
         self.fused: FusedDecode | None = None
-        if fused_kernels:
+        if fused is not None:
             from .fused_decode import FusedDecode
 
-            self.fused = FusedDecode(cfg, talker, code_predictor, kv, self.suppress)
+            self.fused = FusedDecode(cfg, talker, code_predictor, kv, self.suppress, fused)
 
     # --- the two bodies ---------------------------------------------------------------------------
     def decode(self, slots: Tensor) -> Tensor:

@@ -47,6 +47,7 @@ from kernels.sampling import sample_rows
 
 from .code_predictor import CodePredictor
 from .config import Qwen3TTSConfig
+from .frame_step import FusedSettings
 from .kv_cache import SlotKVCache
 from .layers import DecoderLayer
 from .slot_state import SlotState
@@ -113,6 +114,7 @@ class FusedDecode:
         code_predictor: CodePredictor,
         kv: SlotKVCache,
         suppress: Tensor,
+        settings: FusedSettings,
     ) -> None:
         self.cfg, self.talker, self.cp, self.kv = cfg, talker, code_predictor, kv
         self.talker_layers = [_Layer.of(m) for m in talker.layers]
@@ -124,11 +126,8 @@ class FusedDecode:
         self.proj = cast(nn.Linear, proj) if isinstance(proj, nn.Linear) else None
         self.cp_heads = torch.stack([cast(nn.Linear, h).weight for h in code_predictor.lm_head])  # (15, V, H)
         self.suppress = suppress  # (vocab,) bool: the talker's control ids (frame_step.py)
-        self.cublas_rows = 8  # rows above which the wide projections run on cuBLAS (ServeOptions)
-        # programmatic dependent launch (kernels/pdl.py) on sm_90+, and how much of each program's
-        # weight band a linear pulls into L2 before it waits (ServeOptions.fused_pdl / fused_prefetch_kib)
-        self.pdl = True
-        self.prefetch_bytes = 128 << 10
+        self.cublas_rows, self.pdl = settings.cublas_rows, settings.pdl
+        self.prefetch_bytes = settings.prefetch_bytes
         self._rows: dict[int, _Rows] = {}
 
     # --- the talker -------------------------------------------------------------------------------

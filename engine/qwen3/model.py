@@ -39,7 +39,7 @@ from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for
-from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
+from .frame_step import NO_CODEC, FrameStep, FusedSettings, pack_prefill_row
 from .kv_cache import SlotKVCache
 from .layers import DecoderLayer
 from .prompt import Prompt, build_prompt
@@ -154,6 +154,7 @@ class Qwen3TTSModel(Model):
         self.state = SlotState(n, t.num_code_groups, t.vocab_size, options.max_seq_len, dev)
         for layer in (*self.talker.layers, *self.code_predictor.layers):
             cast(DecoderLayer, layer).fuse()  # q|k|v and gate|up: 3 fewer GEMM launches per layer
+        fused_on = dev.type == "cuda" if options.fused_kernels is None else options.fused_kernels
         self.step = FrameStep(
             cfg,
             self.talker,
@@ -161,12 +162,12 @@ class Qwen3TTSModel(Model):
             self.kv,
             self.state,
             use_attention_kernel=options.attention_kernel and dev.type == "cuda",
-            fused_kernels=dev.type == "cuda" if options.fused_kernels is None else options.fused_kernels,
+            fused=FusedSettings(
+                options.fused_cublas_rows, options.fused_pdl, options.fused_prefetch_kib << 10
+            )
+            if fused_on
+            else None,
         )
-        if self.step.fused is not None:
-            self.step.fused.cublas_rows = options.fused_cublas_rows
-            self.step.fused.pdl = options.fused_pdl
-            self.step.fused.prefetch_bytes = options.fused_prefetch_kib << 10
         if options.compile_elementwise and dev.type == "cuda":
             from .fused_ops import compile_elementwise, compile_sampler
 

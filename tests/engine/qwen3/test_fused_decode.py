@@ -31,8 +31,15 @@ STREAMS = [
 ]
 
 
-def _model(fused: bool) -> Qwen3TTSModel:
-    opts = ServeOptions(max_slots=4, max_batch_size=4, max_seq_len=64, fused_kernels=fused, cuda_graphs=False)
+def _model(fused: bool, cublas_rows: int = 8) -> Qwen3TTSModel:
+    opts = ServeOptions(
+        max_slots=4,
+        max_batch_size=4,
+        max_seq_len=64,
+        fused_kernels=fused,
+        fused_cublas_rows=cublas_rows,
+        cuda_graphs=False,
+    )
     return load_qwen3(None, "tiny", device="cpu", seed=5, options=opts)
 
 
@@ -40,9 +47,8 @@ def _model(fused: bool) -> Qwen3TTSModel:
 @pytest.mark.parametrize("cublas_rows", [8, 0], ids=["fused-linears", "norm+cublas-linears"])
 def test_fused_step_gives_the_unfused_codes_and_cache(cublas_rows: int) -> None:
     """Both ways of running the wide projections: the fused kernel (few rows) and norm + GEMM (many)."""
-    fused, plain = _model(True), _model(False)
+    fused, plain = _model(True, cublas_rows), _model(False)
     assert fused.step.fused is not None and plain.step.fused is None
-    fused.step.fused.cublas_rows = cublas_rows
     got, want = run_joining(fused, STREAMS, 12), run_joining(plain, STREAMS, 12)
     for slot, _, _, params in STREAMS:
         assert got[slot].shape == (params.forced_frames, 16)
