@@ -82,7 +82,8 @@ class ServeOptions:
     codec_graph_frames: int = 12
     # codec SnakeBeta activations on the one-pass Triton kernel (kernels/snake.py): None = on CUDA
     codec_snake_kernel: bool | None = None
-    # cuDNN times its conv algorithms while the codec graphs are captured (CUDA graphs only)
+    # cuDNN times its conv algorithms while the codec graphs are captured (CUDA graphs only): 1.5-1.9x
+    # faster codec calls, for ~30-40 s more start-up on the H200 (benchmarks/NOTES.md, third pass)
     codec_cudnn_benchmark: bool = True
 
     def __post_init__(self) -> None:
