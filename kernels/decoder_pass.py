@@ -33,6 +33,7 @@ that does every band, and the barriers drop out.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +52,7 @@ from kernels.qk_norm_rope import _rms_rope
 
 # 16 warps: the weight bands in flight take up to ~150 KB of the SM's 256 KB register file (gate|up and
 # down at the 1.7B shapes), which leaves each of 512 threads room for the rest of its 128 registers.
-NUM_WARPS = 16
+NUM_WARPS = int(os.environ.get("VOICEWIRE_PASS_WARPS", "16"))  # (measuring)
 
 
 @functools.lru_cache(maxsize=8)
