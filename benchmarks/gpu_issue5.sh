@@ -77,11 +77,11 @@ if [ "$mode" = pass ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_decoder_pass.py \
     tests/engine/qwen3/test_gpu.py -k "pass or fused" > "$OUT/pytest_gpu.txt" 2>&1
   tail -1 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
-  for w in 16 8; do
-    VOICEWIRE_PASS_WARPS=$w timeout 150 python3 benchmarks/serving_bench.py --size 1.7b --sections step \
-      --step-variants fused,fused-nopass,fused-pass8 --step-batches 1,2,4,8 \
-      --out "$OUT/step_w$w.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -14
-  done
+  timeout 90 python3 benchmarks/pass_bench.py --size 1.7b --out "$OUT/pass_1.7b.json" 2>&1 | grep -E "^\[|Error" | cut -c1-900
+  timeout 150 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-nopass \
+    --step-batches 1,2,64 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
+  timeout $((560 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

@@ -193,8 +193,7 @@ FUSED_VARIANTS: dict[str, dict[str, Any]] = {
     "fused-nopdl": {"fused_pdl": False},  # every kernel launched plainly (kernels/pdl.py)
     "fused-noprefetch": {"fused_prefetch_kib": 0},  # PDL without the L2 weight prefetch
     "fused-prefetch-all": {"fused_prefetch_kib": 1 << 16},  # whole weight bands prefetched
-    "fused-nopass": {"fused_pass_streams": 0},  # code-predictor passes as kernel chains at every size
-    "fused-pass8": {"fused_pass_streams": 8},  # ... as one persistent launch up to 8 streams
+    "fused-nopass": {"fused_single_stream_pass": False},  # B=1's predictor passes as kernel chains too
 }
 
 

@@ -33,7 +33,6 @@ that does every band, and the barriers drop out.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +51,7 @@ from kernels.qk_norm_rope import _rms_rope
 
 # 16 warps: the weight bands in flight take up to ~150 KB of the SM's 256 KB register file (gate|up and
 # down at the 1.7B shapes), which leaves each of 512 threads room for the rest of its 128 registers.
-NUM_WARPS = int(os.environ.get("VOICEWIRE_PASS_WARPS", "16"))  # (measuring)
+NUM_WARPS = 8
 
 
 @functools.lru_cache(maxsize=8)
@@ -82,28 +81,29 @@ def _tile(w_ptr, n_rows, K, row0, rows_here, TR: tl.constexpr, K0: tl.constexpr,
 
 @triton.jit
 def _row(x_ptr, K, K0: tl.constexpr, TK: tl.constexpr):
-    """Columns [K0, K0 + TK) of a row another program wrote (through L2)."""
+    """Columns [K0, K0 + TK) of a row other programs wrote (through L2: no stale L1 line)."""
     k = K0 + tl.arange(0, TK)
     return tl.load(x_ptr + k, mask=k < K, other=0.0, cache_modifier=".cg")
 
 
 @triton.jit
-def _normed_row(x_ptr, norm_ptr, K, eps, TK: tl.constexpr):
-    """rms_norm(row) * g, rounded to the row's dtype as the reference rounds it."""
+def _vector(ptr, K, TK: tl.constexpr):
+    """A read-only vector (a norm weight) as float32, zero past K."""
     k = tl.arange(0, TK)
-    ok = k < K
-    xs = tl.load(x_ptr + k, mask=ok, other=0.0, cache_modifier=".cg")
+    return tl.load(ptr + k, mask=k < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _normed(xs, g, K, eps):
+    """rms_norm(row) * g, rounded to the row's dtype where the reference rounds (g: float32)."""
     xf = xs.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)
-    g = tl.load(norm_ptr + k, mask=ok, other=0.0).to(tl.float32)
-    xn = (xf * rstd).to(xs.dtype).to(tl.float32)
-    return (xn * g).to(xs.dtype)
+    return ((xf * rstd).to(xs.dtype).to(tl.float32) * g).to(xs.dtype)
 
 
 @triton.jit
 def _dot(w, xr):
-    """(TR, TK) tile . (TK,) row -> (TR,) float32 (the row stays in its own dtype until here: half the
-    registers of a float32 copy in every layout a tile asks for)."""
+    """(TR, TK) tile . (TK,) row -> (TR,) float32."""
     return tl.sum(w.to(tl.float32) * xr.to(tl.float32)[None, :], axis=1)
 
 
@@ -114,20 +114,115 @@ def _store_band(out_ptr, row0, rows_here, n, y, TR: tl.constexpr):
 
 
 @triton.jit
-def _residual_band(x_ptr, row0, rows_here, n, y, TR: tl.constexpr):
-    """x[band] = x[band] + y, y rounded first (the band is this program's own: no other program reads
-    it in this phase)."""
-    r = tl.arange(0, TR)
-    ok = (r < rows_here) & (row0 + r < n)
-    res = tl.load(x_ptr + row0 + r, mask=ok, other=0.0)
-    y = y.to(res.dtype).to(tl.float32)
-    tl.store(x_ptr + row0 + r, (res.to(tl.float32) + y).to(res.dtype), mask=ok)
+def _add(res, y):
+    """res + y in the reference's rounding (y rounded to res's dtype first)."""
+    return (res.to(tl.float32) + y.to(res.dtype).to(tl.float32)).to(res.dtype)
 
 
 @triton.jit
 def _sync(counter_ptr, barrier, SYNC: tl.constexpr):
     if SYNC:
         grid_barrier(counter_ptr, barrier * tl.num_programs(0))
+
+
+@triton.jit
+def _stamp(stamps_ptr, i, TIMING: tl.constexpr):
+    """Program 0's SM clock at point i of the pass (benchmarks/pass_bench.py); compiled out when off."""
+    if TIMING:  # noqa: SIM102 (a constexpr branch: compiled out when off)
+        if tl.program_id(0) == 0:
+            now = tl.inline_asm_elementwise(
+                "mov.u64 $0, %clock64;", "=l,r", [tl.program_id(0)], dtype=tl.int64, is_pure=False, pack=1
+            )
+            tl.store(stamps_ptr + i, now)
+
+
+@triton.jit
+def _head_loads(row, g, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Query heads of KV head g (G, D/2) x 2 halves, and its key and value halves, from a q|k|v row."""
+    G: tl.constexpr = Q_HEADS // KV_HEADS
+    half: tl.constexpr = HEAD_DIM // 2
+    d = tl.arange(0, half)
+    q = row + (g * G + tl.arange(0, G))[:, None] * HEAD_DIM + d[None, :]
+    k = row + (Q_HEADS + g) * HEAD_DIM + d
+    v = row + (Q_HEADS + KV_HEADS + g) * HEAD_DIM + d
+    return (
+        tl.load(q, cache_modifier=".cg"),
+        tl.load(q + half, cache_modifier=".cg"),
+        tl.load(k, cache_modifier=".cg"),
+        tl.load(k + half, cache_modifier=".cg"),
+        tl.load(v, cache_modifier=".cg"),
+        tl.load(v + half, cache_modifier=".cg"),
+    )
+
+
+@triton.jit
+def _attend_row(
+    q1,
+    q2,
+    k1,
+    k2,
+    v1,
+    v2,
+    kc1,
+    kc2,
+    vc1,
+    vc2,
+    qn1,
+    qn2,
+    kn1,
+    kn2,
+    inv_freq,
+    pos,
+    eps,
+    qk_scale_log2,
+    k_dst,
+    v_dst,
+    out,
+    HEAD_DIM: tl.constexpr,
+    T: tl.constexpr,
+):
+    """One row's attention for one KV head: q/k norm + RoPE, its key and value into the cache (global,
+    for later passes, and the register tiles kc / vc, for this pass), then softmax(q K^T) V over
+    positions 0..pos. Returns the updated tiles."""
+    half: tl.constexpr = HEAD_DIM // 2
+    d = tl.arange(0, half)
+    t = tl.arange(0, T)
+    dtype = q1.dtype
+    angle = pos * inv_freq
+    cos = tl.cos(angle).to(dtype).to(tl.float32)
+    sin = tl.sin(angle).to(dtype).to(tl.float32)
+    # per-head RMS norm and RoPE of the G query heads (kernels/qk_norm_rope.py's rounding)
+    f1, f2 = q1.to(tl.float32), q2.to(tl.float32)
+    rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)
+    n1 = ((f1 * rstd[:, None]).to(dtype).to(tl.float32) * qn1[None, :]).to(dtype).to(tl.float32)
+    n2 = ((f2 * rstd[:, None]).to(dtype).to(tl.float32) * qn2[None, :]).to(dtype).to(tl.float32)
+    c, sn = cos[None, :], sin[None, :]
+    r1 = ((n1 * c).to(dtype).to(tl.float32) + (-n2 * sn).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    r2 = ((n2 * c).to(dtype).to(tl.float32) + (n1 * sn).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    key1, key2 = _rms_rope(k1, k2, kn1, kn2, cos, sin, eps, HEAD_DIM)
+    tl.store(k_dst + d, key1)
+    tl.store(k_dst + half + d, key2)
+    tl.store(v_dst + d, v1)
+    tl.store(v_dst + half + d, v2)
+    here = (t == pos)[:, None]
+    kc1 = tl.where(here, key1[None, :], kc1)
+    kc2 = tl.where(here, key2[None, :], kc2)
+    vc1 = tl.where(here, v1[None, :], vc1)
+    vc2 = tl.where(here, v2[None, :], vc2)
+    valid = t <= pos
+    scores = tl.sum(r1[:, None, :] * kc1.to(tl.float32)[None, :, :], axis=2)
+    scores += tl.sum(r2[:, None, :] * kc2.to(tl.float32)[None, :, :], axis=2)  # (G, T)
+    scores = tl.where(valid[None, :], scores * qk_scale_log2, float("-inf"))
+    top = tl.max(scores, axis=1)
+    p = tl.exp2(scores - top[:, None])
+    total = tl.sum(p, axis=1)
+    pr = p.to(dtype).to(tl.float32)  # the reference rounds p to the value dtype before p . V
+    a1 = tl.sum(pr[:, :, None] * vc1.to(tl.float32)[None, :, :], axis=1) / total[:, None]
+    a2 = tl.sum(pr[:, :, None] * vc2.to(tl.float32)[None, :, :], axis=1) / total[:, None]
+    heads = tl.arange(0, q1.shape[0])
+    tl.store(out + heads[:, None] * HEAD_DIM + d[None, :], a1.to(dtype))
+    tl.store(out + heads[:, None] * HEAD_DIM + half + d[None, :], a2.to(dtype))
+    return kc1, kc2, vc1, vc2
 
 
 @triton.jit
@@ -140,7 +235,6 @@ def _attention_phase(
     k_ptr,
     v_ptr,
     layer,
-    streams,
     pos0,
     eps,
     qk_scale_log2,
@@ -151,87 +245,110 @@ def _attention_phase(
     T: tl.constexpr,
     RPS: tl.constexpr,
 ):
-    """Items (stream, KV head): its rows' q/k norm + RoPE, the K/V cache write, and attention."""
-    pid = tl.program_id(0)
+    """Items = KV heads. The cache positions of earlier passes and the rows' q|k|v are loaded at once
+    (one round trip); the rows' own keys join the register tiles, so nothing waits on a cache write."""
     G: tl.constexpr = Q_HEADS // KV_HEADS
     half: tl.constexpr = HEAD_DIM // 2
     d = tl.arange(0, half)
-    j = tl.arange(0, G)
     t = tl.arange(0, T)
     qn1 = tl.load(q_norm_ptr + d).to(tl.float32)
     qn2 = tl.load(q_norm_ptr + half + d).to(tl.float32)
     kn1 = tl.load(k_norm_ptr + d).to(tl.float32)
     kn2 = tl.load(k_norm_ptr + half + d).to(tl.float32)
     inv_freq = tl.load(inv_freq_ptr + d)
-    dtype = qkv_ptr.dtype.element_ty
-    for item in range(pid, streams * KV_HEADS, tl.num_programs(0)):
-        s = item // KV_HEADS
-        g = item % KV_HEADS
-        cache = tl.cast((layer * streams + s) * KV_HEADS + g, tl.int64) * (T * HEAD_DIM)
-        for r in tl.static_range(RPS):
-            m = s * RPS + r
-            pos = pos0 + r
-            angle = pos * inv_freq
-            cos = tl.cos(angle).to(dtype).to(tl.float32)
-            sin = tl.sin(angle).to(dtype).to(tl.float32)
-            row = qkv_ptr + m * NQKV
-            heads = g * G + j
-            q1 = tl.load(row + heads[:, None] * HEAD_DIM + d[None, :], cache_modifier=".cg").to(tl.float32)
-            q2 = tl.load(row + heads[:, None] * HEAD_DIM + half + d[None, :], cache_modifier=".cg")
-            q2 = q2.to(tl.float32)
-            # per-head RMS norm and RoPE of the G query heads (kernels/qk_norm_rope.py's rounding)
-            rstd = tl.math.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / HEAD_DIM + eps)
-            n1 = ((q1 * rstd[:, None]).to(dtype).to(tl.float32) * qn1[None, :]).to(dtype).to(tl.float32)
-            n2 = ((q2 * rstd[:, None]).to(dtype).to(tl.float32) * qn2[None, :]).to(dtype).to(tl.float32)
-            c, sn = cos[None, :], sin[None, :]
-            o1 = (n1 * c).to(dtype).to(tl.float32) + (-n2 * sn).to(dtype).to(tl.float32)
-            o2 = (n2 * c).to(dtype).to(tl.float32) + (n1 * sn).to(dtype).to(tl.float32)
-            q1 = o1.to(dtype).to(tl.float32)
-            q2 = o2.to(dtype).to(tl.float32)
-            k_row = row + (Q_HEADS + g) * HEAD_DIM
-            k1, k2 = _rms_rope(
-                tl.load(k_row + d, cache_modifier=".cg"),
-                tl.load(k_row + half + d, cache_modifier=".cg"),
+    for g in range(tl.program_id(0), KV_HEADS, tl.num_programs(0)):
+        cache = tl.cast(layer * KV_HEADS + g, tl.int64) * (T * HEAD_DIM)
+        earlier = (t < pos0)[:, None]
+        tile = cache + t[:, None] * HEAD_DIM + d[None, :]
+        kc1 = tl.load(k_ptr + tile, mask=earlier, other=0.0)
+        kc2 = tl.load(k_ptr + tile + half, mask=earlier, other=0.0)
+        vc1 = tl.load(v_ptr + tile, mask=earlier, other=0.0)
+        vc2 = tl.load(v_ptr + tile + half, mask=earlier, other=0.0)
+        q1, q2, k1, k2, v1, v2 = _head_loads(qkv_ptr, g, Q_HEADS, KV_HEADS, HEAD_DIM)
+        if RPS == 2:
+            q1b, q2b, k1b, k2b, v1b, v2b = _head_loads(qkv_ptr + NQKV, g, Q_HEADS, KV_HEADS, HEAD_DIM)
+        dst = cache + pos0 * HEAD_DIM
+        kc1, kc2, vc1, vc2 = _attend_row(
+            q1,
+            q2,
+            k1,
+            k2,
+            v1,
+            v2,
+            kc1,
+            kc2,
+            vc1,
+            vc2,
+            qn1,
+            qn2,
+            kn1,
+            kn2,
+            inv_freq,
+            pos0,
+            eps,
+            qk_scale_log2,
+            k_ptr + dst,
+            v_ptr + dst,
+            attn_ptr + g * G * HEAD_DIM,
+            HEAD_DIM,
+            T,
+        )
+        if RPS == 2:
+            _attend_row(
+                q1b,
+                q2b,
+                k1b,
+                k2b,
+                v1b,
+                v2b,
+                kc1,
+                kc2,
+                vc1,
+                vc2,
+                qn1,
+                qn2,
                 kn1,
                 kn2,
-                cos,
-                sin,
+                inv_freq,
+                pos0 + 1,
                 eps,
+                qk_scale_log2,
+                k_ptr + dst + HEAD_DIM,
+                v_ptr + dst + HEAD_DIM,
+                attn_ptr + Q_HEADS * HEAD_DIM + g * G * HEAD_DIM,
                 HEAD_DIM,
+                T,
             )
-            v_row = row + (Q_HEADS + KV_HEADS + g) * HEAD_DIM
-            dst = cache + pos * HEAD_DIM
-            tl.store(k_ptr + dst + d, k1)
-            tl.store(k_ptr + dst + half + d, k2)
-            tl.store(v_ptr + dst + d, tl.load(v_row + d, cache_modifier=".cg"))
-            tl.store(v_ptr + dst + half + d, tl.load(v_row + half + d, cache_modifier=".cg"))
-            tl.debug_barrier()  # this program's key and value are in the cache before it reads it back
-            valid = t <= pos
-            kv_off = cache + t[:, None] * HEAD_DIM + d[None, :]
-            kk1 = tl.load(k_ptr + kv_off, mask=valid[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-            kk2 = tl.load(k_ptr + kv_off + half, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-            scores = tl.sum(q1[:, None, :] * kk1[None, :, :], axis=2)
-            scores += tl.sum(q2[:, None, :] * kk2.to(tl.float32)[None, :, :], axis=2)  # (G, T)
-            scores = tl.where(valid[None, :], scores * qk_scale_log2, float("-inf"))
-            top = tl.max(scores, axis=1)
-            p = tl.exp2(scores - top[:, None])
-            total = tl.sum(p, axis=1)
-            pr = p.to(dtype).to(tl.float32)  # the reference rounds p to the value dtype before p . V
-            vv1 = tl.load(v_ptr + kv_off, mask=valid[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-            vv2 = tl.load(v_ptr + kv_off + half, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-            a1 = tl.sum(pr[:, :, None] * vv1[None, :, :], axis=1) / total[:, None]
-            a2 = tl.sum(pr[:, :, None] * vv2.to(tl.float32)[None, :, :], axis=1) / total[:, None]
-            out = attn_ptr + m * (Q_HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :]
-            tl.store(out, a1.to(dtype))
-            tl.store(out + half, a2.to(dtype))
-            tl.debug_barrier()  # (the next row of the stream reads this row's key)
+
+
+@triton.jit
+def _swiglu(wg1, wu1, wg2, wu2, xr, out_ptr, row0, rows_here, F, GU1: tl.constexpr, GU2: tl.constexpr):
+    """silu(xr . Wg^T) * (xr . Wu^T) over this program's band (one or two tiles), stored."""
+    dtype = out_ptr.dtype.element_ty
+    gv = _dot(wg1, xr).to(dtype).to(tl.float32)
+    sv = (gv / (1.0 + tl.exp(-gv))).to(dtype).to(tl.float32)
+    _store_band(out_ptr, row0, rows_here, F, sv * _dot(wu1, xr).to(dtype).to(tl.float32), GU1)
+    if GU2 > 0:
+        gv2 = _dot(wg2, xr).to(dtype).to(tl.float32)
+        sv2 = (gv2 / (1.0 + tl.exp(-gv2))).to(dtype).to(tl.float32)
+        _store_band(
+            out_ptr, row0 + GU1, rows_here - GU1, F, sv2 * _dot(wu2, xr).to(dtype).to(tl.float32), GU2
+        )
+
+
+@triton.jit
+def _down(wd1, wd2, g_row, F, FK1: tl.constexpr, FK2: tl.constexpr):
+    """g_row . Wd^T over this program's band, K in one or two tiles."""
+    y = _dot(wd1, _row(g_row, F, 0, FK1))
+    if FK2 > 0:
+        y += _dot(wd2, _row(g_row, F, FK1, FK2))
+    return y
 
 
 @triton.jit
 def _decoder_pass_kernel(
     in_ptr,
     index_ptr,
-    in_stride,
     proj_w_ptr,
     proj_b_ptr,
     ln1_ptr,
@@ -253,16 +370,15 @@ def _decoder_pass_kernel(
     g_ptr,
     logits_ptr,
     counter_ptr,
-    streams,
+    stamps_ptr,
+    in_stride,
     pos0,
     n_layers,
     eps,
     qk_scale_log2,
-    R_IN,
+    R_H,
     R_QKV,
-    R_O,
     R_GU,
-    R_DOWN,
     R_HEAD,
     HT: tl.constexpr,
     H: tl.constexpr,
@@ -278,57 +394,79 @@ def _decoder_pass_kernel(
     TK_A: tl.constexpr,
     FK1: tl.constexpr,
     FK2: tl.constexpr,
-    TR_IN: tl.constexpr,
+    TR_H: tl.constexpr,
     TR_QKV: tl.constexpr,
-    TR_O: tl.constexpr,
     GU1: tl.constexpr,
     GU2: tl.constexpr,
-    TR_DOWN: tl.constexpr,
     TR_HEAD: tl.constexpr,
     HAS_INDEX: tl.constexpr,
     HAS_PROJ: tl.constexpr,
     SYNC: tl.constexpr,
+    TIMING: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     A: tl.constexpr = Q_HEADS * HEAD_DIM
     NQKV: tl.constexpr = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
-    rows = streams * RPS
-    in0, qkv0, o0 = pid * R_IN, pid * R_QKV, pid * R_O
-    gu0, down0, head0 = pid * R_GU, pid * R_DOWN, pid * R_HEAD
+    h0, qkv0, gu0, head0 = pid * R_H, pid * R_QKV, pid * R_GU, pid * R_HEAD
+    _stamp(stamps_ptr, 0, TIMING)
     # weights need nothing from the kernels before: their loads start before the PDL wait
     if HAS_PROJ:
-        wp = _tile(proj_w_ptr, H, HT, in0, R_IN, TR_IN, 0, TK_HT)
+        wp = _tile(proj_w_ptr, H, HT, h0, R_H, TR_H, 0, TK_HT)
     wq = _tile(qkv_w_ptr, NQKV, H, qkv0, R_QKV, TR_QKV, 0, TK_H)
     pdl_enter(USE_PDL)
+    _stamp(stamps_ptr, 1, TIMING)
 
-    # P0: the pass's input rows, projected to the predictor's width
-    for m in range(rows):
-        if HAS_INDEX:
-            src = in_ptr + tl.load(index_ptr + m).to(tl.int64) * in_stride
-        else:
-            src = in_ptr + m * in_stride
-        if HAS_PROJ:
-            y = _dot(wp, _row(src, HT, 0, TK_HT))
-            r = tl.arange(0, TR_IN)
-            y += tl.load(proj_b_ptr + in0 + r, mask=(r < R_IN) & (in0 + r < H), other=0.0).to(tl.float32)
-            _store_band(x_ptr + m * H, in0, R_IN, H, y, TR_IN)
-        else:
-            r = tl.arange(0, TR_IN)
-            ok = (r < R_IN) & (in0 + r < H)
-            tl.store(x_ptr + m * H + in0 + r, tl.load(src + in0 + r, mask=ok), mask=ok)
+    # P0: the input rows projected to the predictor's width; each program keeps its band of x (the
+    # residual stream) in registers, xa for row 0 and xb for row 1 (RPS == 2)
+    r = tl.arange(0, TR_H)
+    band_ok = (r < R_H) & (h0 + r < H)
+    if HAS_INDEX:  # noqa: SIM108 (a constexpr branch)
+        src = in_ptr + tl.load(index_ptr).to(tl.int64) * in_stride
+    else:
+        src = in_ptr
+    if HAS_PROJ:
+        bias = tl.load(proj_b_ptr + h0 + r, mask=band_ok, other=0.0).to(tl.float32)
+        xa = (_dot(wp, _row(src, HT, 0, TK_HT)) + bias).to(x_ptr.dtype.element_ty)
+        xb = xa
+        if RPS == 2:
+            xb = (_dot(wp, _row(src + in_stride, HT, 0, TK_HT)) + bias).to(x_ptr.dtype.element_ty)
+    else:
+        xa = tl.load(src + h0 + r, mask=band_ok, other=0.0)
+        xb = xa
+        if RPS == 2:
+            xb = tl.load(src + in_stride + h0 + r, mask=band_ok, other=0.0)
+    _store_band(x_ptr, h0, R_H, H, xa, TR_H)
+    if RPS == 2:
+        _store_band(x_ptr + H, h0, R_H, H, xb, TR_H)
+    _stamp(stamps_ptr, 2, TIMING)
 
     for layer in range(n_layers):
         barrier = 1 + 5 * layer  # P0's, then five per layer
-        _sync(counter_ptr, barrier, SYNC)
         lw = tl.cast(layer, tl.int64)
+        g1 = _vector(ln1_ptr + lw * H, H, TK_H)
+        _sync(counter_ptr, barrier, SYNC)
+        _stamp(stamps_ptr, 3 + 10 * layer, TIMING)
         # A: q|k|v (the o band starts loading: it is used two phases on)
-        wo = _tile(o_w_ptr + lw * H * A, H, A, o0, R_O, TR_O, 0, TK_A)
-        for m in range(rows):
-            xr = _normed_row(x_ptr + m * H, ln1_ptr + lw * H, H, eps, TK_H)
-            _store_band(qkv_ptr + m * NQKV, qkv0, R_QKV, NQKV, _dot(wq, xr), TR_QKV)
+        wo = _tile(o_w_ptr + lw * H * A, H, A, h0, R_H, TR_H, 0, TK_A)
+        ra = _row(x_ptr, H, 0, TK_H)
+        rb = ra
+        if RPS == 2:
+            rb = _row(x_ptr + H, H, 0, TK_H)
+        _store_band(qkv_ptr, qkv0, R_QKV, NQKV, _dot(wq, _normed(ra, g1, H, eps)), TR_QKV)
+        if RPS == 2:
+            _store_band(qkv_ptr + NQKV, qkv0, R_QKV, NQKV, _dot(wq, _normed(rb, g1, H, eps)), TR_QKV)
+        _stamp(stamps_ptr, 4 + 10 * layer, TIMING)
         _sync(counter_ptr, barrier + 1, SYNC)
+        _stamp(stamps_ptr, 5 + 10 * layer, TIMING)
         # B: attention (the gate|up bands start loading)
+        gate = gu_w_ptr + lw * 2 * F * H
+        wg1 = _tile(gate, F, H, gu0, R_GU, GU1, 0, TK_H)
+        wu1 = _tile(gate + F * H, F, H, gu0, R_GU, GU1, 0, TK_H)
+        wg2, wu2 = wg1, wu1  # (unused unless the band has a second tile)
+        if GU2 > 0:
+            wg2 = _tile(gate, F, H, gu0 + GU1, R_GU - GU1, GU2, 0, TK_H)
+            wu2 = _tile(gate + F * H, F, H, gu0 + GU1, R_GU - GU1, GU2, 0, TK_H)
         _attention_phase(
             qkv_ptr,
             attn_ptr,
@@ -338,7 +476,6 @@ def _decoder_pass_kernel(
             k_ptr,
             v_ptr,
             layer,
-            streams,
             pos0,
             eps,
             qk_scale_log2,
@@ -349,51 +486,58 @@ def _decoder_pass_kernel(
             T,
             RPS,
         )
+        _stamp(stamps_ptr, 6 + 10 * layer, TIMING)
         _sync(counter_ptr, barrier + 2, SYNC)
+        _stamp(stamps_ptr, 7 + 10 * layer, TIMING)
         # C: x += a @ Wo^T
-        gate = gu_w_ptr + lw * 2 * F * H
-        wg1 = _tile(gate, F, H, gu0, R_GU, GU1, 0, TK_H)
-        wu1 = _tile(gate + F * H, F, H, gu0, R_GU, GU1, 0, TK_H)
-        if GU2 > 0:
-            wg2 = _tile(gate, F, H, gu0 + GU1, R_GU - GU1, GU2, 0, TK_H)
-            wu2 = _tile(gate + F * H, F, H, gu0 + GU1, R_GU - GU1, GU2, 0, TK_H)
-        # C: x += a @ Wo^T
-        for m in range(rows):
-            _residual_band(x_ptr + m * H, o0, R_O, H, _dot(wo, _row(attn_ptr + m * A, A, 0, TK_A)), TR_O)
+        aa = _row(attn_ptr, A, 0, TK_A)
+        ab = aa
+        if RPS == 2:
+            ab = _row(attn_ptr + A, A, 0, TK_A)
+        xa = _add(xa, _dot(wo, aa))
+        _store_band(x_ptr, h0, R_H, H, xa, TR_H)
+        if RPS == 2:
+            xb = _add(xb, _dot(wo, ab))
+            _store_band(x_ptr + H, h0, R_H, H, xb, TR_H)
+        g2 = _vector(ln2_ptr + lw * H, H, TK_H)
+        _stamp(stamps_ptr, 8 + 10 * layer, TIMING)
         _sync(counter_ptr, barrier + 3, SYNC)
-        # D: SwiGLU of the normed x, then the next layer's q|k|v band starts loading
-        for m in range(rows):
-            xr = _normed_row(x_ptr + m * H, ln2_ptr + lw * H, H, eps, TK_H)
-            gv = _dot(wg1, xr).to(g_ptr.dtype.element_ty).to(tl.float32)
-            uv = _dot(wu1, xr).to(g_ptr.dtype.element_ty).to(tl.float32)
-            sv = (gv / (1.0 + tl.exp(-gv))).to(g_ptr.dtype.element_ty).to(tl.float32)
-            _store_band(g_ptr + m * F, gu0, R_GU, F, sv * uv, GU1)
-            if GU2 > 0:
-                gv2 = _dot(wg2, xr).to(g_ptr.dtype.element_ty).to(tl.float32)
-                uv2 = _dot(wu2, xr).to(g_ptr.dtype.element_ty).to(tl.float32)
-                sv2 = (gv2 / (1.0 + tl.exp(-gv2))).to(g_ptr.dtype.element_ty).to(tl.float32)
-                _store_band(g_ptr + m * F, gu0 + GU1, R_GU - GU1, F, sv2 * uv2, GU2)
+        _stamp(stamps_ptr, 9 + 10 * layer, TIMING)
+        # D: SwiGLU of the normed x, then the down band and the next layer's q|k|v band start loading
+        ra = _row(x_ptr, H, 0, TK_H)
+        rb = ra
+        if RPS == 2:
+            rb = _row(x_ptr + H, H, 0, TK_H)
+        _swiglu(wg1, wu1, wg2, wu2, _normed(ra, g2, H, eps), g_ptr, gu0, R_GU, F, GU1, GU2)
+        if RPS == 2:
+            _swiglu(wg1, wu1, wg2, wu2, _normed(rb, g2, H, eps), g_ptr + F, gu0, R_GU, F, GU1, GU2)
         down = down_w_ptr + lw * H * F
-        wd1 = _tile(down, H, F, down0, R_DOWN, TR_DOWN, 0, FK1)
+        wd1 = _tile(down, H, F, h0, R_H, TR_H, 0, FK1)
+        wd2 = wd1
         if FK2 > 0:
-            wd2 = _tile(down, H, F, down0, R_DOWN, TR_DOWN, FK1, FK2)
+            wd2 = _tile(down, H, F, h0, R_H, TR_H, FK1, FK2)
         more = tl.cast(layer + 1 < n_layers, tl.int32)  # past the last layer the load reads nothing
         wq = _tile(qkv_w_ptr + (lw + 1) * NQKV * H, NQKV, H, qkv0, R_QKV * more, TR_QKV, 0, TK_H)
+        _stamp(stamps_ptr, 10 + 10 * layer, TIMING)
         _sync(counter_ptr, barrier + 4, SYNC)
+        _stamp(stamps_ptr, 11 + 10 * layer, TIMING)
         # E: x += g @ Wd^T
-        for m in range(rows):
-            y = _dot(wd1, _row(g_ptr + m * F, F, 0, FK1))
-            if FK2 > 0:
-                y += _dot(wd2, _row(g_ptr + m * F, F, FK1, FK2))
-            _residual_band(x_ptr + m * H, down0, R_DOWN, H, y, TR_DOWN)
+        xa = _add(xa, _down(wd1, wd2, g_ptr, F, FK1, FK2))
+        _store_band(x_ptr, h0, R_H, H, xa, TR_H)
+        if RPS == 2:
+            xb = _add(xb, _down(wd1, wd2, g_ptr + F, F, FK1, FK2))
+            _store_band(x_ptr + H, h0, R_H, H, xb, TR_H)
+        _stamp(stamps_ptr, 12 + 10 * layer, TIMING)
 
-    # H: the head over each stream's last row
+    # H: the head over the stream's last row
     wh = _tile(head_w_ptr, V, H, head0, R_HEAD, TR_HEAD, 0, TK_H)
+    gf = _vector(final_norm_ptr, H, TK_H)
     _sync(counter_ptr, 1 + 5 * n_layers, SYNC)
-    for s in range(streams):
-        xr = _normed_row(x_ptr + (s * RPS + RPS - 1) * H, final_norm_ptr, H, eps, TK_H)
-        y = _dot(wh, xr).to(x_ptr.dtype.element_ty).to(tl.float32)
-        _store_band(logits_ptr + s * V, head0, R_HEAD, V, y, TR_HEAD)
+    _stamp(stamps_ptr, 3 + 10 * n_layers, TIMING)
+    xr = _normed(_row(x_ptr + (RPS - 1) * H, H, 0, TK_H), gf, H, eps)
+    y = _dot(wh, xr).to(x_ptr.dtype.element_ty).to(tl.float32)
+    _store_band(logits_ptr, head0, R_HEAD, V, y, TR_HEAD)
+    _stamp(stamps_ptr, 4 + 10 * n_layers, TIMING)
     if SYNC:
         grid_exit(counter_ptr, counter_ptr + 1, tl.num_programs(0))
 
@@ -451,46 +595,42 @@ def decoder_pass(
     counter: torch.Tensor,
     *,
     pos0: int,
-    rows_per_stream: int,
     index: torch.Tensor | None = None,
     pdl: bool = False,
+    stamps: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One code-predictor pass over B streams -> logits (B, V) float32 of each stream's last row.
+    """One code-predictor pass of one stream -> logits (1, V) float32 of its last row.
 
-    inputs (B * rows_per_stream, H_in): the pass's input rows, stream by stream; or, with ``index``
-    (B,) int32 / int64, a table (vocab, H_in) whose rows ``index`` are the inputs (one row per stream).
-    head (V, H); caches (L, B, Hkv, T, D): row r of stream s is at position pos0 + r, and attends to
-    positions 0..pos0 + r of its stream (earlier passes wrote the rest). counter: (2,) int32 zeros,
-    owned by the caller and left zeroed (the grid barrier's); launches sharing it must not overlap.
+    inputs (R, H_in), R = 1 or 2 rows at positions pos0, pos0 + 1 (the first pass: the talker's hidden
+    state and codebook 0's embedding); or, with ``index`` (1,) int32 / int64, a table (vocab, H_in)
+    whose row ``index[0]`` is the one input row. head (V, H); caches (L, 1, Hkv, T, D), T a power of
+    two: each row attends to positions 0..its own of the stream (earlier passes wrote the ones before
+    pos0). counter: (2,) int32 zeros, the grid barrier's, owned by the caller and left zeroed; launches
+    sharing it must not overlap. stamps: (64,) int64, program 0's SM clock at each phase boundary
+    (benchmarks/pass_bench.py), CUDA only.
     """
     w = weights
     w.check()
     n_layers, hidden = w.ln1.shape
     head_dim = w.q_norm.shape[1]
     kv_heads = (w.qkv.shape[1] // head_dim - w.q_heads) // 2
-    ffn = w.down.shape[2]
-    vocab = head.shape[0]
-    h_in = inputs.shape[1]
-    if rows_per_stream not in (1, 2):
-        raise ValueError(f"rows_per_stream must be 1 or 2, got {rows_per_stream}")
+    ffn, vocab, h_in = w.down.shape[2], head.shape[0], inputs.shape[1]
     if index is not None:
-        if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"index must be 1-D int32 or int64, got {index.dtype} {tuple(index.shape)}")
-        if rows_per_stream != 1:
-            raise ValueError("an index gives one input row per stream")
-        streams = index.shape[0]
+        if index.shape != (1,) or index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"index must be (1,) int32 or int64, got {index.dtype} {tuple(index.shape)}")
+        rows = 1
     else:
-        if inputs.shape[0] % rows_per_stream:
-            raise ValueError(f"{inputs.shape[0]} input rows are not {rows_per_stream} per stream")
-        streams = inputs.shape[0] // rows_per_stream
+        rows = inputs.shape[0]
+        if rows not in (1, 2):
+            raise ValueError(f"a pass takes 1 or 2 input rows, got {rows}")
     positions = k_cache.shape[3]
-    cache_shape = (n_layers, streams, kv_heads, positions, head_dim)
+    cache_shape = (n_layers, 1, kv_heads, positions, head_dim)
     if tuple(k_cache.shape) != cache_shape or v_cache.shape != k_cache.shape:
         raise ValueError(f"caches must be {cache_shape}, got {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
-    if not 0 <= pos0 <= positions - rows_per_stream:
-        raise ValueError(f"positions {pos0}..{pos0 + rows_per_stream - 1} outside the cache's {positions}")
-    if positions & (positions - 1):
-        raise ValueError(f"the cache length must be a power of two, got {positions}")
+    if positions & (positions - 1) or not 0 <= pos0 <= positions - rows:
+        raise ValueError(
+            f"positions {pos0}..{pos0 + rows - 1} outside the cache's {positions} (a power of 2)"
+        )
     if head.shape != (vocab, hidden) or (w.proj is None and h_in != hidden):
         raise ValueError(f"head must be (V, {hidden}) and inputs {hidden} wide without a projection")
     if w.proj is not None and w.proj.shape[1] != h_in:
@@ -508,15 +648,12 @@ def decoder_pass(
             raise ValueError(f"{name} must be contiguous")
     check_same_device_unit_stride(tensors, inputs.device)
 
-    dev, rows = inputs.device, streams * rows_per_stream
-    q_width = w.q_heads * head_dim
+    dev, q_width = inputs.device, w.q_heads * head_dim
     x = torch.empty((rows, hidden), device=dev, dtype=dtype)
     qkv = torch.empty((rows, w.qkv.shape[1]), device=dev, dtype=dtype)
     attn = torch.empty((rows, q_width), device=dev, dtype=dtype)
     g = torch.empty((rows, ffn), device=dev, dtype=dtype)
-    logits = torch.empty((streams, vocab), device=dev, dtype=torch.float32)
-    if streams == 0:
-        return logits
+    logits = torch.empty((1, vocab), device=dev, dtype=torch.float32)
     programs = _programs(dev)
 
     def band(n: int) -> int:
@@ -526,11 +663,9 @@ def decoder_pass(
     gu1, gu2 = _split(r_gu)
     fk1, fk2 = _split(ffn)
     pow2 = triton.next_power_of_2
-    sync = programs > 1
     _decoder_pass_kernel[(programs,)](
         inputs,
         index if index is not None else inputs,
-        inputs.stride(0),
         w.proj if w.proj is not None else inputs,
         w.proj_bias if w.proj_bias is not None else inputs,
         w.ln1,
@@ -552,16 +687,15 @@ def decoder_pass(
         g,
         logits,
         counter,
-        streams,
+        stamps if stamps is not None else counter,
+        inputs.stride(0),
         pos0,
         n_layers,
         w.eps,
         head_dim**-0.5 * LOG2_E,
         band(hidden),
         band(w.qkv.shape[1]),
-        band(hidden),
         r_gu,
-        band(hidden),
         band(vocab),
         HT=h_in,
         H=hidden,
@@ -571,22 +705,21 @@ def decoder_pass(
         KV_HEADS=kv_heads,
         HEAD_DIM=head_dim,
         T=positions,
-        RPS=rows_per_stream,
+        RPS=rows,
         TK_HT=pow2(h_in),
         TK_H=pow2(hidden),
         TK_A=pow2(q_width),
         FK1=fk1,
         FK2=fk2,
-        TR_IN=pow2(band(hidden)),
+        TR_H=pow2(band(hidden)),
         TR_QKV=pow2(band(w.qkv.shape[1])),
-        TR_O=pow2(band(hidden)),
         GU1=gu1,
         GU2=gu2,
-        TR_DOWN=pow2(band(hidden)),
         TR_HEAD=pow2(band(vocab)),
         HAS_INDEX=index is not None,
         HAS_PROJ=w.proj is not None,
-        SYNC=sync,
+        SYNC=programs > 1,
+        TIMING=stamps is not None,
         num_warps=NUM_WARPS,
         num_stages=1,
         **pdl_launch(pdl, dev),

@@ -131,11 +131,10 @@ class FusedDecode:
         self.cublas_rows, self.pdl = settings.cublas_rows, settings.pdl
         self.prefetch_bytes = settings.prefetch_bytes
         self._rows: dict[int, _Rows] = {}
-        # small batches: each code-predictor pass as one persistent launch, over stacked copies of the
+        # one stream: each code-predictor pass as one persistent launch, over stacked copies of the
         # predictor's layer weights (kernels/decoder_pass.py; 158 MB more at 1.7B)
-        self.pass_streams = settings.pass_streams
         self.pass_weights: PassWeights | None = None
-        if self.pass_streams > 0:
+        if settings.single_stream_pass:
             self.pass_weights = self._stack_predictor()
             self.pass_counter = torch.zeros(2, dtype=torch.int32, device=kv.k.device)
 
@@ -201,7 +200,7 @@ class FusedDecode:
     ) -> Tensor:
         """hidden (B, H_talker) final-norm talker state, code0 (B,) -> codebooks 1..15 as (B, 15)."""
         b = hidden.shape[0]
-        if b <= self.pass_streams:
+        if b == 1 and self.pass_weights is not None:
             return self._predict_by_pass(hidden, code0, st, slots32, frames)
         rows = self.rows(b)
         n_layers, cfg = len(self.cp_layers), self.cp.cfg
@@ -243,17 +242,22 @@ class FusedDecode:
     def _predict_by_pass(
         self, hidden: Tensor, code0: Tensor, st: SlotState, slots32: Tensor, frames: Tensor
     ) -> Tensor:
-        """predict() with each pass one persistent launch: 15 launches + 15 samplings per frame."""
+        """predict() of one stream, each pass one persistent launch: 15 launches + 15 samplings a frame."""
         assert self.pass_weights is not None
-        b, cfg = hidden.shape[0], self.cp.cfg
-        shape = (len(self.cp_layers), b, cfg.num_kv_heads, self.cp_positions, cfg.head_dim)
+        cfg = self.cp.cfg
+        shape = (len(self.cp_layers), 1, cfg.num_kv_heads, self.cp_positions, cfg.head_dim)
         k = torch.empty(shape, device=hidden.device, dtype=hidden.dtype)
         v = torch.empty_like(k)
-        first = torch.stack((hidden, self.talker.codec_embedding(code0)), dim=1).view(2 * b, -1)
+        first = torch.cat((hidden, self.talker.codec_embedding(code0)))  # (2, H_talker): positions 0, 1
         run = partial(
-            decoder_pass, weights=self.pass_weights, k_cache=k, v_cache=v, counter=self.pass_counter
+            decoder_pass,
+            weights=self.pass_weights,
+            k_cache=k,
+            v_cache=v,
+            counter=self.pass_counter,
+            pdl=self.pdl,
         )
-        logits = run(first, head=self.cp_heads[0], pos0=0, rows_per_stream=2, pdl=self.pdl)
+        logits = run(first, head=self.cp_heads[0], pos0=0)
         codes: list[Tensor] = []
         n = cfg.num_code_groups - 1
         for j in range(n):
@@ -261,9 +265,7 @@ class FusedDecode:
             codes.append(code)
             if j + 1 < n:
                 table = cast(nn.Embedding, self.cp.codec_embedding[j]).weight
-                logits = run(
-                    table, head=self.cp_heads[j + 1], pos0=j + 2, rows_per_stream=1, index=code, pdl=self.pdl
-                )
+                logits = run(table, head=self.cp_heads[j + 1], pos0=j + 2, index=code)
         return torch.stack(codes, dim=1)
 
     def _stack_predictor(self) -> PassWeights:
