@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -99,10 +100,12 @@ def main() -> None:
         "pdl": fused.pdl,
     }
 
-    def persistent() -> None:
-        decoder_pass(first, head=fused.cp_heads[0], pos0=0, **run)
+    def persistent(staging: str) -> None:
+        decoder_pass(first, head=fused.cp_heads[0], pos0=0, staging=staging, **run)
         for j in range(1, passes):
-            decoder_pass(tables[j - 1], head=fused.cp_heads[j], pos0=j + 1, index=code, **run)
+            decoder_pass(
+                tables[j - 1], head=fused.cp_heads[j], pos0=j + 1, index=code, staging=staging, **run
+            )
 
     def chain() -> None:
         h = fused._project(first)
@@ -142,24 +145,24 @@ def main() -> None:
         "torch": torch.__version__,
         "size": args.size,
         "chain_us_per_pass": graph_us(chain) / passes,
-        "persistent_us_per_pass": graph_us(persistent) / passes,
     }
-    print(
-        f"[pass] chain {res['chain_us_per_pass']:.1f} us, persistent {res['persistent_us_per_pass']:.1f} us per pass"
-    )
+    print(f"[pass] chain {res['chain_us_per_pass']:.1f} us per pass")
     stamps = torch.zeros(64, dtype=torch.int64, device=dev)
-    for name, call in (
-        ("first_pass", lambda: decoder_pass(first, head=fused.cp_heads[0], pos0=0, stamps=stamps, **run)),
-        (
-            "later_pass",
-            lambda: decoder_pass(tables[0], head=fused.cp_heads[1], pos0=2, index=code, stamps=stamps, **run),
-        ),
-    ):
-        for _ in range(3):
-            call()
-        torch.cuda.synchronize()
-        res[name] = phase_cycles(stamps.tolist(), n_layers)
-        print(f"[stamps {name}] {json.dumps(res[name])}")
+    for staging in ("registers", "l2"):
+        us = graph_us(partial(persistent, staging)) / passes
+        res[f"persistent_{staging}_us_per_pass"] = us
+        print(f"[pass] persistent, weights staged in {staging}: {us:.1f} us per pass")
+        calls = {
+            "first_pass": partial(decoder_pass, first, head=fused.cp_heads[0], pos0=0),
+            "later_pass": partial(decoder_pass, tables[0], head=fused.cp_heads[1], pos0=2, index=code),
+        }
+        for name, call in calls.items():
+            for _ in range(3):
+                call(stamps=stamps, staging=staging, **run)
+            torch.cuda.synchronize()
+            key = f"{staging}_{name}"
+            res[key] = phase_cycles(stamps.tolist(), n_layers)
+            print(f"[stamps {key}] {json.dumps(res[key])}")
     Path(args.out).write_text(json.dumps(res, indent=1))
 
 

@@ -46,12 +46,16 @@ from kernels.launch_checks import (
     check_same_device_unit_stride,
     interpreter_enabled,
 )
-from kernels.pdl import pdl_enter, pdl_launch
+from kernels.pdl import pdl_enter, pdl_launch, prefetch_l2
 from kernels.qk_norm_rope import _rms_rope
 
 # 16 warps: the weight bands in flight take up to ~150 KB of the SM's 256 KB register file (gate|up and
 # down at the 1.7B shapes), which leaves each of 512 threads room for the rest of its 128 registers.
 NUM_WARPS = 8
+# How a program gets a phase's weight band ahead of the phase: "registers" (loaded into registers right
+# after the phase before has done its own work) or "l2" (bulk-prefetched into L2 a layer ahead, loaded
+# after the barrier). Measured in benchmarks/pass_bench.py.
+STAGING = "registers"
 
 
 @functools.lru_cache(maxsize=8)
@@ -322,6 +326,35 @@ def _attention_phase(
 
 
 @triton.jit
+def _gate_up_tiles(gate, F, H, gu0, R_GU, GU1: tl.constexpr, GU2: tl.constexpr, TK_H: tl.constexpr):
+    """This program's gate and up bands, each as one or two tiles (the second a copy when unused)."""
+    wg1 = _tile(gate, F, H, gu0, R_GU, GU1, 0, TK_H)
+    wu1 = _tile(gate + F * H, F, H, gu0, R_GU, GU1, 0, TK_H)
+    wg2, wu2 = wg1, wu1
+    if GU2 > 0:
+        wg2 = _tile(gate, F, H, gu0 + GU1, R_GU - GU1, GU2, 0, TK_H)
+        wu2 = _tile(gate + F * H, F, H, gu0 + GU1, R_GU - GU1, GU2, 0, TK_H)
+    return wg1, wu1, wg2, wu2
+
+
+@triton.jit
+def _down_tiles(down, H, F, h0, R_H, TR_H: tl.constexpr, FK1: tl.constexpr, FK2: tl.constexpr):
+    """This program's rows of the down projection, K in one or two tiles."""
+    wd1 = _tile(down, H, F, h0, R_H, TR_H, 0, FK1)
+    wd2 = wd1
+    if FK2 > 0:
+        wd2 = _tile(down, H, F, h0, R_H, TR_H, FK1, FK2)
+    return wd1, wd2
+
+
+@triton.jit
+def _prefetch_band(w_ptr, n_rows, K, row0, rows_here, PIECES: tl.constexpr):
+    """Start streaming rows [row0, row0 + rows_here) of an (n_rows, K) matrix into L2 (one range)."""
+    count = tl.maximum(tl.minimum(rows_here, n_rows - row0), 0) * K
+    prefetch_l2(w_ptr + tl.cast(row0, tl.int64) * K, count, PIECES)
+
+
+@triton.jit
 def _swiglu(wg1, wu1, wg2, wu2, xr, out_ptr, row0, rows_here, F, GU1: tl.constexpr, GU2: tl.constexpr):
     """silu(xr . Wg^T) * (xr . Wu^T) over this program's band (one or two tiles), stored."""
     dtype = out_ptr.dtype.element_ty
@@ -402,6 +435,9 @@ def _decoder_pass_kernel(
     HAS_INDEX: tl.constexpr,
     HAS_PROJ: tl.constexpr,
     SYNC: tl.constexpr,
+    EARLY_LOADS: tl.constexpr,
+    L2_PREFETCH: tl.constexpr,
+    PIECES: tl.constexpr,
     TIMING: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -413,7 +449,10 @@ def _decoder_pass_kernel(
     # weights need nothing from the kernels before: their loads start before the PDL wait
     if HAS_PROJ:
         wp = _tile(proj_w_ptr, H, HT, h0, R_H, TR_H, 0, TK_HT)
-    wq = _tile(qkv_w_ptr, NQKV, H, qkv0, R_QKV, TR_QKV, 0, TK_H)
+    if EARLY_LOADS:
+        wq = _tile(qkv_w_ptr, NQKV, H, qkv0, R_QKV, TR_QKV, 0, TK_H)
+    if L2_PREFETCH:
+        _prefetch_band(qkv_w_ptr, NQKV, H, qkv0, R_QKV, PIECES)
     pdl_enter(USE_PDL)
     _stamp(stamps_ptr, 1, TIMING)
 
@@ -444,29 +483,31 @@ def _decoder_pass_kernel(
     for layer in range(n_layers):
         barrier = 1 + 5 * layer  # P0's, then five per layer
         lw = tl.cast(layer, tl.int64)
+        o_w, gate, down = o_w_ptr + lw * H * A, gu_w_ptr + lw * 2 * F * H, down_w_ptr + lw * H * F
+        if L2_PREFETCH:  # this layer's o, gate|up and down bands start streaming into L2
+            _prefetch_band(o_w, H, A, h0, R_H, PIECES)
+            _prefetch_band(gate, F, H, gu0, R_GU, PIECES)
+            _prefetch_band(gate + F * H, F, H, gu0, R_GU, PIECES)
+            _prefetch_band(down, H, F, h0, R_H, PIECES)
         g1 = _vector(ln1_ptr + lw * H, H, TK_H)
         _sync(counter_ptr, barrier, SYNC)
         _stamp(stamps_ptr, 3 + 10 * layer, TIMING)
-        # A: q|k|v (the o band starts loading: it is used two phases on)
-        wo = _tile(o_w_ptr + lw * H * A, H, A, h0, R_H, TR_H, 0, TK_A)
+        # A: q|k|v
         ra = _row(x_ptr, H, 0, TK_H)
         rb = ra
         if RPS == 2:
             rb = _row(x_ptr + H, H, 0, TK_H)
+        if not EARLY_LOADS:
+            wq = _tile(qkv_w_ptr + lw * NQKV * H, NQKV, H, qkv0, R_QKV, TR_QKV, 0, TK_H)
         _store_band(qkv_ptr, qkv0, R_QKV, NQKV, _dot(wq, _normed(ra, g1, H, eps)), TR_QKV)
         if RPS == 2:
             _store_band(qkv_ptr + NQKV, qkv0, R_QKV, NQKV, _dot(wq, _normed(rb, g1, H, eps)), TR_QKV)
+        if EARLY_LOADS:  # the o band, used two phases on
+            wo = _tile(o_w, H, A, h0, R_H, TR_H, 0, TK_A)
         _stamp(stamps_ptr, 4 + 10 * layer, TIMING)
         _sync(counter_ptr, barrier + 1, SYNC)
         _stamp(stamps_ptr, 5 + 10 * layer, TIMING)
-        # B: attention (the gate|up bands start loading)
-        gate = gu_w_ptr + lw * 2 * F * H
-        wg1 = _tile(gate, F, H, gu0, R_GU, GU1, 0, TK_H)
-        wu1 = _tile(gate + F * H, F, H, gu0, R_GU, GU1, 0, TK_H)
-        wg2, wu2 = wg1, wu1  # (unused unless the band has a second tile)
-        if GU2 > 0:
-            wg2 = _tile(gate, F, H, gu0 + GU1, R_GU - GU1, GU2, 0, TK_H)
-            wu2 = _tile(gate + F * H, F, H, gu0 + GU1, R_GU - GU1, GU2, 0, TK_H)
+        # B: attention
         _attention_phase(
             qkv_ptr,
             attn_ptr,
@@ -486,6 +527,8 @@ def _decoder_pass_kernel(
             T,
             RPS,
         )
+        if EARLY_LOADS:  # the gate|up bands, used two phases on
+            wg1, wu1, wg2, wu2 = _gate_up_tiles(gate, F, H, gu0, R_GU, GU1, GU2, TK_H)
         _stamp(stamps_ptr, 6 + 10 * layer, TIMING)
         _sync(counter_ptr, barrier + 2, SYNC)
         _stamp(stamps_ptr, 7 + 10 * layer, TIMING)
@@ -494,6 +537,8 @@ def _decoder_pass_kernel(
         ab = aa
         if RPS == 2:
             ab = _row(attn_ptr + A, A, 0, TK_A)
+        if not EARLY_LOADS:
+            wo = _tile(o_w, H, A, h0, R_H, TR_H, 0, TK_A)
         xa = _add(xa, _dot(wo, aa))
         _store_band(x_ptr, h0, R_H, H, xa, TR_H)
         if RPS == 2:
@@ -503,25 +548,29 @@ def _decoder_pass_kernel(
         _stamp(stamps_ptr, 8 + 10 * layer, TIMING)
         _sync(counter_ptr, barrier + 3, SYNC)
         _stamp(stamps_ptr, 9 + 10 * layer, TIMING)
-        # D: SwiGLU of the normed x, then the down band and the next layer's q|k|v band start loading
+        # D: SwiGLU of the normed x
+        more = tl.cast(layer + 1 < n_layers, tl.int32)  # past the last layer nothing is read
+        if L2_PREFETCH:  # the next layer's q|k|v band (or the head's)
+            _prefetch_band(qkv_w_ptr + (lw + 1) * NQKV * H, NQKV, H, qkv0, R_QKV * more, PIECES)
+            _prefetch_band(head_w_ptr, V, H, head0, R_HEAD * (1 - more), PIECES)
         ra = _row(x_ptr, H, 0, TK_H)
         rb = ra
         if RPS == 2:
             rb = _row(x_ptr + H, H, 0, TK_H)
+        if not EARLY_LOADS:
+            wg1, wu1, wg2, wu2 = _gate_up_tiles(gate, F, H, gu0, R_GU, GU1, GU2, TK_H)
         _swiglu(wg1, wu1, wg2, wu2, _normed(ra, g2, H, eps), g_ptr, gu0, R_GU, F, GU1, GU2)
         if RPS == 2:
             _swiglu(wg1, wu1, wg2, wu2, _normed(rb, g2, H, eps), g_ptr + F, gu0, R_GU, F, GU1, GU2)
-        down = down_w_ptr + lw * H * F
-        wd1 = _tile(down, H, F, h0, R_H, TR_H, 0, FK1)
-        wd2 = wd1
-        if FK2 > 0:
-            wd2 = _tile(down, H, F, h0, R_H, TR_H, FK1, FK2)
-        more = tl.cast(layer + 1 < n_layers, tl.int32)  # past the last layer the load reads nothing
-        wq = _tile(qkv_w_ptr + (lw + 1) * NQKV * H, NQKV, H, qkv0, R_QKV * more, TR_QKV, 0, TK_H)
+        if EARLY_LOADS:  # the down band and the next layer's q|k|v band
+            wd1, wd2 = _down_tiles(down, H, F, h0, R_H, TR_H, FK1, FK2)
+            wq = _tile(qkv_w_ptr + (lw + 1) * NQKV * H, NQKV, H, qkv0, R_QKV * more, TR_QKV, 0, TK_H)
         _stamp(stamps_ptr, 10 + 10 * layer, TIMING)
         _sync(counter_ptr, barrier + 4, SYNC)
         _stamp(stamps_ptr, 11 + 10 * layer, TIMING)
         # E: x += g @ Wd^T
+        if not EARLY_LOADS:
+            wd1, wd2 = _down_tiles(down, H, F, h0, R_H, TR_H, FK1, FK2)
         xa = _add(xa, _down(wd1, wd2, g_ptr, F, FK1, FK2))
         _store_band(x_ptr, h0, R_H, H, xa, TR_H)
         if RPS == 2:
@@ -598,6 +647,7 @@ def decoder_pass(
     index: torch.Tensor | None = None,
     pdl: bool = False,
     stamps: torch.Tensor | None = None,
+    staging: str = STAGING,
 ) -> torch.Tensor:
     """One code-predictor pass of one stream -> logits (1, V) float32 of its last row.
 
@@ -637,6 +687,8 @@ def decoder_pass(
         raise ValueError(f"inputs are {h_in} wide, the projection takes {w.proj.shape[1]}")
     if counter.dtype != torch.int32 or counter.shape != (2,):
         raise TypeError("counter must be (2,) int32")
+    if staging not in ("registers", "l2"):
+        raise ValueError(f"staging must be 'registers' or 'l2', got {staging!r}")
     dtype = inputs.dtype
     stacked = (w.ln1, w.qkv, w.q_norm, w.k_norm, w.o, w.ln2, w.gate_up, w.down, w.final_norm, head, k_cache)
     if dtype not in SUPPORTED_DTYPES or any(t.dtype != dtype for t in (*stacked, v_cache)):
@@ -719,6 +771,9 @@ def decoder_pass(
         HAS_INDEX=index is not None,
         HAS_PROJ=w.proj is not None,
         SYNC=programs > 1,
+        EARLY_LOADS=staging == "registers",
+        L2_PREFETCH=staging == "l2" and programs > 1,
+        PIECES=32 * NUM_WARPS,
         TIMING=stamps is not None,
         num_warps=NUM_WARPS,
         num_stages=1,

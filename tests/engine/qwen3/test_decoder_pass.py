@@ -68,7 +68,7 @@ def _chain(
     return fused._linear(h[-1:], fused.cp_heads[pass_index], norm.weight, norm.eps, logits=True)
 
 
-def _compare(fused: FusedDecode, tol: float, graph: bool = False) -> None:
+def _compare(fused: FusedDecode, tol: float, staging: str, graph: bool = False) -> None:
     cfg, dev, dtype = fused.cp.cfg, fused.kv.k.device, fused.kv.k.dtype
     g = torch.Generator().manual_seed(7)
     shape = (len(fused.cp_layers), 1, cfg.num_kv_heads, fused.cp_positions, cfg.head_dim)
@@ -83,6 +83,7 @@ def _compare(fused: FusedDecode, tol: float, graph: bool = False) -> None:
         "v_cache": v_pass,
         "counter": fused.pass_counter,
         "pdl": fused.pdl,
+        "staging": staging,
     }
 
     def by_pass() -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,16 +118,19 @@ def _compare(fused: FusedDecode, tol: float, graph: bool = False) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; the GPU has its own")
+@pytest.mark.parametrize("staging", ["registers", "l2"])
 @pytest.mark.parametrize("size", ["tiny", "tiny-ffn48"])
-def test_pass_matches_the_kernel_chain_in_fp32(size: str) -> None:
-    _compare(_fused(size, "cpu", "fp32"), tol=1e-5)
+def test_pass_matches_the_kernel_chain_in_fp32(size: str, staging: str) -> None:
+    _compare(_fused(size, "cpu", "fp32"), tol=1e-5, staging=staging)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_pass_matches_the_kernel_chain_at_real_size(graph: bool) -> None:
-    _compare(_fused("1.7b", "cuda", "bf16"), tol=2e-2, graph=graph)
+@pytest.mark.parametrize(
+    "staging,graph", [("registers", False), ("l2", False), ("registers", True), ("l2", True)]
+)
+def test_pass_matches_the_kernel_chain_at_real_size(staging: str, graph: bool) -> None:
+    _compare(_fused("1.7b", "cuda", "bf16"), tol=2e-2, staging=staging, graph=graph)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="argument checks run once, on the CPU interpreter")
@@ -147,5 +151,7 @@ def test_bad_arguments_are_refused() -> None:
         decoder_pass(x, pos0=0, k_cache=k[:, :, :1], v_cache=k[:, :, :1], **run)
     with pytest.raises(TypeError, match="index"):
         decoder_pass(x, pos0=3, index=torch.zeros(1), **run, **caches)
+    with pytest.raises(ValueError, match="staging"):
+        decoder_pass(x, pos0=0, staging="smem", **run, **caches)
     with pytest.raises(TypeError, match="share"):
         decoder_pass(x.double(), pos0=0, **run, **caches)
