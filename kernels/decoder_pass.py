@@ -56,6 +56,9 @@ NUM_WARPS = 8
 # after the phase before has done its own work) or "l2" (bulk-prefetched into L2 a layer ahead, loaded
 # after the barrier). Measured in benchmarks/pass_bench.py.
 STAGING = "registers"
+# Bulk L2 prefetches per band ("l2" staging): each is one request to the SM's copy engine, which works
+# through them one by one (256 per band, 1024 per layer, held up the barrier by ~5 us a layer).
+PREFETCH_REQUESTS = tl.constexpr(8)
 
 
 @functools.lru_cache(maxsize=8)
@@ -351,7 +354,7 @@ def _down_tiles(down, H, F, h0, R_H, TR_H: tl.constexpr, FK1: tl.constexpr, FK2:
 def _prefetch_band(w_ptr, n_rows, K, row0, rows_here, PIECES: tl.constexpr):
     """Start streaming rows [row0, row0 + rows_here) of an (n_rows, K) matrix into L2 (one range)."""
     count = tl.maximum(tl.minimum(rows_here, n_rows - row0), 0) * K
-    prefetch_l2(w_ptr + tl.cast(row0, tl.int64) * K, count, PIECES)
+    prefetch_l2(w_ptr + tl.cast(row0, tl.int64) * K, count, PIECES, PREFETCH_REQUESTS)
 
 
 @triton.jit
