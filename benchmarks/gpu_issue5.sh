@@ -6,7 +6,6 @@
 #   bash benchmarks/gpu_issue5.sh check  # the served code: GPU tests of the fused path, step variants
 #   bash benchmarks/gpu_issue5.sh pdl    # the same with PDL / prefetch variants, and a kernel profile
 #   bash benchmarks/gpu_issue5.sh codec  # every GPU test; the codec with / without the SnakeBeta kernel
-#   bash benchmarks/gpu_issue5.sh pass   # the persistent code-predictor pass: its tests, step variants
 # Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -71,17 +70,6 @@ if [ "$mode" = codec ]; then
       --out "$OUT/codec_$v.json" > "$OUT/codec_$v.log" 2>&1
     python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['codec']; print(sys.argv[2], {k: round(v['graph_ms'], 2) for k, v in c.items() if 'graph_ms' in v})" "$OUT/codec_$v.json" $v
   done
-fi
-if [ "$mode" = pass ]; then
-  # the code predictor's pass as one persistent launch (kernels/decoder_pass.py)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_decoder_pass.py \
-    $PASS_TESTS > "$OUT/pytest_gpu.txt" 2>&1
-  tail -1 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
-  timeout 90 python3 benchmarks/pass_bench.py --size 1.7b --out "$OUT/pass_1.7b.json" 2>&1 | grep -E "^\[|Error" | cut -c1-900
-  timeout 150 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-nopass \
-    --step-batches 1,2 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
-  timeout $((560 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

@@ -193,7 +193,6 @@ FUSED_VARIANTS: dict[str, dict[str, Any]] = {
     "fused-nopdl": {"fused_pdl": False},  # every kernel launched plainly (kernels/pdl.py)
     "fused-noprefetch": {"fused_prefetch_kib": 0},  # PDL without the L2 weight prefetch
     "fused-prefetch-all": {"fused_prefetch_kib": 1 << 16},  # whole weight bands prefetched
-    "fused-nopass": {"fused_single_stream_pass": False},  # B=1's predictor passes as kernel chains too
 }
 
 

@@ -144,9 +144,9 @@ def _fused_linear_kernel(
         if pid_m == 0:
             band = w_ptr + pid_n * BLOCK_N * stride_wn  # BLOCK_N contiguous rows of W
             count = tl.minimum(tl.minimum(BLOCK_N, N - pid_n * BLOCK_N) * stride_wn, prefetch_elements)
-            prefetch_l2(band, count, PREFETCH_PIECES, PREFETCH_PIECES)
+            prefetch_l2(band, count, PREFETCH_PIECES)
             if ACT == 2:
-                prefetch_l2(band + N * stride_wn, count, PREFETCH_PIECES, PREFETCH_PIECES)
+                prefetch_l2(band + N * stride_wn, count, PREFETCH_PIECES)
     pdl_enter(USE_PDL)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

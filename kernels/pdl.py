@@ -68,20 +68,17 @@ def pdl_enter(USE_PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(base_ptr, n_elements, PIECES: tl.constexpr, ACTIVE: tl.constexpr):
+def prefetch_l2(base_ptr, n_elements, PIECES: tl.constexpr):
     """Start pulling ``n_elements`` contiguous elements at ``base_ptr`` (16-byte aligned) into L2.
 
-    PIECES lanes (one per thread of the program: fewer would be replicated across threads, each copy
-    issuing its own request), of which the first ACTIVE each issue one ``cp.async.bulk.prefetch`` over
-    1/ACTIVE of the range; nothing waits for them: the loads that follow find the lines in L2, or in
-    flight.
+    One ``cp.async.bulk.prefetch`` per lane, each over 1/PIECES of the range; nothing waits for them:
+    the loads that follow find the lines in L2, or in flight.
     """
     elem_bytes: tl.constexpr = base_ptr.dtype.element_ty.primitive_bitwidth // 8
     line: tl.constexpr = 128 // elem_bytes  # elements per 128-byte line
-    piece = tl.cdiv(tl.cdiv(n_elements, ACTIVE), line) * line
-    lane = tl.arange(0, PIECES)
-    start = lane * piece
-    count = tl.where(lane < ACTIVE, tl.minimum(tl.maximum(n_elements - start, 0), piece), 0)
+    piece = tl.cdiv(tl.cdiv(n_elements, PIECES), line) * line
+    start = tl.arange(0, PIECES) * piece
+    count = tl.minimum(tl.maximum(n_elements - start, 0), piece)
     size = ((count * elem_bytes) // 16 * 16).to(tl.int32)
     addr = (base_ptr + start).to(tl.int64)
     tl.inline_asm_elementwise(

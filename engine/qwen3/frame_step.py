@@ -48,7 +48,6 @@ class FusedSettings:
     cublas_rows: int  # above this many rows the wide projections run on norm + cuBLAS + SwiGLU
     pdl: bool  # programmatic dependent launch on sm_90+ (kernels/pdl.py)
     prefetch_bytes: int  # of each program's weight band, pulled into L2 before a fused linear waits
-    single_stream_pass: bool  # a batch of one runs each code-predictor pass as one launch
 
 
 class FrameStep:

@@ -34,7 +34,6 @@ the fused and unfused steps give the same codes (tests/engine/qwen3/test_fused_d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, cast
 
 import torch
@@ -42,7 +41,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels.decode_attention import DecodeAttentionPlan, decode_attention, plan_decode_attention
-from kernels.decoder_pass import PassWeights, decoder_pass
 from kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows
 from kernels.qk_norm_rope import qk_norm_rope_store
 from kernels.sampling import sample_rows
@@ -131,12 +129,6 @@ class FusedDecode:
         self.cublas_rows, self.pdl = settings.cublas_rows, settings.pdl
         self.prefetch_bytes = settings.prefetch_bytes
         self._rows: dict[int, _Rows] = {}
-        # one stream: each code-predictor pass as one persistent launch, over stacked copies of the
-        # predictor's layer weights (kernels/decoder_pass.py; 158 MB more at 1.7B)
-        self.pass_weights: PassWeights | None = None
-        if settings.single_stream_pass:
-            self.pass_weights = self._stack_predictor()
-            self.pass_counter = torch.zeros(2, dtype=torch.int32, device=kv.k.device)
 
     # --- the talker -------------------------------------------------------------------------------
     def talker_hidden(self, x: Tensor, slots32: Tensor, positions: Tensor) -> Tensor:
@@ -200,8 +192,6 @@ class FusedDecode:
     ) -> Tensor:
         """hidden (B, H_talker) final-norm talker state, code0 (B,) -> codebooks 1..15 as (B, 15)."""
         b = hidden.shape[0]
-        if b == 1 and self.pass_weights is not None:
-            return self._predict_by_pass(hidden, code0, st, slots32, frames)
         rows = self.rows(b)
         n_layers, cfg = len(self.cp_layers), self.cp.cfg
         shape = (n_layers, b, cfg.num_kv_heads, self.cp_positions, cfg.head_dim)
@@ -238,58 +228,6 @@ class FusedDecode:
                 )
             last = h
         return torch.stack(codes, dim=1)
-
-    def _predict_by_pass(
-        self, hidden: Tensor, code0: Tensor, st: SlotState, slots32: Tensor, frames: Tensor
-    ) -> Tensor:
-        """predict() of one stream, each pass one persistent launch: 15 launches + 15 samplings a frame."""
-        assert self.pass_weights is not None
-        cfg = self.cp.cfg
-        shape = (len(self.cp_layers), 1, cfg.num_kv_heads, self.cp_positions, cfg.head_dim)
-        k = torch.empty(shape, device=hidden.device, dtype=hidden.dtype)
-        v = torch.empty_like(k)
-        first = torch.cat((hidden, self.talker.codec_embedding(code0)))  # (2, H_talker): positions 0, 1
-        run = partial(
-            decoder_pass,
-            weights=self.pass_weights,
-            k_cache=k,
-            v_cache=v,
-            counter=self.pass_counter,
-            pdl=self.pdl,
-        )
-        logits = run(first, head=self.cp_heads[0], pos0=0)
-        codes: list[Tensor] = []
-        n = cfg.num_code_groups - 1
-        for j in range(n):
-            code = self.sample(logits, st, slots32, frames, j + 1)
-            codes.append(code)
-            if j + 1 < n:
-                table = cast(nn.Embedding, self.cp.codec_embedding[j]).weight
-                logits = run(table, head=self.cp_heads[j + 1], pos0=j + 2, index=code)
-        return torch.stack(codes, dim=1)
-
-    def _stack_predictor(self) -> PassWeights:
-        layers, cp = self.cp_layers, self.cp
-
-        def stack(name: str) -> Tensor:
-            return torch.stack([getattr(w, name) for w in layers]).contiguous()
-
-        return PassWeights(
-            ln1=stack("ln1"),
-            qkv=stack("qkv"),
-            q_norm=stack("q_norm"),
-            k_norm=stack("k_norm"),
-            o=stack("o"),
-            ln2=stack("ln2"),
-            gate_up=stack("gate_up"),
-            down=stack("down"),
-            final_norm=cp.norm.weight,
-            proj=self.proj.weight if self.proj is not None else None,
-            proj_bias=self.proj.bias if self.proj is not None else None,
-            inv_freq=self.cp_freqs,
-            q_heads=layers[0].q_heads,
-            eps=layers[0].eps,
-        )
 
     def _project(self, x: Tensor) -> Tensor:
         if self.proj is None:

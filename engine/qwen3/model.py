@@ -73,9 +73,6 @@ class ServeOptions:
     # program's weight band a fused linear prefetches into L2 while the kernel before it runs
     fused_pdl: bool = True
     fused_prefetch_kib: int = 128
-    # fused path: a batch of one stream runs each code-predictor pass as one persistent launch
-    # (kernels/decoder_pass.py)
-    fused_single_stream_pass: bool = True
     decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
     max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
     prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
@@ -167,10 +164,7 @@ class Qwen3TTSModel(Model):
             self.state,
             use_attention_kernel=options.attention_kernel and dev.type == "cuda",
             fused=FusedSettings(
-                options.fused_cublas_rows,
-                options.fused_pdl,
-                options.fused_prefetch_kib << 10,
-                options.fused_single_stream_pass,
+                options.fused_cublas_rows, options.fused_pdl, options.fused_prefetch_kib << 10
             )
             if fused_on
             else None,
