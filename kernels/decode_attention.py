@@ -76,21 +76,6 @@ CPU_FAKE_SM_COUNT = 8
 
 
 @triton.jit
-def _norm_rope(x, xp, w, wp, cos, sin, sign, eps, HEAD_DIM: tl.constexpr):
-    """Per-row RMS norm (weight w) and RoPE of (R, D) rows, in kernels/qk_norm_rope.py's rounding.
-
-    xp, wp: each element's RoPE partner (d + D/2 mod D) and its weight; sign -1 on the first half:
-    out = n * cos + sign * n_partner * sin, each product rounded, then the sum.
-    """
-    dtype = cos.dtype
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
-    n = ((x * rstd).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
-    n_partner = ((xp * rstd).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
-    c, s = cos.to(tl.float32), sin.to(tl.float32)
-    return ((n * c).to(dtype).to(tl.float32) + (sign * n_partner * s).to(dtype).to(tl.float32)).to(dtype)
-
-
-@triton.jit
 def _decode_attention_kernel(
     q_ptr,
     k_ptr,
@@ -100,10 +85,6 @@ def _decode_attention_kernel(
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
-    q_norm_ptr,
-    k_norm_ptr,
-    inv_freq_ptr,
-    eps,
     qk_scale_log2,
     tokens_per_split,
     stride_qb,
@@ -127,8 +108,6 @@ def _decode_attention_kernel(
     HEAD_DIM: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    ROPE: tl.constexpr,
-    KV_HEADS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -148,38 +127,13 @@ def _decode_attention_kernel(
     heads = kv_head * GROUP + offs_h  # query heads of this KV head (GQA: head i reads KV head i // G)
     head_mask = offs_h < GROUP
 
+    q = tl.load(
+        q_ptr + row.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=head_mask[:, None],
+        other=0.0,
+    )  # (BLOCK_H, D)
     k_base = k_ptr + slot * stride_ks + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + slot * stride_vs + kv_head.to(tl.int64) * stride_vh
-    q_rows = q_ptr + row.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
-    if ROPE:
-        # q_ptr holds the rows' q|k|v projections: this program norms and rotates its query heads and
-        # the key of the row's own (last) position itself; the split holding that position writes the
-        # key and value to the cache, and the loop below takes them from registers, not the cache
-        pos = length - 1
-        half: tl.constexpr = HEAD_DIM // 2
-        partner = (offs_d + half) % HEAD_DIM
-        sign = tl.where(offs_d < half, -1.0, 1.0)[None, :]
-        angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + offs_d % half)
-        dtype = q_ptr.dtype.element_ty
-        cos = tl.cos(angle).to(dtype)[None, :]
-        sin = tl.sin(angle).to(dtype)[None, :]
-        q_w = tl.load(q_norm_ptr + offs_d).to(tl.float32)[None, :]
-        q_wp = tl.load(q_norm_ptr + partner).to(tl.float32)[None, :]
-        k_w = tl.load(k_norm_ptr + offs_d).to(tl.float32)[None, :]
-        k_wp = tl.load(k_norm_ptr + partner).to(tl.float32)[None, :]
-        xq = tl.load(q_rows + offs_d[None, :], mask=head_mask[:, None], other=0.0).to(tl.float32)
-        xq_p = tl.load(q_rows + partner[None, :], mask=head_mask[:, None], other=0.0).to(tl.float32)
-        q = _norm_rope(xq, xq_p, q_w, q_wp, cos, sin, sign, eps, HEAD_DIM)  # (BLOCK_H, D)
-        own = q_ptr + row.to(tl.int64) * stride_qb + (KV_HEADS * GROUP + kv_head) * HEAD_DIM
-        xk = tl.load(own + offs_d).to(tl.float32)[None, :]
-        xk_p = tl.load(own + partner).to(tl.float32)[None, :]
-        k_new = _norm_rope(xk, xk_p, k_w, k_wp, cos, sin, sign, eps, HEAD_DIM)  # (1, D)
-        v_new = tl.load(own + KV_HEADS * HEAD_DIM + offs_d)[None, :]
-        if (pos >= lo) & (pos < hi):
-            tl.store(k_base + pos * stride_kt + offs_d[None, :], k_new)
-            tl.store(v_base + pos * stride_vt + offs_d[None, :], v_new)
-    else:
-        q = tl.load(q_rows + offs_d[None, :], mask=head_mask[:, None], other=0.0)  # (BLOCK_H, D)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -189,15 +143,9 @@ def _decode_attention_kernel(
         tokens = start + offs_n
         token_mask = tokens < hi
         # Masked-off rows read 0, never the cache: stale or NaN entries past a length cannot leak in.
-        if ROPE:  # noqa: SIM108 (a constexpr branch)
-            cached = (token_mask & (tokens != pos))[:, None]
-        else:
-            cached = token_mask[:, None]
         k = tl.load(
-            k_base + tokens[:, None] * stride_kt + offs_d[None, :], mask=cached, other=0.0
+            k_base + tokens[:, None] * stride_kt + offs_d[None, :], mask=token_mask[:, None], other=0.0
         )  # (BLOCK_N, D)
-        if ROPE:
-            k = tl.where((tokens == pos)[:, None], k_new, k)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # (BLOCK_H, BLOCK_N)
         scores = tl.where(token_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -205,10 +153,8 @@ def _decode_attention_kernel(
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_base + tokens[:, None] * stride_vt + offs_d[None, :], mask=cached, other=0.0
+            v_base + tokens[:, None] * stride_vt + offs_d[None, :], mask=token_mask[:, None], other=0.0
         )  # (BLOCK_N, D)
-        if ROPE:
-            v = tl.where((tokens == pos)[:, None], v_new, v)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -416,101 +362,19 @@ def decode_attention(
     (which syncs). Returns out (B, Hq, D) in q's dtype (written into `out` when given).
     """
     _check_decode_inputs(q, k_cache, v_cache, slot_idx, lengths, out)
-    plan = _plan_for(plan, max_len_bound, q.shape[0], k_cache, q.device, q.dtype)
+    batch, q_heads, head_dim = q.shape
+    num_slots, kv_heads, cache_len, _ = k_cache.shape
+    if plan is None:
+        if max_len_bound is None:
+            raise ValueError("give either plan or max_len_bound")
+        plan = plan_decode_attention(batch, kv_heads, min(max_len_bound, cache_len), q.device, q.dtype)
     if check_bounds:
-        _check_decode_bounds(slot_idx, lengths, k_cache.shape[0], min(plan.max_len_bound, k_cache.shape[2]))
-    out = torch.empty_like(q) if out is None else out
-    return _launch(
-        q, q.stride(0), q.stride(1), k_cache, v_cache, slot_idx, lengths, out, scale, plan, pdl, None
-    )
-
-
-@dataclass(frozen=True)
-class QKRope:
-    """The attention prologue ``decode_attention_rope`` runs in-kernel (kernels/qk_norm_rope.py's)."""
-
-    q_norm: torch.Tensor  # (D,) per-head RMS-norm weights of the queries
-    k_norm: torch.Tensor  # (D,) ... and of the keys
-    inv_freq: torch.Tensor  # (D / 2,) float32 RoPE frequencies
-    eps: float
-
-
-def decode_attention_rope(
-    qkv: torch.Tensor,
-    rope: QKRope,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_idx: torch.Tensor,
-    lengths: torch.Tensor,
-    *,
-    q_heads: int,
-    scale: float,
-    plan: DecodeAttentionPlan,
-    pdl: bool = False,
-) -> torch.Tensor:
-    """qk_norm_rope_store + decode_attention in one launch, for rows that each add one key to their slot.
-
-    qkv (B, (Hq + 2 Hkv) D): each row's q|k|v projection for position lengths[b] - 1 of its slot. The
-    row's query heads and key are normed and rotated in the kernel, its key and value are written to the
-    cache at that position, and it attends to positions 0..lengths[b] - 1, the new key included. Rows
-    must have distinct (slot, position) pairs, or one row may read another's key before it is written
-    (the code predictor's two-row first pass runs the two kernels instead). Returns (B, Hq, D).
-    """
-    if qkv.dim() != 2 or k_cache.dim() != 4:
-        raise ValueError(f"qkv must be (B, W) and the caches (S, Hkv, L, D), got {tuple(qkv.shape)}")
-    batch = qkv.shape[0]
-    _, kv_heads, _, head_dim = k_cache.shape
-    if qkv.shape[1] != (q_heads + 2 * kv_heads) * head_dim:
-        raise ValueError(f"qkv width {qkv.shape[1]} is not ({q_heads} + 2 x {kv_heads}) x {head_dim}")
-    q_view = qkv[:, : q_heads * head_dim].view(batch, q_heads, head_dim)
-    _check_decode_inputs(q_view, k_cache, v_cache, slot_idx, lengths, None)
-    if rope.q_norm.shape != (head_dim,) or rope.k_norm.shape != (head_dim,):
-        raise ValueError(f"q_norm and k_norm must be ({head_dim},)")
-    if rope.inv_freq.shape != (head_dim // 2,) or rope.inv_freq.dtype != torch.float32:
-        raise ValueError(f"inv_freq must be ({head_dim // 2},) float32")
-    check_same_device_unit_stride(
-        {"q_norm": rope.q_norm, "k_norm": rope.k_norm, "inv_freq": rope.inv_freq}, qkv.device
-    )
-    out = torch.empty((batch, q_heads, head_dim), device=qkv.device, dtype=qkv.dtype)
-    return _launch(
-        qkv, qkv.stride(0), head_dim, k_cache, v_cache, slot_idx, lengths, out, scale, plan, pdl, rope
-    )
-
-
-def _plan_for(
-    plan: DecodeAttentionPlan | None,
-    max_len_bound: int | None,
-    batch: int,
-    k_cache: torch.Tensor,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> DecodeAttentionPlan:
-    if plan is not None:
-        return plan
-    if max_len_bound is None:
-        raise ValueError("give either plan or max_len_bound")
-    return plan_decode_attention(batch, k_cache.shape[1], min(max_len_bound, k_cache.shape[2]), device, dtype)
-
-
-def _launch(
-    q: torch.Tensor,
-    stride_qb: int,
-    stride_qh: int,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_idx: torch.Tensor,
-    lengths: torch.Tensor,
-    out: torch.Tensor,
-    scale: float,
-    plan: DecodeAttentionPlan,
-    pdl: bool,
-    rope: QKRope | None,
-) -> torch.Tensor:
-    """The attention (+ combine) launch; q is the (B, Hq, D) queries, or with ``rope`` the q|k|v rows."""
-    batch, q_heads, head_dim = out.shape
-    kv_heads = k_cache.shape[1]
+        _check_decode_bounds(slot_idx, lengths, num_slots, min(plan.max_len_bound, cache_len))
+    if out is None:
+        out = torch.empty_like(q)
     if batch == 0:
         return out
+
     group = q_heads // kv_heads
     block_h = max(MIN_DOT_DIM, triton.next_power_of_2(group))
     # fp32 inputs: keep the dot in IEEE fp32 (tf32 would cost ~1e-3 relative error for nothing here).
@@ -535,14 +399,10 @@ def _launch(
         out,
         part_o,
         part_lse,
-        rope.q_norm if rope is not None else q,
-        rope.k_norm if rope is not None else q,
-        rope.inv_freq if rope is not None else q,
-        rope.eps if rope is not None else 0.0,
         scale * LOG2_E,
         plan.tokens_per_split,
-        stride_qb,
-        stride_qh,
+        q.stride(0),
+        q.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -562,8 +422,6 @@ def _launch(
         HEAD_DIM=head_dim,
         SPLIT=split,
         DOT_PRECISION=dot_precision,
-        ROPE=rope is not None,
-        KV_HEADS=kv_heads,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
         **launch,
@@ -589,10 +447,4 @@ def _launch(
     return out
 
 
-__all__ = [
-    "DecodeAttentionPlan",
-    "QKRope",
-    "decode_attention",
-    "decode_attention_rope",
-    "plan_decode_attention",
-]
+__all__ = ["DecodeAttentionPlan", "decode_attention", "plan_decode_attention"]

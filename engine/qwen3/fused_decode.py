@@ -40,13 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.decode_attention import (
-    DecodeAttentionPlan,
-    QKRope,
-    decode_attention,
-    decode_attention_rope,
-    plan_decode_attention,
-)
+from kernels.decode_attention import DecodeAttentionPlan, decode_attention, plan_decode_attention
 from kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows
 from kernels.qk_norm_rope import qk_norm_rope_store
 from kernels.sampling import sample_rows
@@ -216,7 +210,6 @@ class FusedDecode:
                 v[i],
                 self.cp_freqs,
                 rows.predictor_pair_plan,
-                one_key_per_slot=False,
             )
         last = h.view(b, 2, -1)[:, 1]
         codes: list[Tensor] = []
@@ -259,28 +252,9 @@ class FusedDecode:
         v_cache: Tensor,
         freqs: Tensor,
         plan: DecodeAttentionPlan,
-        one_key_per_slot: bool = True,
     ) -> Tensor:
-        """One decoder layer over rows that each add one key to their slot of the cache; with
-        ``one_key_per_slot`` False (the predictor's first pass: two rows of one stream) the q/k norm,
-        RoPE and cache write run as their own kernel before the attention instead of inside it."""
         m = x.shape[0]
         qkv = self._linear(x, w.qkv, w.ln1, w.eps)
-        if one_key_per_slot:
-            rope = QKRope(w.q_norm, w.k_norm, freqs, w.eps)
-            a = decode_attention_rope(
-                qkv,
-                rope,
-                k_cache,
-                v_cache,
-                slots,
-                lengths,
-                q_heads=w.q_heads,
-                scale=w.scale,
-                plan=plan,
-                pdl=self.pdl,
-            )
-            return self._mlp(w, x, a.view(m, -1))
         q = qk_norm_rope_store(
             qkv,
             w.q_norm,
@@ -295,11 +269,7 @@ class FusedDecode:
             pdl=self.pdl,
         )
         a = decode_attention(q, k_cache, v_cache, slots, lengths, scale=w.scale, plan=plan, pdl=self.pdl)
-        return self._mlp(w, x, a.view(m, -1))
-
-    def _mlp(self, w: _Layer, x: Tensor, a: Tensor) -> Tensor:
-        """The layer after attention: x + a Wo^T, then the SwiGLU MLP with its residual."""
-        x = self._fused(a, w.o, residual=x)
+        x = self._fused(a.view(m, -1), w.o, residual=x)
         g = self._linear(x, w.gate_up, w.ln2, w.eps, ACT_SILU_MUL)
         return self._fused(g, w.down, residual=x)
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from engine.qwen3.layers import rms_norm, silu_mul
 from engine.qwen3.rope import cos_sin, inv_freq, rotate
 from engine.qwen3.sampler import RowParams, apply_repetition_penalty, sample
-from kernels.decode_attention import QKRope, decode_attention, decode_attention_rope, plan_decode_attention
 from kernels.fused_linear import (
     ACT_SILU,
     ACT_SILU_MUL,
@@ -199,48 +198,6 @@ def test_qk_norm_rope_store_matches_norm_rotate_and_cache_write(
         written = {(int(s), int(p)) for s, p in zip(slots, positions, strict=True)}
         untouched = [(s, p) for s in range(slots_n) for p in range(max_len) if (s, p) not in written]
         assert all(not k_cache[s, :, p].any() and not v_cache[s, :, p].any() for s, p in untouched)
-
-
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(16, 4, 2), (128, 16, 8)])
-def test_attention_with_the_rope_prologue_equals_the_two_kernels(
-    device: str, head_dim: int, q_heads: int, kv_heads: int, splits: int
-) -> None:
-    """decode_attention_rope (q/k norm, RoPE and the cache write inside the attention kernel) against
-    qk_norm_rope_store + decode_attention: the same output, the same cache; with 3 KV splits only the
-    split holding a row's new position writes it."""
-    if device == "cpu" and head_dim > 16:
-        pytest.skip("real shapes run on the GPU only")
-    g = torch.Generator().manual_seed(head_dim + splits)
-    slots_n, max_len = 7, 48
-    slots = torch.tensor([3, 0, 6, 1], dtype=torch.int32, device=device)
-    positions = torch.tensor([0, 47, 17, 5], dtype=torch.int32, device=device)
-    lengths = positions + 1
-    for dtype in _dtypes(device):
-        m = slots.shape[0]
-        qkv = torch.randn(m, (q_heads + 2 * kv_heads) * head_dim, generator=g).to(device, dtype)
-        qn = (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype)
-        kn = (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype)
-        freqs = inv_freq(head_dim, 1e6).to(device)
-        cache = torch.randn(slots_n, kv_heads, max_len, head_dim, generator=g).to(device, dtype)
-        plan = plan_decode_attention(m, kv_heads, max_len, device, dtype, num_splits=splits, block_n=16)
-        scale = head_dim**-0.5
-        k_ref, v_ref = cache.clone(), cache.clone() * 0.5
-        q = qk_norm_rope_store(qkv, qn, kn, freqs, k_ref, v_ref, slots, positions, q_heads=q_heads, eps=EPS)
-        want = decode_attention(q, k_ref, v_ref, slots, lengths, scale=scale, plan=plan)
-        k_got, v_got = cache.clone(), cache.clone() * 0.5
-        rope = QKRope(qn, kn, freqs, EPS)
-        got = decode_attention_rope(
-            qkv, rope, k_got, v_got, slots, lengths, q_heads=q_heads, scale=scale, plan=plan
-        )
-        tol = 1e-5 if dtype == torch.float32 else 2e-2
-        assert got.shape == (m, q_heads, head_dim)
-        assert rel_err(got, want) < tol
-        assert rel_err(k_got, k_ref) < tol and torch.equal(v_got, v_ref)
-        with pytest.raises(ValueError, match="qkv width"):
-            decode_attention_rope(
-                qkv[:, 1:], rope, k_got, v_got, slots, lengths, q_heads=q_heads, scale=1.0, plan=plan
-            )
 
 
 def _slot_tables(n_slots: int, device: str) -> dict[str, torch.Tensor]:
