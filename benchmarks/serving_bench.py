@@ -311,16 +311,16 @@ def section_codec(model: Qwen3TTSModel, args: argparse.Namespace, dev: torch.dev
 
     for b in (1, 4, 16, 64):
         for t in (1, 2, 4, 12):
-            if b > model.codec_buckets[-1] or not model.graphs.has(("codec", b, t)):
+            if b > model.codec_runner.buckets[-1] or not model.graphs.has(("codec", b, t)):
                 continue
             rows = packed(b, t)
             ms = gpu_ms(lambda rows=rows, b=b, t=t: model.graphs.run(("codec", b, t), rows), dev, 10)
             res[f"B{b}_T{t}"] = {"graph_ms": ms, "frames_per_s": b * t / (ms / 1e3)}
     for b, t in ((1, 1), (16, 4), (64, 12)):
-        if b > model.codec_buckets[-1]:
+        if b > model.codec_runner.buckets[-1]:
             continue
         x = torch.from_numpy(packed(b, t)).to(dev)
-        res.setdefault(f"B{b}_T{t}", {})["eager_ms"] = gpu_ms(lambda x=x: model._codec_body(x), dev, 3)
+        res.setdefault(f"B{b}_T{t}", {})["eager_ms"] = gpu_ms(lambda x=x: model.codec_runner.body(x), dev, 3)
     return res
 
 
@@ -520,7 +520,7 @@ def main() -> None:
             "capture_s": round(model.graphs.capture_s, 1),
             "graphs": len(model.graphs),
             "decode_buckets": model.decode_buckets,
-            "codec_buckets": model.codec_buckets,
+            "codec_buckets": model.codec_runner.buckets,
         }
         if "codec" in args.sections:
             run("codec", lambda: section_codec(model, args, dev))

@@ -45,6 +45,14 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"{n} rows exceed the largest graph bucket {buckets[-1]}")
 
 
+def powers_of_two(limit: int) -> tuple[int, ...]:
+    """1, 2, 4, ... and ``limit`` itself: the bucket sizes up to ``limit``."""
+    out = [1]
+    while out[-1] < limit:
+        out.append(min(2 * out[-1], limit))
+    return tuple(out)
+
+
 class CudaGraphs:
     def __init__(self, device: torch.device, enabled: bool) -> None:
         self.device = device

@@ -14,7 +14,7 @@ Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by sl
                 predictor for codebooks 1..15, one device->host copy of the (B, 16) codes
     decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
                 tick in as few calls as pay off, each padded to a common frame count, each row
-                advancing by its own count
+                advancing by its own count (codec_runner.py)
     close_slot  forget the host state; device rows are overwritten by the next owner
 
 One generate() call runs at most one talker forward per slot (a prefill or a one-token feed)
@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -35,10 +35,9 @@ import torch
 from torch import Tensor
 
 from ..model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
-from .codec_plan import padded_frames, plan_codec_calls
-from .codec_state import CodecStatePool
+from .codec_runner import CodecRunner
 from .config import Qwen3TTSConfig
-from .cuda_graphs import CudaGraphs, bucket_for
+from .cuda_graphs import CudaGraphs, bucket_for, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, FusedSettings, pack_prefill_row
 from .kv_cache import SlotKVCache
 from .layers import DecoderLayer
@@ -110,7 +109,6 @@ class _Slot:
     frames: int = 0  # frames emitted
     position: int = 0  # talker positions written (KV length)
     done: bool = False
-    history: list[np.ndarray] = field(default_factory=list)  # windowed codec mode: recent frames
 
 
 class Qwen3TTSModel(Model):
@@ -149,9 +147,6 @@ class Qwen3TTSModel(Model):
         self.kv = SlotKVCache(
             t.num_layers, n + 1, t.num_kv_heads, options.max_seq_len, t.head_dim, self.dtype, dev
         )
-        self.codec_states = CodecStatePool(
-            n + 1, self.codec.state_width, next(self.codec.parameters()).dtype, dev
-        )
         self.state = SlotState(n, t.num_code_groups, t.vocab_size, options.max_seq_len, dev)
         for layer in (*self.talker.layers, *self.code_predictor.layers):
             cast(DecoderLayer, layer).fuse()  # q|k|v and gate|up: 3 fewer GEMM launches per layer
@@ -175,13 +170,12 @@ class Qwen3TTSModel(Model):
             compile_elementwise((self.talker, self.code_predictor))
             compile_sampler(self.step)
         self.decode_buckets = options.decode_buckets or _default_buckets(options.max_batch_size)
-        self.codec_buckets = options.codec_batch_buckets or _powers_of_two(options.max_batch_size)
-        # the default chunk schedule's sizes (1, 2, 4, 8, 12): its steady chunks pad nothing, a final
-        # remainder pads to the next size
-        self.codec_frames = _powers_of_two(options.codec_graph_frames)
-        self.prefill_batches = _powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
+        self.prefill_batches = powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
         self.prefill_lens = tuple(b for b in options.prefill_len_buckets if b <= options.max_seq_len)
         self.graphs = CudaGraphs(dev, options.cuda_graphs)
+        self.codec_runner = CodecRunner(
+            self.codec, t.num_code_groups, options, self.graphs, self.pad_slot, dev
+        )
         self._register_graphs()
         self._slots: dict[int, _Slot] = {}
         self.invalid_code_rows = 0  # rows of sampled codes rejected by _invalid_rows (expected: 0)
@@ -260,7 +254,7 @@ class Qwen3TTSModel(Model):
             ),
             whole_text,
         )
-        self.codec_states.reset(slot)
+        self.codec_runner.open(slot)
         self._slots[slot] = _Slot(
             text=TextStream(self.tokenizer),
             language_id=language_id,
@@ -296,6 +290,7 @@ class Qwen3TTSModel(Model):
         # KV rows need no clearing (see kv_cache.py); decoder state and sampling rows are reset by
         # the next open_slot.
         self._slots.pop(slot, None)
+        self.codec_runner.close(slot)
 
     # --- generation --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -408,29 +403,7 @@ class Qwen3TTSModel(Model):
             for t in self.prefill_lens:
                 row = pack_prefill_row([0], [NO_CODEC], pad, t)
                 self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
-        if self.options.codec_mode != "stateful":
-            return
-        q = self.cfg.talker.num_code_groups
-        for b in self.codec_buckets:
-            for t in self.codec_frames:
-                example = torch.zeros(b, q * t + 2, dtype=torch.int64)  # 0 valid frames
-                example[:, -1] = pad
-                self.graphs.add(("codec", b, t), self._codec_body, example)
-
-    def _codec_body(self, packed: Tensor) -> Tensor:
-        """packed (B, 16 T + 2): codes (frame-major) | valid frames n_b | slot -> pcm (B, T * 1920).
-
-        Each slot's state and position advance by its n_b frames; the samples past n_b * 1920 are
-        padding. Padding rows carry 0 valid frames, so the padding slot's state never moves.
-        """
-        b, width = packed.shape
-        q = self.cfg.talker.num_code_groups
-        codes = packed[:, :-2].view(b, (width - 2) // q, q).transpose(1, 2)  # (B, 16, T)
-        n_valid, slots = packed[:, -2], packed[:, -1]
-        state, start = self.codec_states.gather(slots)
-        pcm, state, start = self.codec.stream(codes, state, start, n_valid)
-        self.codec_states.scatter(slots, state, start)
-        return pcm
+        self.codec_runner.register_graphs()
 
     def _prompt(self, st: _Slot) -> Prompt:
         return build_prompt(
@@ -465,76 +438,9 @@ class Qwen3TTSModel(Model):
         return GenerateResult(slot, codes[None].copy(), 1, st.done)
 
     # --- decode --------------------------------------------------------------------------------------
-    @torch.no_grad()
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
-        """All due chunks of all streams in the codec calls ``plan_codec_calls`` picks (usually one), every
-        call queued before the one device->host copy of the PCM."""
-        out = [np.zeros(0, np.float32) for _ in work]
-        if self.options.codec_mode == "windowed":
-            return [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
-        due = sorted((i for i, w in enumerate(work) if w.n_frames), key=lambda i: -work[i].n_frames)
-        if not due:
-            return out
-        frames = [work[i].n_frames for i in due]
-        groups = [
-            [due[j] for j in g] for g in plan_codec_calls(frames, self.codec_frames, self.codec_buckets)
-        ]
-        pcms = [self._run_codec([work[i] for i in group]) for group in groups]
-        frame_samples = self.cfg.codec.frame_samples
-        for group, pcm_host in zip(groups, self._pcm_to_host(pcms), strict=True):
-            for r, i in enumerate(group):
-                out[i] = pcm_host[r, : work[i].n_frames * frame_samples]
-        return out
-
-    def _run_codec(self, chunks: list[DecodeWork]) -> Tensor:
-        """One codec call: the chunks padded to a common frame count T -> pcm (len(chunks), T * 1920)
-        on the device, row r's audio in its first n_frames * 1920 samples."""
-        longest = max(w.n_frames for w in chunks)
-        t = padded_frames(longest, self.codec_frames)
-        b = bucket_for(len(chunks), self.codec_buckets)
-        q = self.cfg.talker.num_code_groups
-        rows = np.zeros((b, q * t + 2), np.int64)  # padding frames: code 0, decoded and dropped
-        rows[:, -1] = self.pad_slot  # padding rows: 0 valid frames of the padding slot
-        for r, w in enumerate(chunks):
-            rows[r, : q * w.n_frames] = self._frames(w).reshape(-1)
-            rows[r, -2:] = (w.n_frames, w.slot)
-        if self.graphs.has(("codec", b, t)):
-            pcm = self.graphs.run(("codec", b, t), rows)
-        else:  # a chunk longer than the graphed frame counts: eager, exact shape
-            pcm = self._codec_body(torch.from_numpy(rows).to(self.device))
-        return pcm[: len(chunks)].clone()  # the static output is overwritten by the next replay
-
-    def _pcm_to_host(self, pcms: list[Tensor]) -> list[np.ndarray]:
-        if pcms[0].device.type != "cuda":
-            return [p.numpy() for p in pcms]
-        hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in pcms]
-        for h, p in zip(hosts, pcms, strict=True):
-            h.copy_(p, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        done.synchronize()
-        return [h.numpy() for h in hosts]
-
-    def _decode_windowed(self, w: DecodeWork) -> np.ndarray:
-        st = self._slots.get(w.slot)
-        frames = self._frames(w)
-        ctx = self.options.windowed_left_context
-        history = np.concatenate([*(st.history if st else []), frames])
-        if st is not None:
-            st.history = [history[-ctx:]]
-        codes = torch.from_numpy(history).to(self.device).T[None]  # (1, 16, T)
-        return self.codec.decode_windowed(codes, w.n_frames, ctx)[0].cpu().numpy()
-
-    @staticmethod
-    def _frames(w: DecodeWork) -> np.ndarray:
-        frames = (
-            np.concatenate([np.asarray(f) for f in w.frames]) if w.frames else np.zeros((0, 16), np.int64)
-        )
-        if frames.shape[0] != w.n_frames:
-            raise ValueError(
-                f"slot {w.slot}: {frames.shape[0]} frames in the payload, n_frames says {w.n_frames}"
-            )
-        return frames.astype(np.int64, copy=False)
+        """All due chunks of all streams, through the slots' streaming codec (codec_runner.py)."""
+        return self.codec_runner.decode(work)
 
     # --- misc ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -570,13 +476,6 @@ class Qwen3TTSModel(Model):
         if st is None:
             raise ModelError(slot, f"slot {slot} is not open")
         return st
-
-
-def _powers_of_two(limit: int) -> tuple[int, ...]:
-    out = [1]
-    while out[-1] < limit:
-        out.append(min(2 * out[-1], limit))
-    return tuple(out)
 
 
 def _default_buckets(limit: int) -> tuple[int, ...]:

@@ -131,7 +131,7 @@ def _tick(model: Qwen3TTSModel, chunks: dict[int, np.ndarray]) -> dict[int, np.n
 
 
 def test_model_decodes_a_tick_of_mixed_chunk_sizes_in_few_calls(tiny: Qwen3TTSModel) -> None:
-    for b in tiny.codec_buckets:  # graphs for 5 frame counts (it was 12: every count 1..12)
+    for b in tiny.codec_runner.buckets:  # graphs for 5 frame counts (it was 12: every count 1..12)
         graphed = [t for t in range(1, 13) if tiny.graphs.has(("codec", b, t))]
         assert graphed == [1, 2, 4, 8, 12]
     sizes = [(1, 2, 5, 12, 3), (12, 4, 1, 9, 8), (20, 1, 2, 3, 4)]  # the last tick: 20 > 12, eager

@@ -1,0 +1,153 @@
+"""The streaming codec over the model's slots: a tick's due chunks of codes -> PCM per chunk.
+
+    stateful (the default)  every slot's decoder state is a row of a CodecStatePool (codec_state.py);
+                            a tick's chunks go into the codec calls ``plan_codec_calls`` picks, each
+                            padded to a common graphed frame count and a batch bucket (one CUDA graph
+                            per (bucket, frames)), every call queued before the one device->host copy
+    windowed                the stateless reference: each chunk re-decodes ``windowed_left_context``
+                            earlier frames of its slot and keeps the new samples
+
+Split out of model.py, which owns the slots and the frame step; this owns what a slot's codec needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..model import DecodeWork
+from .codec_decoder import CodecDecoder
+from .codec_plan import padded_frames, plan_codec_calls
+from .codec_state import CodecStatePool
+from .cuda_graphs import CudaGraphs, bucket_for, powers_of_two
+
+if TYPE_CHECKING:
+    from .model import ServeOptions
+
+
+class CodecRunner:
+    def __init__(
+        self,
+        codec: CodecDecoder,
+        codebooks: int,
+        options: ServeOptions,
+        graphs: CudaGraphs,
+        pad_slot: int,
+        device: torch.device,
+    ) -> None:
+        self.codec, self.q, self.options, self.graphs = codec, codebooks, options, graphs
+        self.pad_slot, self.device = pad_slot, device
+        # one row per slot and one for the padding slot of the graph buckets
+        self.states = CodecStatePool(pad_slot + 1, codec.state_width, next(codec.parameters()).dtype, device)
+        self.buckets = options.codec_batch_buckets or powers_of_two(options.max_batch_size)
+        # the default chunk schedule's sizes (1, 2, 4, 8, 12): its steady chunks pad nothing, a final
+        # remainder pads to the next size
+        self.frames = powers_of_two(options.codec_graph_frames)
+        self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
+
+    # --- slots -----------------------------------------------------------------------------------
+    def open(self, slot: int) -> None:
+        """A new stream on ``slot``: fresh decoder state, no frames before."""
+        self.states.reset(slot)
+        self._history[slot] = []
+
+    def close(self, slot: int) -> None:
+        """Forget the slot's windowed history (its state row is reset by the next ``open``)."""
+        self._history.pop(slot, None)
+
+    # --- graphs ----------------------------------------------------------------------------------
+    def register_graphs(self) -> None:
+        """One body per (batch bucket, frame count), with padding-slot example rows (stateful mode)."""
+        if self.options.codec_mode != "stateful":
+            return
+        for b in self.buckets:
+            for t in self.frames:
+                example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
+                example[:, -1] = self.pad_slot
+                self.graphs.add(("codec", b, t), self.body, example)
+
+    def body(self, packed: Tensor) -> Tensor:
+        """packed (B, 16 T + 2): codes (frame-major) | valid frames n_b | slot -> pcm (B, T * 1920).
+
+        Each slot's state and position advance by its n_b frames; the samples past n_b * 1920 are
+        padding. Padding rows carry 0 valid frames, so the padding slot's state never moves.
+        """
+        b, width = packed.shape
+        codes = packed[:, :-2].view(b, (width - 2) // self.q, self.q).transpose(1, 2)  # (B, 16, T)
+        n_valid, slots = packed[:, -2], packed[:, -1]
+        state, start = self.states.gather(slots)
+        pcm, state, start = self.codec.stream(codes, state, start, n_valid)
+        self.states.scatter(slots, state, start)
+        return pcm
+
+    # --- decode ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
+        """All due chunks of all streams in the codec calls ``plan_codec_calls`` picks (usually one), every
+        call queued before the one device->host copy of the PCM."""
+        out = [np.zeros(0, np.float32) for _ in work]
+        if self.options.codec_mode == "windowed":
+            return [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
+        due = sorted((i for i, w in enumerate(work) if w.n_frames), key=lambda i: -work[i].n_frames)
+        if not due:
+            return out
+        frames = [work[i].n_frames for i in due]
+        groups = [[due[j] for j in g] for g in plan_codec_calls(frames, self.frames, self.buckets)]
+        pcms = [self._run([work[i] for i in group]) for group in groups]
+        frame_samples = self.codec.cfg.frame_samples
+        for group, pcm_host in zip(groups, self._pcm_to_host(pcms), strict=True):
+            for r, i in enumerate(group):
+                out[i] = pcm_host[r, : work[i].n_frames * frame_samples]
+        return out
+
+    def _run(self, chunks: list[DecodeWork]) -> Tensor:
+        """One codec call: the chunks padded to a common frame count T -> pcm (len(chunks), T * 1920)
+        on the device, row r's audio in its first n_frames * 1920 samples."""
+        longest = max(w.n_frames for w in chunks)
+        t = padded_frames(longest, self.frames)
+        b = bucket_for(len(chunks), self.buckets)
+        rows = np.zeros((b, self.q * t + 2), np.int64)  # padding frames: code 0, decoded and dropped
+        rows[:, -1] = self.pad_slot  # padding rows: 0 valid frames of the padding slot
+        for r, w in enumerate(chunks):
+            rows[r, : self.q * w.n_frames] = _frames(w).reshape(-1)
+            rows[r, -2:] = (w.n_frames, w.slot)
+        if self.graphs.has(("codec", b, t)):
+            pcm = self.graphs.run(("codec", b, t), rows)
+        else:  # a chunk longer than the graphed frame counts: eager, exact shape
+            pcm = self.body(torch.from_numpy(rows).to(self.device))
+        return pcm[: len(chunks)].clone()  # the static output is overwritten by the next replay
+
+    @staticmethod
+    def _pcm_to_host(pcms: list[Tensor]) -> list[np.ndarray]:
+        if pcms[0].device.type != "cuda":
+            return [p.numpy() for p in pcms]
+        hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in pcms]
+        for h, p in zip(hosts, pcms, strict=True):
+            h.copy_(p, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+        return [h.numpy() for h in hosts]
+
+    def _decode_windowed(self, w: DecodeWork) -> np.ndarray:
+        history = self._history.get(w.slot)
+        frames = _frames(w)
+        ctx = self.options.windowed_left_context
+        window = np.concatenate([*(history or []), frames])
+        if history is not None:
+            self._history[w.slot] = [window[-ctx:]]
+        codes = torch.from_numpy(window).to(self.device).T[None]  # (1, 16, T)
+        return self.codec.decode_windowed(codes, w.n_frames, ctx)[0].cpu().numpy()
+
+
+def _frames(w: DecodeWork) -> np.ndarray:
+    frames = np.concatenate([np.asarray(f) for f in w.frames]) if w.frames else np.zeros((0, 16), np.int64)
+    if frames.shape[0] != w.n_frames:
+        raise ValueError(
+            f"slot {w.slot}: {frames.shape[0]} frames in the payload, n_frames says {w.n_frames}"
+        )
+    return frames.astype(np.int64, copy=False)
