@@ -13,8 +13,8 @@ Sections (each kept in the JSON even if another fails):
   captured), ``fused-kernels`` / ``fused-cublas`` (the wide projections always on the fused kernel /
   always norm + cuBLAS, instead of switching above 8 rows), ``fused-nopdl`` / ``fused-noprefetch`` /
   ``fused-prefetch-all`` (no programmatic dependent launch / PDL without the L2 weight prefetch / whole
-  weight bands prefetched, against 128 KiB per program), and on the unfused layers ``eager``, ``graphs`` and ``compile`` (graphs around
-  torch.compile'd norms / RoPE / SwiGLU / sampler). GPU time
+  weight bands prefetched, against 128 KiB per program), and on the unfused layers ``eager``,
+  ``graphs`` and ``compile`` (graphs around torch.compile'd norms / RoPE / SwiGLU / sampler). GPU time
   by CUDA events over back-to-back replays; host-inclusive time = wall of ``model.generate``
   (input staging, replay, the one device->host copy, bookkeeping). Per stage (graphs): talker,
   code predictor (greedy picks), sampling + state updates (the rest of the tail), each captured
@@ -528,8 +528,9 @@ def main() -> None:
             run("serve", lambda: section_serve(model, args))
             for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):
                 p.pop("arrivals", None)
-    # frame-step GPU time of the serve runs, from the step table (graphs variant)
-    served = "compile" if args.compile else "graphs" if args.no_fused else "fused"
+    # frame-step GPU time of the serve runs, from the step table's row of the variant served (--compile
+    # compiles the unfused layers: the fused decode step does not use them)
+    served = "fused" if not args.no_fused else "compile" if args.compile else "graphs"
     table = res.get("step", {}).get("variants", {}).get(served, {}).get("batches", {})
     if table:
         for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):
