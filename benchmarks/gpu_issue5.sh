@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_issue5.sh check  # the served code: GPU tests of the fused path, step variants
 #   bash benchmarks/gpu_issue5.sh pdl    # the same with PDL / prefetch variants, and a kernel profile
 #   bash benchmarks/gpu_issue5.sh codec  # every GPU test; the codec with / without the SnakeBeta kernel
+#   bash benchmarks/gpu_issue5.sh gemv   # one-/two-row linears: PDL chains, step with / without, every GPU test
 # Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -70,6 +71,17 @@ if [ "$mode" = codec ]; then
       --out "$OUT/codec_$v.json" > "$OUT/codec_$v.log" 2>&1
     python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['codec']; print(sys.argv[2], {k: round(v['graph_ms'], 2) for k, v in c.items() if 'graph_ms' in v})" "$OUT/codec_$v.json" $v
   done
+fi
+if [ "$mode" = gemv ]; then
+  # the one-/two-row kernel (weights into registers before the PDL wait) against the tiled one
+  timeout 170 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_chains.json" 2>&1 | grep -E "^\[|Error" | cut -c1-200
+  timeout 130 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-nogemv \
+    --step-batches 1,2,64 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
+  timeout 60 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
+  timeout $((570 - SECONDS)) python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  VOICEWIRE_TEST_DEVICE=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
+  grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

@@ -91,6 +91,34 @@ def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
     return LinearConfig(block_m, block_n, block_k, 4, 5 if block_n == MIN_DOT_DIM else 3)
 
 
+# The one- and two-row kernel: rows at most this many take it (B = 1: the talker's row, the predictor's
+# pair pass and its single-row passes). Its band chunks are this many elements per weight tile
+# (16 KiB of bf16): two in flight per program, in registers.
+GEMV_MAX_ROWS = 2
+GEMV_CHUNK_ELEMENTS = 8192
+# Programs per launch the band height aims for (the H200 has 132 SMs; two programs fit on each).
+GEMV_PROGRAMS = 128
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Band shape of a one- or two-row launch (``gemv_config`` picks it; tests and benchmarks may override)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 8
+
+
+def gemv_config(n: int, k: int) -> GemvConfig:
+    """16-row bands while that still gives >= GEMV_PROGRAMS programs, else 8; K chunks of
+    GEMV_CHUNK_ELEMENTS per tile. The interpreter gets a few wide programs (it runs them one by one)."""
+    if interpreter_enabled():
+        return GemvConfig(min(INTERPRETER_BLOCK_N, triton.next_power_of_2(n)), triton.next_power_of_2(k), 4)
+    block_n = 16 if triton.cdiv(n, 16) >= GEMV_PROGRAMS else 8
+    block_n = min(block_n, triton.next_power_of_2(n))
+    return GemvConfig(block_n, min(triton.next_power_of_2(k), GEMV_CHUNK_ELEMENTS // block_n))
+
+
 def fit_shared_memory(cfg: LinearConfig, act: int, element_bytes: int) -> LinearConfig:
     """Fewer pipeline stages (then shallower K steps) until the tiles fit in shared memory."""
     tiles = 3 if act == ACT_SILU_MUL else 2  # x, W (and W_up) tiles per stage
@@ -196,8 +224,31 @@ def _fused_linear_kernel(
                 )
             acc_up = tl.dot(xk, wu, acc_up, input_precision=DOT_PRECISION)
 
+    mask = m_ok[:, None] & n_ok[None, :]
+    bias = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)[None, :] if HAS_BIAS else 0.0
+    res_ptrs = res_ptr + rm[:, None] * stride_rm + rn[None, :]
+    out_ptrs = out_ptr + rm[:, None] * stride_om + rn[None, :]
+    _epilogue(acc, acc_up, bias, x_ptr, res_ptrs, out_ptrs, mask, ACT, HAS_BIAS, HAS_RES)
+
+
+@triton.jit
+def _epilogue(
+    acc,
+    acc_up,
+    bias,
+    x_ptr,
+    res_ptrs,
+    out_ptrs,
+    mask,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
+):
+    """Both kernels' tail: acc (+ bias) rounded to x's dtype, then SiLU / SwiGLU / the residual add, each
+    rounded as the unfused ops round, stored in out's dtype."""
+    dtype = x_ptr.dtype.element_ty
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc += bias.to(tl.float32)
     y = acc.to(dtype).to(tl.float32)
     if ACT == 1:
         y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
@@ -205,11 +256,133 @@ def _fused_linear_kernel(
         up = acc_up.to(dtype).to(tl.float32)
         y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
         y = (y * up).to(dtype).to(tl.float32)
-    mask = m_ok[:, None] & n_ok[None, :]
     if HAS_RES:
-        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+        res = tl.load(res_ptrs, mask=mask, other=0.0)
         y = (res.to(tl.float32) + y).to(dtype).to(tl.float32)
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _w_chunk(band, c: tl.constexpr, n_ok, rk, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """K chunk c (columns [c * BLOCK_K, + BLOCK_K)) of a program's (BLOCK_N, K) weight band."""
+    if EVEN_K:
+        return tl.load(band + c * BLOCK_K, mask=n_ok[:, None], other=0.0)
+    return tl.load(band + c * BLOCK_K, mask=n_ok[:, None] & (c * BLOCK_K + rk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _x_chunk(x_row, norm_ptr, rstd, k, K, HAS_NORM: tl.constexpr):
+    """(1, BLOCK_K) columns k of one input row, normed and scaled as the unfused layer rounds, in fp32."""
+    ok = k < K
+    xk = tl.load(x_row + k, mask=ok, other=0.0)
+    if HAS_NORM:
+        g = tl.load(norm_ptr + k, mask=ok, other=0.0).to(tl.float32)
+        xn = (xk.to(tl.float32) * rstd).to(xk.dtype)
+        xk = (xn.to(tl.float32) * g).to(xk.dtype)
+    return xk.to(tl.float32)
+
+
+@triton.jit
+def _rstd(x_row, K, eps, rk, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr):
+    sum_sq = 0.0
+    for c in tl.static_range(CHUNKS):
+        k = c * BLOCK_K + rk
+        xs = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
+        sum_sq += tl.sum(xs * xs)
+    return tl.math.rsqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    norm_ptr,
+    bias_ptr,
+    res_ptr,
+    index_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_rm,
+    eps,
+    prefetch_elements,
+    HAS_NORM: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    HAS_INDEX: tl.constexpr,
+    TWO_ROWS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PREFETCH_PIECES: tl.constexpr,
+):
+    """fused_linear for one or two rows: the weight band's first two K chunks are loaded into registers
+    *before* the PDL wait (weights are read-only), so they stream while the previous kernel finishes;
+    after the wait only the input rows (a few KB, in L2) and the rest of the band remain. No tl.dot:
+    products and row sums in fp32 registers, each chunk reused for both rows."""
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    band = w_ptr + rn[:, None] * stride_wn + rk[None, :]  # chunk 0 of the band: (BLOCK_N, BLOCK_K)
+    up = band + N * stride_wn  # ACT_SILU_MUL: the up rows of the same outputs
+    w_a = _w_chunk(band, 0, n_ok, rk, K, BLOCK_K, EVEN_K)
+    u_a = _w_chunk(up, 0, n_ok, rk, K, BLOCK_K, EVEN_K) if ACT == 2 else w_a
+    w_b, u_b = w_a, u_a
+    if CHUNKS > 1:
+        w_b = _w_chunk(band, 1, n_ok, rk, K, BLOCK_K, EVEN_K)
+        u_b = _w_chunk(up, 1, n_ok, rk, K, BLOCK_K, EVEN_K) if ACT == 2 else w_b
+    if PREFETCH and CHUNKS > 2:  # the rest of the band toward L2 (the loads below find it there)
+        start = pid * BLOCK_N * stride_wn
+        count = tl.minimum(tl.minimum(BLOCK_N, N - pid * BLOCK_N) * stride_wn, prefetch_elements)
+        prefetch_l2(w_ptr + start, count, PREFETCH_PIECES)
+        if ACT == 2:
+            prefetch_l2(w_ptr + N * stride_wn + start, count, PREFETCH_PIECES)
+    bias = tl.load(bias_ptr + rn, mask=n_ok, other=0.0) if HAS_BIAS else 0.0
+    pdl_enter(USE_PDL)
+
+    if HAS_INDEX:  # row m of x is row index[m] of the table x_ptr (an embedding lookup)
+        x0 = x_ptr + tl.load(index_ptr).to(tl.int64) * stride_xm
+        x1 = x_ptr + tl.load(index_ptr + TWO_ROWS).to(tl.int64) * stride_xm
+    else:
+        x0 = x_ptr
+        x1 = x_ptr + stride_xm
+    rk2 = rk[None, :]
+    rstd0, rstd1 = 1.0, 1.0
+    if HAS_NORM:
+        rstd0 = _rstd(x0, K, eps, rk2, BLOCK_K, CHUNKS)
+        if TWO_ROWS:
+            rstd1 = _rstd(x1, K, eps, rk2, BLOCK_K, CHUNKS)
+    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc1, up0, up1 = acc0, acc0, acc0
+    for c in tl.static_range(CHUNKS):
+        w, wu = w_a.to(tl.float32), u_a.to(tl.float32)
+        w_a, u_a = w_b, u_b
+        if c + 2 < CHUNKS:  # keep two chunks in flight
+            w_b = _w_chunk(band, c + 2, n_ok, rk, K, BLOCK_K, EVEN_K)
+            u_b = _w_chunk(up, c + 2, n_ok, rk, K, BLOCK_K, EVEN_K) if ACT == 2 else w_b
+        k = c * BLOCK_K + rk2
+        xk = _x_chunk(x0, norm_ptr, rstd0, k, K, HAS_NORM)
+        acc0 += tl.sum(w * xk, axis=1)
+        if ACT == 2:
+            up0 += tl.sum(wu * xk, axis=1)
+        if TWO_ROWS:
+            xk = _x_chunk(x1, norm_ptr, rstd1, k, K, HAS_NORM)
+            acc1 += tl.sum(w * xk, axis=1)
+            if ACT == 2:
+                up1 += tl.sum(wu * xk, axis=1)
+
+    _epilogue(acc0, up0, bias, x_ptr, res_ptr + rn, out_ptr + rn, n_ok, ACT, HAS_BIAS, HAS_RES)
+    if TWO_ROWS:
+        res1, out1 = res_ptr + stride_rm + rn, out_ptr + stride_om + rn
+        _epilogue(acc1, up1, bias, x_ptr, res1, out1, n_ok, ACT, HAS_BIAS, HAS_RES)
 
 
 @triton.jit
@@ -300,7 +473,8 @@ def fused_linear(
     index: torch.Tensor | None = None,
     pdl: bool = False,
     prefetch_bytes: int = 0,
-    config: LinearConfig | None = None,
+    gemv_rows: int = GEMV_MAX_ROWS,
+    config: LinearConfig | GemvConfig | None = None,
 ) -> torch.Tensor:
     """y = epilogue(prologue(x) @ W^T) for x (M, K) (any row stride, unit column stride).
 
@@ -312,6 +486,8 @@ def fused_linear(
     lookup folded in; indices are not bounds-checked: the kernel runs inside CUDA graphs).
     ``pdl``: launch with programmatic dependent launch where the device has it (kernels/pdl.py), and
     prefetch up to ``prefetch_bytes`` of each program's weight band into L2 before the wait.
+    Up to ``gemv_rows`` rows (at most GEMV_MAX_ROWS; 0: never) run on the one-/two-row kernel, which
+    also loads the head of its band into registers before the wait; a ``config`` picks the kernel too.
     """
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(
@@ -354,11 +530,9 @@ def fused_linear(
     check_same_device_unit_stride(tensors, x.device)
     if m == 0:
         return out
-    cfg = fit_shared_memory(config or linear_config(m, n, k, act), act, x.element_size())
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     launch = pdl_launch(pdl, x.device)
     prefetch = launch["USE_PDL"] and prefetch_bytes > 0 and prefetch_ok(weight)
-    _fused_linear_kernel[grid](
+    common = (
         x,
         weight,
         out,
@@ -366,30 +540,66 @@ def fused_linear(
         bias if bias is not None else x,
         residual if residual is not None else x,
         index if index is not None else x,
-        m,
-        n,
-        k,
+    )
+    flags = {
+        "HAS_NORM": norm_weight is not None,
+        "ACT": act,
+        "HAS_BIAS": bias is not None,
+        "HAS_RES": residual is not None,
+        "HAS_INDEX": index is not None,
+        "PREFETCH": prefetch,
+        **launch,
+    }
+    strides = (
         x.stride(0),
         weight.stride(0),
         out.stride(0),
         residual.stride(0) if residual is not None else 0,
+    )
+    prefetch_elements = prefetch_bytes // weight.element_size()
+    gemv = isinstance(config, GemvConfig) or (config is None and m <= min(gemv_rows, GEMV_MAX_ROWS))
+    if gemv:
+        if m > GEMV_MAX_ROWS:
+            raise ValueError(f"the one-/two-row kernel takes at most {GEMV_MAX_ROWS} rows, got {m}")
+        g = config if isinstance(config, GemvConfig) else gemv_config(n, k)
+        _gemv_kernel[(triton.cdiv(n, g.block_n),)](
+            *common,
+            n,
+            k,
+            *strides,
+            eps,
+            prefetch_elements,
+            TWO_ROWS=m == 2,
+            EVEN_K=k % g.block_k == 0,
+            BLOCK_N=g.block_n,
+            BLOCK_K=g.block_k,
+            CHUNKS=triton.cdiv(k, g.block_k),
+            PREFETCH_PIECES=32 * g.num_warps,
+            num_warps=g.num_warps,
+            num_stages=1,
+            **flags,
+        )
+        return out
+    tiled = config if isinstance(config, LinearConfig) else linear_config(m, n, k, act)
+    cfg = fit_shared_memory(tiled, act, x.element_size())
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    _fused_linear_kernel[grid](
+        *common,
+        m,
+        n,
+        k,
+        *strides,
         eps,
-        prefetch_bytes // weight.element_size(),
-        HAS_NORM=norm_weight is not None,
-        ACT=act,
-        HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None,
-        HAS_INDEX=index is not None,
+        prefetch_elements,
         EVEN_K=k % cfg.block_k == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
-        PREFETCH=prefetch,
         PREFETCH_PIECES=32 * cfg.num_warps,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **launch,
+        **flags,
     )
     return out
 
@@ -398,8 +608,11 @@ __all__ = [
     "ACT_NONE",
     "ACT_SILU",
     "ACT_SILU_MUL",
+    "GEMV_MAX_ROWS",
+    "GemvConfig",
     "LinearConfig",
     "fused_linear",
+    "gemv_config",
     "linear_config",
     "rms_norm_rows",
     "silu_mul_rows",

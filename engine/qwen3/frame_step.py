@@ -48,6 +48,7 @@ class FusedSettings:
     cublas_rows: int  # above this many rows the wide projections run on norm + cuBLAS + SwiGLU
     pdl: bool  # programmatic dependent launch on sm_90+ (kernels/pdl.py)
     prefetch_bytes: int  # of each program's weight band, pulled into L2 before a fused linear waits
+    gemv_rows: int  # linears of at most this many rows run on the one-/two-row kernel
 
 
 class FrameStep:

@@ -127,7 +127,7 @@ class FusedDecode:
         self.cp_heads = torch.stack([cast(nn.Linear, h).weight for h in code_predictor.lm_head])  # (15, V, H)
         self.suppress = suppress  # (vocab,) bool: the talker's control ids (frame_step.py)
         self.cublas_rows, self.pdl = settings.cublas_rows, settings.pdl
-        self.prefetch_bytes = settings.prefetch_bytes
+        self.prefetch_bytes, self.gemv_rows = settings.prefetch_bytes, settings.gemv_rows
         self._rows: dict[int, _Rows] = {}
 
     # --- the talker -------------------------------------------------------------------------------
@@ -162,7 +162,9 @@ class FusedDecode:
         return y.float() if logits else y
 
     def _fused(self, x: Tensor, weight: Tensor, **kw: Any) -> Tensor:
-        return fused_linear(x, weight, pdl=self.pdl, prefetch_bytes=self.prefetch_bytes, **kw)
+        return fused_linear(
+            x, weight, pdl=self.pdl, prefetch_bytes=self.prefetch_bytes, gemv_rows=self.gemv_rows, **kw
+        )
 
     # --- sampling -----------------------------------------------------------------------------------
     def sample(self, logits: Tensor, st: SlotState, slots32: Tensor, frames: Tensor, codebook: int) -> Tensor:

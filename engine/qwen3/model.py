@@ -72,6 +72,9 @@ class ServeOptions:
     # program's weight band a fused linear prefetches into L2 while the kernel before it runs
     fused_pdl: bool = True
     fused_prefetch_kib: int = 128
+    # fused path: linears of at most this many rows (<= 2) on the one-/two-row kernel, which loads its
+    # weights into registers before the wait (kernels/fused_linear.py); 0 = always the tiled kernel
+    fused_gemv_rows: int = 2
     decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
     max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
     prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
@@ -159,7 +162,10 @@ class Qwen3TTSModel(Model):
             self.state,
             use_attention_kernel=options.attention_kernel and dev.type == "cuda",
             fused=FusedSettings(
-                options.fused_cublas_rows, options.fused_pdl, options.fused_prefetch_kib << 10
+                options.fused_cublas_rows,
+                options.fused_pdl,
+                options.fused_prefetch_kib << 10,
+                options.fused_gemv_rows,
             )
             if fused_on
             else None,

@@ -4,6 +4,8 @@ must pick the very same codes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ from engine.qwen3.sampler import RowParams, apply_repetition_penalty, sample
 from kernels.fused_linear import (
     ACT_SILU,
     ACT_SILU_MUL,
+    GemvConfig,
     LinearConfig,
     fused_linear,
     rms_norm_rows,
@@ -70,6 +73,52 @@ def test_fused_linear_matches_the_unfused_layer(device: str, m: int, n: int, k: 
         for name, (out, ref) in cases.items():
             assert out.shape == ref.shape and out.dtype == ref.dtype, name
             assert rel_err(out, ref) < _tol(dtype), (name, dtype, rel_err(out, ref))
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_the_one_and_two_row_kernel_matches_the_unfused_layer(device: str, m: int) -> None:
+    """The GEMV path (rows <= GEMV_MAX_ROWS) with bands and K chunks smaller than the data: a ragged
+    last band (N = 40), five K chunks with a ragged last one (K = 72), so chunks are loaded ahead, in
+    flight and at the tail; every prologue / epilogue and the embedding lookup. bf16 on the GPU only:
+    the interpreter truncates float32 -> bf16 where the GPU rounds to nearest."""
+    g = torch.Generator().manual_seed(10 + m)
+    n, k = 40, 72
+    for dtype in _dtypes(device):
+
+        def rand(*shape: int, scale: float = 1.0, dtype: torch.dtype = dtype) -> torch.Tensor:
+            return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+        table, w, w2 = rand(9, k), rand(n, k, scale=k**-0.5), rand(2 * n, k, scale=k**-0.5)
+        norm_w, bias, res = rand(k, scale=0.5) + 1, rand(n, scale=0.1), rand(m, n)
+        index = torch.tensor([5, 2][:m], device=device)
+        x = table[index]
+        for cfg in (None, GemvConfig(block_n=16, block_k=16, num_warps=4)):
+
+            def lin(inp: torch.Tensor, weight: torch.Tensor, cfg: Any = cfg, **kw: Any) -> torch.Tensor:
+                return fused_linear(inp, weight, config=cfg, **kw)
+
+            cases = {
+                "plain": (lin(x, w), F.linear(x, w)),
+                "norm": (lin(x, w, norm_weight=norm_w, eps=EPS), F.linear(rms_norm(x, norm_w, EPS), w)),
+                "bias+silu, gathered": (
+                    lin(table, w, bias=bias, act=ACT_SILU, index=index),
+                    F.silu(F.linear(x, w, bias)),
+                ),
+                "norm+silu_mul": (
+                    lin(x, w2, norm_weight=norm_w, eps=EPS, act=ACT_SILU_MUL),
+                    silu_mul(F.linear(rms_norm(x, norm_w, EPS), w2)),
+                ),
+                "residual": (lin(x, w, residual=res), res + F.linear(x, w)),
+                "norm, fp32 out": (
+                    lin(x, w, norm_weight=norm_w, eps=EPS, out_dtype=torch.float32),
+                    F.linear(rms_norm(x, norm_w, EPS), w).float(),
+                ),
+            }
+            for name, (out, ref) in cases.items():
+                assert out.shape == ref.shape and out.dtype == ref.dtype, name
+                assert rel_err(out, ref) < _tol(dtype), (name, dtype, cfg, rel_err(out, ref))
+        with pytest.raises(ValueError, match="at most"):
+            fused_linear(rand(3, k), w, config=GemvConfig(16, 16))
 
 
 def test_fused_linear_reads_strided_rows_and_any_tile(device: str) -> None:
