@@ -11,8 +11,9 @@ A layer is the four linears with their fused prologues / epilogues: norm + q|k|v
 input the q columns of q|k|v: attention and q/k norm are left out), norm + gate|up + SwiGLU,
 down + residual; each launch reads the output of the one before it. Reported per chain: time, the
 weight bytes over the device's copy rate, and how far the GEMV path's output is from the tiled one's.
-Variants: the tiled kernel (``gemv_rows=0``), the GEMV path's default bands, and a sweep of band
-height, chunk size and warps.
+Variants: the tiled kernel (``gemv_rows=0``) and the GEMV path's default bands; then, one shape at a
+time, a sweep of its band height, chunk depth and warps with every other shape at the default (the
+chain's time against the default's), and the chain with each shape's best.
 """
 
 from __future__ import annotations
@@ -36,8 +37,18 @@ from kernels.fused_linear import ACT_SILU_MUL, GemvConfig, fused_linear, gemv_co
 PREFETCH = 128 << 10  # the served fused_prefetch_kib
 # (hidden, q columns, q|k|v rows, intermediate, layers, passes, vocab of the head or 0)
 CHAINS = {"predictor": (1024, 2048, 4096, 3072, 5, 15, 2048), "talker": (2048, 2048, 4096, 6144, 28, 1, 0)}
-# (band rows or 0 = gemv_config's rule, elements per chunk tile, warps)
-SWEEP = [(0, 8192, 4), (0, 4096, 8), (0, 16384, 8), (8, 8192, 8), (16, 8192, 8), (32, 8192, 8), (0, 4096, 4)]
+# per-shape candidates: (band rows, K chunk, warps)
+SWEEP = [
+    GemvConfig(4, 1024, 4),
+    GemvConfig(4, 2048, 4),
+    GemvConfig(4, 2048, 8),
+    GemvConfig(8, 512, 4),
+    GemvConfig(8, 1024, 4),
+    GemvConfig(8, 1024, 8),
+    GemvConfig(8, 2048, 8),
+    GemvConfig(16, 512, 8),
+    GemvConfig(16, 1024, 8),
+]
 
 Pick = Callable[[int, int], GemvConfig | None]
 
@@ -99,15 +110,25 @@ def run_chain(ws: dict[str, Any], x0: torch.Tensor, index: torch.Tensor, passes:
     return outs
 
 
-def sweep_pick(block_n: int, chunk: int, warps: int) -> Pick:
+def shapes_of(chain: str) -> list[tuple[int, int]]:
+    """The distinct (N, K) of a chain's linears (gate|up by its N)."""
+    hidden, q, qkv, inter, _, _, vocab = CHAINS[chain]
+    shapes = [(qkv, hidden), (hidden, q), (inter, hidden), (hidden, inter)]
+    if vocab:
+        shapes += [(hidden, 2048), (vocab, hidden)]  # the projection, the heads
+    return list(dict.fromkeys(shapes))
+
+
+def with_override(shape: tuple[int, int], cfg: GemvConfig) -> Pick:
     def pick(n: int, k: int) -> GemvConfig:
-        bn = block_n or gemv_config(n, k).block_n
-        return GemvConfig(bn, min(1 << (k - 1).bit_length(), chunk // bn), warps)
+        if (n, k) == shape:
+            return GemvConfig(cfg.block_n, min(cfg.block_k, 1 << (k - 1).bit_length()), cfg.num_warps)
+        return gemv_config(n, k)
 
     return pick
 
 
-def bench_chain(chain: str, variants: list[tuple[str, Pick | None]], copy: float) -> dict[str, Any]:
+def bench_chain(chain: str, copy: float) -> dict[str, Any]:
     hidden, q, qkv, inter, layers, passes, vocab = CHAINS[chain]
     dev = "cuda"
     torch.manual_seed(0)
@@ -115,26 +136,46 @@ def bench_chain(chain: str, variants: list[tuple[str, Pick | None]], copy: float
     x0 = torch.randn(1, hidden, device=dev, dtype=torch.bfloat16)
     index = torch.tensor([7], device=dev, dtype=torch.int32)
     floor_us = weight_bytes(ws, passes) / (copy * 1e9) * 1e6 / passes
-    rows: dict[str, Any] = {"floor_us_per_pass": floor_us, "passes": passes, "variants": {}}
+    rows: dict[str, Any] = {"floor_us_per_pass": floor_us, "passes": passes, "variants": {}, "per_shape": {}}
     ref = run_chain(ws, x0, index, passes, None)
 
-    def chain_fn(pick: Pick | None) -> Callable[[], None]:
+    def timed(name: str, pick: Pick | None) -> float | None:
         def fn() -> None:
             run_chain(ws, x0, index, passes, pick)
 
-        return fn
-
-    for name, pick in variants:
         try:
             got = run_chain(ws, x0, index, passes, pick)
             err = max(float((a - b).norm() / b.norm()) for a, b in zip(got, ref, strict=True))
-            us = time_per_call_us(chain_fn(pick), passes)[0]
-            rows["variants"][name] = {"us_per_pass": us, "rel_err_vs_tiled": err}
-            print(f"[{chain}] {name:36s} {us:8.1f} us/pass (floor {floor_us:.1f}) err {err:.1e}", flush=True)
+            us = time_per_call_us(fn, passes)[0]
         except Exception as e:  # a config out of registers / shared memory: record and go on
             torch.cuda.synchronize()
             rows["variants"][name] = {"error": str(e).splitlines()[0][:200]}
             print(f"[{chain}] {name}: {rows['variants'][name]['error']}", flush=True)
+            return None
+        rows["variants"][name] = {"us_per_pass": us, "rel_err_vs_tiled": err}
+        print(f"[{chain}] {name:44s} {us:8.1f} us/pass (floor {floor_us:.1f}) err {err:.1e}", flush=True)
+        return us
+
+    timed("tiled", None)
+    base = timed("gemv", gemv_config)
+    best: dict[tuple[int, int], GemvConfig] = {}
+    for shape in shapes_of(chain):
+        default = gemv_config(*shape)
+        results = []
+        for cfg in SWEEP:
+            us = timed(f"{shape} {cfg}", with_override(shape, cfg))
+            if us is not None:
+                results.append((us, cfg))
+        us, cfg = min(results, key=lambda r: r[0])
+        if base is not None and us > base:
+            us, cfg = base, default
+        best[shape] = cfg
+        rows["per_shape"][str(shape)] = {"default": default.__dict__, "best": cfg.__dict__, "us": us}
+
+    def best_pick(n: int, k: int) -> GemvConfig:
+        return best.get((n, k)) or gemv_config(n, k)
+
+    timed("gemv, each shape's best", best_pick)
     return rows
 
 
@@ -143,12 +184,10 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--chains", default="predictor,talker")
     args = ap.parse_args()
-    copy = copy_rate_gb_s()
+    copy = max(copy_rate_gb_s() for _ in range(3))  # the first runs while the clocks ramp up
     res: dict[str, Any] = {"command": " ".join(sys.argv), "device": device_info(), "copy_rate_gb_s": copy}
-    variants: list[tuple[str, Pick | None]] = [("tiled", None), ("gemv", gemv_config)]
-    variants += [(f"gemv bn={b or 'rule'} chunk={c} warps={w}", sweep_pick(b, c, w)) for b, c, w in SWEEP]
     for chain in args.chains.split(","):
-        res[chain] = bench_chain(chain, variants, copy)
+        res[chain] = bench_chain(chain, copy)
         args.out.write_text(json.dumps(res, indent=1))
         torch.cuda.empty_cache()
 

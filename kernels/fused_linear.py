@@ -92,12 +92,12 @@ def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
 
 
 # The one- and two-row kernel: rows at most this many take it (B = 1: the talker's row, the predictor's
-# pair pass and its single-row passes). Its band chunks are this many elements per weight tile
-# (16 KiB of bf16): two in flight per program, in registers.
+# pair pass and its single-row passes). Its bands are GEMV_BLOCK_N rows, taken in K chunks of
+# GEMV_CHUNK_ELEMENTS per weight tile (16 KiB of bf16): two in flight per program, in registers.
+# Measured on the H200 (benchmarks/gemv_bench.py, PDL chains at B = 1): 8-row bands beat 16 and 32.
 GEMV_MAX_ROWS = 2
+GEMV_BLOCK_N = 8
 GEMV_CHUNK_ELEMENTS = 8192
-# Programs per launch the band height aims for (the H200 has 132 SMs; two programs fit on each).
-GEMV_PROGRAMS = 128
 
 
 @dataclass(frozen=True)
@@ -110,12 +110,11 @@ class GemvConfig:
 
 
 def gemv_config(n: int, k: int) -> GemvConfig:
-    """16-row bands while that still gives >= GEMV_PROGRAMS programs, else 8; K chunks of
-    GEMV_CHUNK_ELEMENTS per tile. The interpreter gets a few wide programs (it runs them one by one)."""
+    """GEMV_BLOCK_N-row bands in K chunks of GEMV_CHUNK_ELEMENTS per tile; the interpreter gets a few
+    wide programs (it runs them one by one)."""
     if interpreter_enabled():
         return GemvConfig(min(INTERPRETER_BLOCK_N, triton.next_power_of_2(n)), triton.next_power_of_2(k), 4)
-    block_n = 16 if triton.cdiv(n, 16) >= GEMV_PROGRAMS else 8
-    block_n = min(block_n, triton.next_power_of_2(n))
+    block_n = min(GEMV_BLOCK_N, triton.next_power_of_2(n))
     return GemvConfig(block_n, min(triton.next_power_of_2(k), GEMV_CHUNK_ELEMENTS // block_n))
 
 
