@@ -39,6 +39,11 @@ PREFETCH = 128 << 10  # the served fused_prefetch_kib
 CHAINS = {"predictor": (1024, 2048, 4096, 3072, 5, 15, 2048), "talker": (2048, 2048, 4096, 6144, 28, 1, 0)}
 # per-shape candidates: (band rows, K chunk, warps)
 SWEEP = [
+    GemvConfig(2, 2048, 4),
+    GemvConfig(2, 4096, 4),
+    GemvConfig(4, 4096, 4),
+    GemvConfig(4, 4096, 8),
+    GemvConfig(8, 1024, 2),
     GemvConfig(4, 1024, 4),
     GemvConfig(4, 2048, 4),
     GemvConfig(4, 2048, 8),
@@ -162,7 +167,8 @@ def bench_chain(chain: str, copy: float) -> dict[str, Any]:
     for shape in shapes_of(chain):
         default = gemv_config(*shape)
         results = []
-        for cfg in SWEEP:
+        k_pow2 = 1 << (shape[1] - 1).bit_length()
+        for cfg in dict.fromkeys(GemvConfig(c.block_n, min(c.block_k, k_pow2), c.num_warps) for c in SWEEP):
             us = timed(f"{shape} {cfg}", with_override(shape, cfg))
             if us is not None:
                 results.append((us, cfg))

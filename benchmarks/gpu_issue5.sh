@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_issue5.sh codec  # every GPU test; the codec with / without the SnakeBeta kernel
 #   bash benchmarks/gpu_issue5.sh gemv   # one-/two-row linears: PDL chains, step with / without, every GPU test
 #   bash benchmarks/gpu_issue5.sh gemvtune  # their per-shape sweep in the chains, then the step with / without
+#   bash benchmarks/gpu_issue5.sh gemvtune2 # the sweep again around the measured bands; step with 2 / 1 / 0 rows
 # Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -90,6 +91,15 @@ if [ "$mode" = gemvtune ]; then
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(c, s, v) for c in ('predictor','talker') for s, v in d.get(c, {}).get('per_shape', {}).items()]" "$OUT/gemv_tune.json"
   timeout $((580 - SECONDS)) python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-nogemv \
     --step-batches 1,2,64 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
+fi
+if [ "$mode" = gemvtune2 ]; then
+  timeout 240 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_tune.json" > "$OUT/gemv_tune.log" 2>&1
+  grep -E "tiled|gemv|Error" "$OUT/gemv_tune.log" | cut -c1-200
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(c, s, v) for c in ('predictor','talker') for s, v in d.get(c, {}).get('per_shape', {}).items()]" "$OUT/gemv_tune.json"
+  timeout 150 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-gemv1,fused-nogemv \
+    --step-batches 1,2 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
+  timeout $((580 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

@@ -194,6 +194,7 @@ FUSED_VARIANTS: dict[str, dict[str, Any]] = {
     "fused-noprefetch": {"fused_prefetch_kib": 0},  # PDL without the L2 weight prefetch
     "fused-prefetch-all": {"fused_prefetch_kib": 1 << 16},  # whole weight bands prefetched
     "fused-nogemv": {"fused_gemv_rows": 0},  # one and two rows on the tiled kernel too
+    "fused-gemv1": {"fused_gemv_rows": 1},  # two rows on the tiled kernel
 }
 
 

@@ -92,12 +92,13 @@ def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
 
 
 # The one- and two-row kernel: rows at most this many take it (B = 1: the talker's row, the predictor's
-# pair pass and its single-row passes). Its bands are GEMV_BLOCK_N rows, taken in K chunks of
-# GEMV_CHUNK_ELEMENTS per weight tile (16 KiB of bf16): two in flight per program, in registers.
-# Measured on the H200 (benchmarks/gemv_bench.py, PDL chains at B = 1): 8-row bands beat 16 and 32.
+# pair pass and its single-row passes). A program owns a band of rows and walks K in chunks, two in
+# flight, in registers. Bands and chunks measured on the H200 (benchmarks/gemv_bench.py, shape by
+# shape inside PDL chains at B = 1; results/fused_h200/run19_gemv_tune.json): the talker's matrices
+# (both sides >= 2048) stream best in 4-row bands with 2048-wide chunks, the code predictor's in
+# 8-row bands with 1024-wide chunks (4 warps when that chunk is the whole row); 16- and 32-row bands lost.
 GEMV_MAX_ROWS = 2
-GEMV_BLOCK_N = 8
-GEMV_CHUNK_ELEMENTS = 8192
+WIDE_GEMV_SIDE = 2048
 
 
 @dataclass(frozen=True)
@@ -110,12 +111,14 @@ class GemvConfig:
 
 
 def gemv_config(n: int, k: int) -> GemvConfig:
-    """GEMV_BLOCK_N-row bands in K chunks of GEMV_CHUNK_ELEMENTS per tile; the interpreter gets a few
-    wide programs (it runs them one by one)."""
+    """The measured bands (above); the interpreter gets a few wide programs (it runs them one by one)."""
     if interpreter_enabled():
         return GemvConfig(min(INTERPRETER_BLOCK_N, triton.next_power_of_2(n)), triton.next_power_of_2(k), 4)
-    block_n = min(GEMV_BLOCK_N, triton.next_power_of_2(n))
-    return GemvConfig(block_n, min(triton.next_power_of_2(k), GEMV_CHUNK_ELEMENTS // block_n))
+    k_pow2 = triton.next_power_of_2(k)
+    if min(n, k) >= WIDE_GEMV_SIDE:
+        return GemvConfig(4, min(k_pow2, 2048), 4)
+    block_k = min(k_pow2, 1024)
+    return GemvConfig(min(8, triton.next_power_of_2(n)), block_k, 4 if block_k >= k else 8)
 
 
 def fit_shared_memory(cfg: LinearConfig, act: int, element_bytes: int) -> LinearConfig:
