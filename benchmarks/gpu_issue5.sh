@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_issue5.sh gemv   # one-/two-row linears: PDL chains, step with / without, every GPU test
 #   bash benchmarks/gpu_issue5.sh gemvtune  # their per-shape sweep in the chains, then the step with / without
 #   bash benchmarks/gpu_issue5.sh gemvtune2 # the sweep again around the measured bands; step with 2 / 1 / 0 rows
+#   bash benchmarks/gpu_issue5.sh final  # the served tree: step, TTFP at 1 / 40 req/s, 0.6B, every GPU test
 # Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -100,6 +101,18 @@ if [ "$mode" = gemvtune2 ]; then
     --step-batches 1,2 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
   timeout $((580 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
     --step-batches 1 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
+fi
+if [ "$mode" = final ]; then
+  # the served tree with the GEMV path: step (with / without it), TTFP at 1 and 40 req/s, 0.6B, every GPU test
+  timeout 300 python3 benchmarks/serving_bench.py --size 1.7b --sections step,single,serve \
+    --step-variants fused,fused-nogemv --step-batches 1,2,64 --rates 1,40 --rate-duration-s 6 --concurrency 64 \
+    --closed-duration-s 5 --out "$OUT/serve_1.7b.json" > "$OUT/serve.log" 2>&1
+  grep -E "^\[(step|single|open|closed)" "$OUT/serve.log" | cut -c1-330; grep -m3 -E "invalid codes|Error|assert" "$OUT/serve.log" | cut -c1-300
+  timeout 60 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
+  timeout $((585 - SECONDS)) python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  VOICEWIRE_TEST_DEVICE=cuda timeout 30 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
+  grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

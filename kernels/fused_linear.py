@@ -94,9 +94,10 @@ def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
 # The one- and two-row kernel: rows at most this many take it (B = 1: the talker's row, the predictor's
 # pair pass and its single-row passes). A program owns a band of rows and walks K in chunks, two in
 # flight, in registers. Bands and chunks measured on the H200 (benchmarks/gemv_bench.py, shape by
-# shape inside PDL chains at B = 1; results/fused_h200/run19_gemv_tune.json): the talker's matrices
-# (both sides >= 2048) stream best in 4-row bands with 2048-wide chunks, the code predictor's in
-# 8-row bands with 1024-wide chunks (4 warps when that chunk is the whole row); 16- and 32-row bands lost.
+# shape inside PDL chains at B = 1; results/fused_h200/run19_gemv_tune.json, run20_gemv_tune.json): the
+# talker's matrices (both sides >= 2048) stream best in 4-row bands with 2048-wide chunks; the code
+# predictor's in 8-row bands with 1024-wide chunks (4 warps when that chunk is the whole row), but its
+# down projection (K = 3072) in 4-row bands holding the whole row; 16- and 32-row bands lost everywhere.
 GEMV_MAX_ROWS = 2
 WIDE_GEMV_SIDE = 2048
 
@@ -117,6 +118,8 @@ def gemv_config(n: int, k: int) -> GemvConfig:
     k_pow2 = triton.next_power_of_2(k)
     if min(n, k) >= WIDE_GEMV_SIDE:
         return GemvConfig(4, min(k_pow2, 2048), 4)
+    if k > 2048:
+        return GemvConfig(min(4, triton.next_power_of_2(n)), min(k_pow2, 4096), 4)
     block_k = min(k_pow2, 1024)
     return GemvConfig(min(8, triton.next_power_of_2(n)), block_k, 4 if block_k >= k else 8)
 

@@ -40,7 +40,14 @@ def _tol(dtype: torch.dtype) -> float:
 # (M, N, K): a lone row, a ragged batch, the first code-predictor pass (2 rows per stream), K not a
 # multiple of the K tile, and (GPU) the real 1.7B shapes at batch 1 and 64
 CASES = [(1, 64, 32), (5, 48, 64), (6, 96, 48), (3, 40, 80)]
-GPU_CASES = [(1, 4096, 2048), (64, 6144, 2048), (64, 2048, 6144), (2, 4096, 1024)]
+GPU_CASES = [
+    (1, 4096, 2048),
+    (64, 6144, 2048),
+    (64, 2048, 6144),
+    (2, 4096, 1024),
+    (1, 1024, 3072),
+    (2, 6144, 2048),
+]
 
 
 @pytest.mark.parametrize("m,n,k", CASES + GPU_CASES)
