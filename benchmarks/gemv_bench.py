@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels_bench import device_info, time_per_call_us
+from kernels_bench import copy_rate_gb_s, device_info, time_per_call_us
 
 from kernels.fused_linear import ACT_SILU_MUL, GemvConfig, fused_linear, gemv_config
 
@@ -115,18 +115,6 @@ def run_chain(ws: dict[str, Any], x0: torch.Tensor, index: torch.Tensor, passes:
     return outs
 
 
-def copy_rate_gb_s() -> float:
-    """Bytes read + written per second by a 2 GiB device-to-device copy (serving_bench.py's measure)."""
-    src = torch.empty(1 << 31, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-
-    def copy() -> None:
-        dst.copy_(src)
-
-    us = time_per_call_us(copy, 1)[0]
-    return 2 * src.numel() / (us * 1e-6) / 1e9
-
-
 def shapes_of(chain: str) -> list[tuple[int, int]]:
     """The distinct (N, K) of a chain's linears (gate|up by its N)."""
     hidden, q, qkv, inter, _, _, vocab = CHAINS[chain]
@@ -202,7 +190,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--chains", default="predictor,talker")
     args = ap.parse_args()
-    copy = max(copy_rate_gb_s() for _ in range(3))  # the first runs while the clocks ramp up
+    copy = copy_rate_gb_s()
     res: dict[str, Any] = {"command": " ".join(sys.argv), "device": device_info(), "copy_rate_gb_s": copy}
     for chain in args.chains.split(","):
         res[chain] = bench_chain(chain, copy)

@@ -76,6 +76,7 @@ from engine_load import (  # noqa: E402  (this script's folder is on sys.path)
     pct,
     summarize,
 )
+from kernels_bench import copy_rate_gb_s  # noqa: E402
 
 from engine.config import EngineConfig, LevelConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
@@ -126,15 +127,6 @@ def capture(fn: Callable[[], Any], dev: torch.device) -> Callable[[], Any]:
     with torch.cuda.graph(g):
         fn()
     return g.replay
-
-
-def copy_rate_gb_s(dev: torch.device) -> float | None:
-    if dev.type != "cuda":
-        return None
-    src = torch.empty(1 << 31, dtype=torch.uint8, device=dev).random_(0, 255)
-    dst = torch.empty_like(src)
-    ms = gpu_ms(lambda: dst.copy_(src), dev, 10)
-    return 2 * (1 << 31) / (ms / 1e3) / 1e9
 
 
 def weight_bytes_per_step(model: Qwen3TTSModel) -> dict[str, float]:
@@ -200,7 +192,7 @@ FUSED_VARIANTS: dict[str, dict[str, Any]] = {
 
 def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {"context_frames": args.step_context, "variants": {}}
-    rate = copy_rate_gb_s(dev)
+    rate = copy_rate_gb_s() if dev.type == "cuda" else None
     out["copy_rate_gb_s"] = rate
     codes_by_variant: dict[str, np.ndarray] = {}
     for variant in args.step_variants:
