@@ -18,12 +18,21 @@ Rounding follows the unfused reference step by step (the normed row is rounded t
 scaled by g and rounded again; the projection is rounded before the bias / activation / residual), so
 the fused and unfused models agree to the last bit in fp32 and to bf16 rounding noise in bf16.
 
-Algorithm: grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). A program owns BLOCK_N output columns of BLOCK_M
-rows. With a norm it first walks its rows of x once for the sum of squares (x is a few KB and sits in
-L2: every program re-reading it costs far less than a separate norm kernel's launch), then walks K in
-BLOCK_K tiles: x tile (normed and scaled on the fly) . W tile^T with tl.dot, fp32 accumulation. The
-weights are streamed exactly once per row block; at decode sizes (M <= 64) the kernel is bound by
-reading W, and the tiles are chosen so that there are enough programs to keep every SM streaming.
+Two kernels, one launcher (``fused_linear``):
+
+* tiled (3 rows and more): grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). A program owns BLOCK_N output
+  columns of BLOCK_M rows. With a norm it first walks its rows of x once for the sum of squares (x is a
+  few KB and sits in L2: every program re-reading it costs far less than a separate norm kernel's
+  launch), then walks K in BLOCK_K tiles: x tile (normed and scaled on the fly) . W tile^T with tl.dot,
+  fp32 accumulation. The weights are streamed exactly once per row block; at decode sizes (M <= 64)
+  the kernel is bound by reading W, and the tiles are chosen so that there are enough programs to keep
+  every SM streaming.
+* one or two rows (the B = 1 frame step): grid cdiv(N, BLOCK_N), no tl.dot. A program loads the first
+  two K chunks of its weight band into registers *before* its programmatic-dependent-launch wait
+  (weights are read-only, kernels/pdl.py), so they stream while the previous kernel finishes; after the
+  wait it reads x, multiplies and sums rows in fp32 registers while the next chunks arrive. In the
+  chain of ~440 dependent linears a B = 1 frame runs, this took the frame step from 4.03 to 2.93 ms
+  on the H200 (benchmarks/NOTES.md, fifth pass).
 """
 
 from __future__ import annotations

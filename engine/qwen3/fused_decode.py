@@ -23,7 +23,8 @@ both ways in benchmarks/NOTES.md (step variants fused-kernels / fused-cublas).
 On sm_90+ every Triton kernel here is launched with programmatic dependent launch (kernels/pdl.py): the
 next kernel launches while the current one runs, and a fused linear pulls the head of its weight band
 into L2 before it waits for its input, so the chain of ~700 small kernels per frame overlaps each
-kernel's ramp-up with the one before it. The code predictor's codebook-embedding lookup is folded into
+kernel's ramp-up with the one before it. Linears of one or two rows (``gemv_rows``: every linear of a
+B = 1 frame) go further: they load their weights into registers before the wait. The code predictor's codebook-embedding lookup is folded into
 its projection (fused_linear's ``index``), which keeps each pass one unbroken chain of Triton kernels.
 
 Everything is a fixed-shape device computation, like frame_step.py's eager body it replaces, and is
