@@ -31,8 +31,8 @@ Two kernels, one launcher (``fused_linear``):
   two K chunks of its weight band into registers *before* its programmatic-dependent-launch wait
   (weights are read-only, kernels/pdl.py), so they stream while the previous kernel finishes; after the
   wait it reads x, multiplies and sums rows in fp32 registers while the next chunks arrive. In the
-  chain of ~440 dependent linears a B = 1 frame runs, this took the frame step from 4.03 to 2.93 ms
-  on the H200 (benchmarks/NOTES.md, fifth pass).
+  chain of ~440 dependent linears a B = 1 frame runs, this took the frame step from 4.06 to 2.93 ms
+  on the H200 (same run; benchmarks/NOTES.md, fifth pass).
 """
 
 from __future__ import annotations
