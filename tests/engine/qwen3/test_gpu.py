@@ -177,8 +177,9 @@ def test_fused_step_matches_the_unfused_layers_in_bf16() -> None:
 def test_fused_step_graph_replay_gives_its_eager_codes_at_real_size() -> None:
     """1.7B bf16 on the fused kernels: captured graphs give the same codes as the same body run eagerly
     (greedy and seeded sampling), and programmatic dependent launch (kernels/pdl.py) changes no code:
-    two streams alone (every projection on the fused kernel), then ten joining one batch (16-row
-    bucket: the wide projections on norm + cuBLAS + SwiGLU, PDL chains broken around cuBLAS)."""
+    two streams alone (B = 1: every linear on the one-/two-row kernel, which loads its weights before the
+    PDL wait), then ten joining one batch (16-row bucket: the wide projections on norm + cuBLAS +
+    SwiGLU, PDL chains broken around cuBLAS)."""
     from engine.qwen3 import ServeOptions
 
     def run(graphs: bool, pdl: bool) -> list[np.ndarray]:
