@@ -6,9 +6,7 @@
 #   bash benchmarks/gpu_issue5.sh check  # the served code: GPU tests of the fused path, step variants
 #   bash benchmarks/gpu_issue5.sh pdl    # the same with PDL / prefetch variants, and a kernel profile
 #   bash benchmarks/gpu_issue5.sh codec  # every GPU test; the codec with / without the SnakeBeta kernel
-#   bash benchmarks/gpu_issue5.sh gemv   # one-/two-row linears: PDL chains, step with / without, every GPU test
-#   bash benchmarks/gpu_issue5.sh gemvtune  # their per-shape sweep in the chains, then the step with / without
-#   bash benchmarks/gpu_issue5.sh gemvtune2 # the sweep again around the measured bands; step with 2 / 1 / 0 rows
+#   bash benchmarks/gpu_issue5.sh gemv   # one-/two-row linears: PDL chains + per-shape sweep, step with / without, GPU tests
 #   bash benchmarks/gpu_issue5.sh final  # the served tree: step, TTFP at 1 / 40 req/s, 0.6B, every GPU test
 # Every step has its own timeout, so one hang cannot eat the call; results land in $OUT.
 set -o pipefail
@@ -85,22 +83,6 @@ if [ "$mode" = gemv ]; then
   timeout $((570 - SECONDS)) python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   VOICEWIRE_TEST_DEVICE=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
   grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
-fi
-if [ "$mode" = gemvtune ]; then
-  timeout 330 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_tune.json" > "$OUT/gemv_tune.log" 2>&1
-  grep -E "tiled|gemv|Error" "$OUT/gemv_tune.log" | cut -c1-200
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(c, s, v) for c in ('predictor','talker') for s, v in d.get(c, {}).get('per_shape', {}).items()]" "$OUT/gemv_tune.json"
-  timeout $((580 - SECONDS)) python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-nogemv \
-    --step-batches 1,2,64 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
-fi
-if [ "$mode" = gemvtune2 ]; then
-  timeout 240 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_tune.json" > "$OUT/gemv_tune.log" 2>&1
-  grep -E "tiled|gemv|Error" "$OUT/gemv_tune.log" | cut -c1-200
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(c, s, v) for c in ('predictor','talker') for s, v in d.get(c, {}).get('per_shape', {}).items()]" "$OUT/gemv_tune.json"
-  timeout 150 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-gemv1,fused-nogemv \
-    --step-batches 1,2 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
-  timeout $((580 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-    --step-batches 1 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
 fi
 if [ "$mode" = final ]; then
   # the served tree with the GEMV path: step (with / without it), TTFP at 1 and 40 req/s, 0.6B, every GPU test

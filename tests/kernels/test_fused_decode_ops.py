@@ -4,7 +4,8 @@ must pick the very same codes."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -50,6 +51,39 @@ GPU_CASES = [
 ]
 
 
+def _assert_every_form(
+    lin: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w2: torch.Tensor,
+    norm_w: torch.Tensor,
+    bias: torch.Tensor,
+    res: torch.Tensor,
+    table: torch.Tensor | None = None,
+    index: torch.Tensor | None = None,
+) -> None:
+    """Each prologue / epilogue of ``lin`` (fused_linear, maybe with a config) against the unfused layer;
+    with ``table``, the bias + SiLU case reads its rows as table[index] (x is table[index])."""
+    src = x if table is None else table
+    cases = {
+        "plain": (lin(x, w), F.linear(x, w)),
+        "norm": (lin(x, w, norm_weight=norm_w, eps=EPS), F.linear(rms_norm(x, norm_w, EPS), w)),
+        "bias+silu": (lin(src, w, bias=bias, act=ACT_SILU, index=index), F.silu(F.linear(x, w, bias))),
+        "norm+silu_mul": (
+            lin(x, w2, norm_weight=norm_w, eps=EPS, act=ACT_SILU_MUL),
+            silu_mul(F.linear(rms_norm(x, norm_w, EPS), w2)),
+        ),
+        "residual": (lin(x, w, residual=res), res + F.linear(x, w)),
+        "norm, fp32 out": (
+            lin(x, w, norm_weight=norm_w, eps=EPS, out_dtype=torch.float32),
+            F.linear(rms_norm(x, norm_w, EPS), w).float(),
+        ),
+    }
+    for name, (out, ref) in cases.items():
+        assert out.shape == ref.shape and out.dtype == ref.dtype, name
+        assert rel_err(out, ref) < _tol(x.dtype), (name, x.dtype, rel_err(out, ref))
+
+
 @pytest.mark.parametrize("m,n,k", CASES + GPU_CASES)
 def test_fused_linear_matches_the_unfused_layer(device: str, m: int, n: int, k: int) -> None:
     if device == "cpu" and n * k > 10_000:
@@ -62,24 +96,7 @@ def test_fused_linear_matches_the_unfused_layer(device: str, m: int, n: int, k: 
             return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
 
         x, w, w2 = rand(m, k), rand(n, k, scale=k**-0.5), rand(2 * n, k, scale=k**-0.5)
-        norm_w, bias, res = rand(k, scale=0.5) + 1, rand(n, scale=0.1), rand(m, n)
-        cases = {
-            "plain": (fused_linear(x, w), F.linear(x, w)),
-            "norm": (fused_linear(x, w, norm_weight=norm_w, eps=EPS), F.linear(rms_norm(x, norm_w, EPS), w)),
-            "bias+silu": (fused_linear(x, w, bias=bias, act=ACT_SILU), F.silu(F.linear(x, w, bias))),
-            "norm+silu_mul": (
-                fused_linear(x, w2, norm_weight=norm_w, eps=EPS, act=ACT_SILU_MUL),
-                silu_mul(F.linear(rms_norm(x, norm_w, EPS), w2)),
-            ),
-            "residual": (fused_linear(x, w, residual=res), res + F.linear(x, w)),
-            "norm, fp32 out": (
-                fused_linear(x, w, norm_weight=norm_w, eps=EPS, out_dtype=torch.float32),
-                F.linear(rms_norm(x, norm_w, EPS), w).float(),
-            ),
-        }
-        for name, (out, ref) in cases.items():
-            assert out.shape == ref.shape and out.dtype == ref.dtype, name
-            assert rel_err(out, ref) < _tol(dtype), (name, dtype, rel_err(out, ref))
+        _assert_every_form(fused_linear, x, w, w2, rand(k, scale=0.5) + 1, rand(n, scale=0.1), rand(m, n))
 
 
 @pytest.mark.parametrize("m", [1, 2])
@@ -98,32 +115,9 @@ def test_the_one_and_two_row_kernel_matches_the_unfused_layer(device: str, m: in
         table, w, w2 = rand(9, k), rand(n, k, scale=k**-0.5), rand(2 * n, k, scale=k**-0.5)
         norm_w, bias, res = rand(k, scale=0.5) + 1, rand(n, scale=0.1), rand(m, n)
         index = torch.tensor([5, 2][:m], device=device)
-        x = table[index]
         for cfg in (None, GemvConfig(block_n=16, block_k=16, num_warps=4)):
-
-            def lin(inp: torch.Tensor, weight: torch.Tensor, cfg: Any = cfg, **kw: Any) -> torch.Tensor:
-                return fused_linear(inp, weight, config=cfg, **kw)
-
-            cases = {
-                "plain": (lin(x, w), F.linear(x, w)),
-                "norm": (lin(x, w, norm_weight=norm_w, eps=EPS), F.linear(rms_norm(x, norm_w, EPS), w)),
-                "bias+silu, gathered": (
-                    lin(table, w, bias=bias, act=ACT_SILU, index=index),
-                    F.silu(F.linear(x, w, bias)),
-                ),
-                "norm+silu_mul": (
-                    lin(x, w2, norm_weight=norm_w, eps=EPS, act=ACT_SILU_MUL),
-                    silu_mul(F.linear(rms_norm(x, norm_w, EPS), w2)),
-                ),
-                "residual": (lin(x, w, residual=res), res + F.linear(x, w)),
-                "norm, fp32 out": (
-                    lin(x, w, norm_weight=norm_w, eps=EPS, out_dtype=torch.float32),
-                    F.linear(rms_norm(x, norm_w, EPS), w).float(),
-                ),
-            }
-            for name, (out, ref) in cases.items():
-                assert out.shape == ref.shape and out.dtype == ref.dtype, name
-                assert rel_err(out, ref) < _tol(dtype), (name, dtype, cfg, rel_err(out, ref))
+            lin = functools.partial(fused_linear, config=cfg)
+            _assert_every_form(lin, table[index], w, w2, norm_w, bias, res, table=table, index=index)
         with pytest.raises(ValueError, match="at most"):
             fused_linear(rand(3, k), w, config=GemvConfig(16, 16))
 
