@@ -97,6 +97,8 @@ class ServeOptions:
             raise ValueError("max_seq_len must be >= 16 (a prompt is about 12 positions)")
         if self.max_seq_len < 32:
             raise ValueError("max_seq_len must be >= 32")
+        if not 0 <= self.fused_gemv_rows <= 2:  # kernels/fused_linear.py's GEMV_MAX_ROWS
+            raise ValueError(f"fused_gemv_rows must be 0, 1 or 2, got {self.fused_gemv_rows}")
 
 
 @dataclass

@@ -56,3 +56,11 @@ def test_fused_step_gives_the_unfused_codes_and_cache(cublas_rows: int) -> None:
     torch.testing.assert_close(fused.kv.k, plain.kv.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused.kv.v, plain.kv.v, rtol=1e-5, atol=1e-5)
     assert torch.equal(fused.state.seen, plain.state.seen)
+
+
+def test_serve_options_take_only_the_row_counts_the_gemv_kernel_has() -> None:
+    for rows in (0, 1, 2):
+        assert ServeOptions(fused_gemv_rows=rows).fused_gemv_rows == rows
+    for rows in (-1, 3):
+        with pytest.raises(ValueError, match="fused_gemv_rows"):
+            ServeOptions(fused_gemv_rows=rows)
