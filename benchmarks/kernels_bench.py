@@ -167,8 +167,8 @@ def try_time(fn: Callable[[], None], calls: int) -> dict[str, Any]:
 def copy_rate_gb_s() -> float:
     """Device-to-device copy, bytes read + written per second: the ceiling for a memory-bound kernel.
 
-    Timed eagerly, not in a CUDA graph: captured, the copy ran at 2.71-2.77 TB/s on the H200 (a memcpy
-    node, which the copy engines run: fused_h200 runs 18-22), eagerly at 4.21-4.26 TB/s (runs 21, 23),
+    Timed eagerly, not in a CUDA graph: captured, the copy is a memcpy node and ran at 2.71-2.77 TB/s on
+    the H200 (likely the copy engines; fused_h200 runs 18-22), eagerly at 4.21-4.26 TB/s (runs 21, 23),
     and the latter is what a kernel's own loads and stores can reach."""
     numel = (COPY_BYTES if ON_CUDA else 2**26) // 2
     src = torch.randn(numel, device=DEVICE, dtype=torch.bfloat16 if ON_CUDA else torch.float16)
