@@ -1,5 +1,5 @@
 """The one-row linears of the B = 1 frame step as they run there: dependent chains of PDL launches in a
-CUDA graph, on the one-/two-row kernel (kernels/fused_linear.py's GEMV path) against the tiled kernel.
+CUDA graph, on the one-/two-row kernel (kernels/gemv.py) against the tiled kernel (kernels/fused_linear.py).
 
     python3 benchmarks/gemv_bench.py --out gemv.json          # CUDA (~1-2 min)
 
@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_bench import copy_rate_gb_s, device_info, time_per_call_us
 
-from kernels.fused_linear import ACT_SILU_MUL, GemvConfig, fused_linear, gemv_config
+from kernels.fused_linear import ACT_SILU_MUL, fused_linear
+from kernels.gemv import GemvConfig, gemv_config
 
 PREFETCH = 128 << 10  # the served fused_prefetch_kib
 # (hidden, q columns, q|k|v rows, intermediate, layers, passes, vocab of the head or 0)

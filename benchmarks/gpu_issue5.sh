@@ -12,6 +12,17 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mode=${1:-step}
+# every GPU test: the kernels, the Qwen3 GPU tests, the codec's ragged calls; $1 = seconds for the first two
+all_gpu_tests() {
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  VOICEWIRE_TEST_DEVICE=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
+  grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
+}
+# the 0.6B fused step at B = 1 and 64 within $1 seconds
+step_06b() {
+  timeout "$1" python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
+}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; } > "$OUT/machine_$mode.txt" 2>&1
 if [ "$mode" = step ]; then
@@ -30,8 +41,7 @@ if [ "$mode" = check ]; then
   tail -1 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
   timeout 150 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-kernels,fused-cublas \
     --step-batches 1,8,16,32,64,128 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -18
-  timeout $((250 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -3
+  step_06b $((250 - SECONDS))
 fi
 if [ "$mode" = fused ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_decode_ops.py \
@@ -39,8 +49,7 @@ if [ "$mode" = fused ]; then
   tail -2 "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error|bf16 fused" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -12
   timeout 170 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused-eager,fused \
     --step-batches 1,8,32,64,128 --eager-batches 1 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
-  timeout 60 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
+  step_06b 60
   timeout 130 python3 benchmarks/serving_bench.py --size 1.7b --sections serve --rates 1,20,40 --rate-duration-s 6 \
     --concurrency 64 --closed-duration-s 5 --out "$OUT/serve_1.7b.json" > "$OUT/serve.log" 2>&1
   grep -E "^\[(single|open|closed)\]" "$OUT/serve.log" | cut -c1-400; grep -m3 -E "Error|assert" "$OUT/serve.log" | cut -c1-300
@@ -56,14 +65,11 @@ if [ "$mode" = pdl ]; then
     --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -18
   timeout 100 python3 benchmarks/profile_step.py --size 1.7b --variants fused,fused-nopdl --batches 1,64 \
     --out "$OUT/profile_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-400 | tail -6
-  timeout $((560 - SECONDS)) python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-200 | tail -3
+  step_06b $((560 - SECONDS))
 fi
 if [ "$mode" = codec ]; then
   # every GPU test, then the codec per (streams, frames) graph: torch-op SnakeBeta (heuristic convs) / SnakeBeta kernel (heuristic convs) / the default (kernel, cuDNN-timed convs)
-  timeout 260 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
-  VOICEWIRE_TEST_DEVICE=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
-  grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
+  all_gpu_tests 260
   # (run 3 of 2026-11-29 was made with variants kernel / torch-snake / cudnn-benchmark, before cuDNN
   # timing became the codec graphs' default; the same three configurations are these)
   for v in torch-snake cudnn-heuristics default; do
@@ -78,11 +84,8 @@ if [ "$mode" = gemv ]; then
   timeout 170 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_chains.json" 2>&1 | grep -E "^\[|Error" | cut -c1-200
   timeout 130 python3 benchmarks/serving_bench.py --size 1.7b --sections step --step-variants fused,fused-nogemv \
     --step-batches 1,2,64 --out "$OUT/step_1.7b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -8
-  timeout 60 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
-  timeout $((570 - SECONDS)) python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
-  VOICEWIRE_TEST_DEVICE=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
-  grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
+  step_06b 60
+  all_gpu_tests $((570 - SECONDS))
 fi
 if [ "$mode" = final ]; then
   # the served tree with the GEMV path: step (with / without it), TTFP at 1 and 40 req/s, 0.6B, every GPU test
@@ -90,11 +93,8 @@ if [ "$mode" = final ]; then
     --step-variants fused,fused-nogemv --step-batches 1,2,64 --rates 1,40 --rate-duration-s 6 --concurrency 64 \
     --closed-duration-s 5 --out "$OUT/serve_1.7b.json" > "$OUT/serve.log" 2>&1
   grep -E "^\[(step|single|open|closed)" "$OUT/serve.log" | cut -c1-330; grep -m3 -E "invalid codes|Error|assert" "$OUT/serve.log" | cut -c1-300
-  timeout 60 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-    --step-batches 1,64 --out "$OUT/step_0.6b.json" 2>&1 | grep -E "^\[|Error|error" | cut -c1-330 | tail -3
-  timeout $((585 - SECONDS)) python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
-  VOICEWIRE_TEST_DEVICE=cuda timeout 30 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_codec_ragged.py >> "$OUT/pytest_gpu.txt" 2>&1
-  grep -E "passed|failed" "$OUT/pytest_gpu.txt"; grep -E "^(FAILED|ERROR)|^E  .*Error" "$OUT/pytest_gpu.txt" | cut -c1-300 | head -8
+  step_06b 60
+  all_gpu_tests $((585 - SECONDS))
 fi
 if [ "$mode" = serve ]; then
   # the engine sweep again (random weights, same shapes), compile variant, then graphs only

@@ -11,6 +11,8 @@ import torch
 MIN_DOT_DIM = 16
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LOG2_E = 1.4426950408889634
+# The CPU interpreter runs programs one after another, each vectorised by numpy: few wide programs.
+INTERPRETER_BLOCK_N = 512
 
 
 def interpreter_enabled() -> bool:

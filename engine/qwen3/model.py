@@ -73,7 +73,7 @@ class ServeOptions:
     fused_pdl: bool = True
     fused_prefetch_kib: int = 128
     # fused path: linears of at most this many rows (<= 2) on the one-/two-row kernel, which loads its
-    # weights into registers before the wait (kernels/fused_linear.py); 0 = always the tiled kernel
+    # weights into registers before the wait (kernels/gemv.py); 0 = always the tiled kernel
     fused_gemv_rows: int = 2
     decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
     max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
@@ -97,7 +97,7 @@ class ServeOptions:
             raise ValueError("max_seq_len must be >= 16 (a prompt is about 12 positions)")
         if self.max_seq_len < 32:
             raise ValueError("max_seq_len must be >= 32")
-        if not 0 <= self.fused_gemv_rows <= 2:  # kernels/fused_linear.py's GEMV_MAX_ROWS
+        if not 0 <= self.fused_gemv_rows <= 2:  # kernels/gemv.py's GEMV_MAX_ROWS
             raise ValueError(f"fused_gemv_rows must be 0, 1 or 2, got {self.fused_gemv_rows}")
 
 

@@ -17,12 +17,12 @@ from engine.qwen3.sampler import RowParams, apply_repetition_penalty, sample
 from kernels.fused_linear import (
     ACT_SILU,
     ACT_SILU_MUL,
-    GemvConfig,
     LinearConfig,
     fused_linear,
     rms_norm_rows,
     silu_mul_rows,
 )
+from kernels.gemv import GemvConfig
 from kernels.qk_norm_rope import qk_norm_rope_store
 from kernels.sampling import sample_rows
 from tests.kernels.common import REL_TOL, rel_err, skip_unsupported
