@@ -39,7 +39,18 @@ class TextConfig:
     first_fragment_min_words: int = 3  # ...or cut before a phrase-starting word ("for", "and") after this many
     first_fragment_max_words: int = 12  # ...and is forced out at a word boundary after this many words
     clause_min_chars: int = 24  # later clauses are merged up to this length for prosody
-    max_clause_chars: int = 300  # a clause with no punctuation is cut at a word boundary here
+    max_clause_chars: int = 300  # no clause is longer: cut at its last word boundary, or hard with none
+    # A run with no whitespace is cut (a space inserted) after this many characters, so the clause
+    # feeder always has a boundary and no front end reads one enormous "word". English words and
+    # most URLs are shorter.
+    max_word_chars: int = 64
+    max_marks_per_char: int = 4  # combining marks kept on one base character (Zalgo text has dozens)
+    # A turn ends with ``text_budget_exceeded`` once its model time exceeds this much plus
+    # ``turn_budget_per_audio_s`` per second of audio it produced. Real speech costs the embedded
+    # voice about 0.01 s per audio second; text that costs model time without making audio
+    # (symbols a voice cannot read, a front end's worst case) is what the budget stops.
+    turn_budget_s: float = 3.0
+    turn_budget_per_audio_s: float = 0.25
 
 
 @dataclass(frozen=True)

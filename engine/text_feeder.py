@@ -9,6 +9,10 @@ Two feeders, one per ``TextGranularity``:
 * ``WordFeeder`` for models that read streaming text token by token (Qwen3-TTS): it releases
   complete words (the text up to the last whitespace), so a tokenizer never sees half a word.
 
+Both pass every delta through a ``TextGuard`` first (bounded marks, no run without a boundary),
+and no clause ``ClauseFeeder`` releases is longer than ``max_clause_chars``, whatever arrives in
+one delta: what one piece costs a model is bounded before the model sees it.
+
 Both are plain Python, no model, no clock: fed a delta, they return what became speakable.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import re
 
 from .config import TextConfig
+from .text_guard import TextGuard, cut_to_length
 
 # Punctuation that ends a clause when followed by whitespace (or the end of the text, see below).
 _STRONG = ".!?…"
@@ -91,6 +96,7 @@ class ClauseFeeder:
 
     def __init__(self, config: TextConfig) -> None:
         self._cfg = config
+        self._guard = TextGuard(config)
         self._buf = ""
         self._released_any = False
 
@@ -99,7 +105,7 @@ class ClauseFeeder:
         return self._buf
 
     def feed(self, delta: str) -> list[str]:
-        self._buf += delta
+        self._buf += self._guard.feed(delta)
         return self._cut(final=False)
 
     def flush(self) -> list[str]:
@@ -137,13 +143,13 @@ class ClauseFeeder:
                 self._released_any = True
             rest = ""
         else:
-            forced = self._force_cut(rest)
-            if forced:
+            # One delta may hold many clauses' worth of text with no punctuation.
+            while (forced := self._force_cut(rest)) is not None:
                 out.append(forced[0].strip())
                 self._released_any = True
                 rest = forced[1]
         self._buf = rest
-        return [p for p in out if p]
+        return [q for p in out for q in cut_to_length(p, self._cfg.max_clause_chars)]
 
     def _long_enough(self, piece: str, strong: bool) -> bool:
         if not self._released_any:
@@ -168,7 +174,8 @@ class ClauseFeeder:
 
     def _force_cut(self, rest: str) -> tuple[str, str] | None:
         """No punctuation yet: cut the first fragment before a phrase-starting word as soon as that
-        word is complete, or cut any clause after its last complete word once it is too long."""
+        word is complete, or cut any clause after its last complete word within the length limit
+        once it is too long (hard at the limit when it has no word boundary at all)."""
         words = rest.split()
         complete = len(words) if rest[-1:].isspace() else len(words) - 1
         if not self._released_any:
@@ -178,20 +185,11 @@ class ClauseFeeder:
         too_many_words = not self._released_any and complete >= self._cfg.first_fragment_max_words
         if not (too_many_words or len(rest) >= self._cfg.max_clause_chars):
             return None
-        cut = rest.rfind(" ")
+        limit = self._cfg.max_clause_chars
+        cut = rest.rfind(" ", 0, limit + 1) if len(rest) > limit else rest.rfind(" ")
         if cut <= 0:
-            return None
+            return (rest[:limit], rest[limit:]) if len(rest) >= limit else None
         return rest[:cut], rest[cut + 1 :]
-
-
-def _nth_space(text: str, n: int) -> int:
-    """Index of the whitespace that ends word number ``n`` - 1 (so ``text[:i]`` holds ``n`` words)."""
-    idx = -1
-    for _ in range(n):
-        idx = text.index(" ", idx + 1)
-        while idx + 1 < len(text) and text[idx + 1] == " ":
-            idx += 1
-    return idx
 
 
 _WORD_END = re.compile(r"\s")
@@ -200,7 +198,8 @@ _WORD_END = re.compile(r"\s")
 class WordFeeder:
     """Delta text in, complete words out (with their trailing whitespace), for token-level models."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: TextConfig | None = None) -> None:
+        self._guard = TextGuard(config or TextConfig())
         self._buf = ""
 
     @property
@@ -208,7 +207,7 @@ class WordFeeder:
         return self._buf
 
     def feed(self, delta: str) -> list[str]:
-        self._buf += delta
+        self._buf += self._guard.feed(delta)
         last_space = max((m.start() for m in _WORD_END.finditer(self._buf)), default=-1)
         if last_space < 0:
             return []

@@ -64,3 +64,37 @@ def test_word_feeder_releases_complete_words_only() -> None:
     assert f.feed("ld, how") == ["world, "]
     assert f.pending == "how"
     assert f.flush() == ["how"]
+
+
+def test_a_delta_with_no_word_boundary_is_released_in_bounded_clauses() -> None:
+    cfg = TextConfig(max_clause_chars=300, max_word_chars=64)
+    f = ClauseFeeder(cfg)
+    released = f.feed("😀" * 8000)
+    released += f.flush()
+    assert all(0 < len(p) <= 300 for p in released)
+    assert "".join(released).replace(" ", "") == "😀" * 8000
+
+
+def test_the_feeder_cuts_hard_where_the_guard_lets_a_run_through() -> None:
+    f = ClauseFeeder(TextConfig(max_clause_chars=100, max_word_chars=100_000))
+    assert f.feed("x" * 250) == ["x" * 100, "x" * 100]
+    assert f.pending == "x" * 50
+    assert f.flush() == ["x" * 50]
+
+
+def test_one_long_delta_without_punctuation_is_cut_at_word_boundaries() -> None:
+    f = ClauseFeeder(TextConfig(max_clause_chars=300))
+    text = "word " * 2000  # 10,000 characters in one delta
+    released = f.feed(text) + f.flush()
+    assert all(len(p) <= 300 for p in released) and len(released) >= 10_000 // 300
+    assert " ".join(released) == text.strip()
+    # A clause ended by punctuation is bounded too.
+    f = ClauseFeeder(TextConfig(max_clause_chars=300))
+    assert all(len(p) <= 300 for p in f.feed("Hi. " + "word " * 200 + "end."))
+
+
+def test_word_feeder_always_finds_a_boundary() -> None:
+    f = WordFeeder(TextConfig(max_word_chars=64))
+    out = f.feed("7" * 1000)
+    words = "".join(out).split()
+    assert len(words) == 1000 // 64 and all(len(w) == 64 for w in words) and f.pending == "7" * (1000 % 64)
