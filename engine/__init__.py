@@ -9,7 +9,7 @@ Imports nothing from realtime/ and no transport package (aiohttp, aiortc, av, we
 """
 
 from .config import ChunkSchedule, EngineConfig, LevelConfig, TextConfig
-from .engine import Engine, EngineBusy, EngineStats
+from .engine import Engine, EngineBusy, EngineNotReady, EngineStats
 from .model import GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
 from .models import MODEL_NAMES, load_model
 from .stream import AudioChunk, Stream, StreamError, StreamMetrics
@@ -21,6 +21,7 @@ __all__ = [
     "Engine",
     "EngineBusy",
     "EngineConfig",
+    "EngineNotReady",
     "EngineStats",
     "GenerateResult",
     "LevelConfig",

@@ -26,7 +26,7 @@ import numpy as np
 
 from .config import EngineConfig
 from .level import LeadInTrimmer
-from .model import DecodeWork, Model, ModelError, StreamParams, TextGranularity
+from .model import DecodeWork, Model, ModelError, ModelInfo, StreamParams, TextGranularity
 from .scheduler import ChunkDue, Request, Scheduler, StepPlan
 from .stream import AudioChunk, Stream, StreamError
 from .text_feeder import ClauseFeeder, WordFeeder
@@ -38,6 +38,10 @@ IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop reques
 
 class EngineBusy(Exception):
     """No capacity for another stream (``max_streams`` or model slots)."""
+
+
+class EngineNotReady(RuntimeError):
+    """The engine is still loading or warming up (or has stopped): no stream can open yet."""
 
 
 @dataclass
@@ -79,14 +83,27 @@ class Engine:
         self._open_count = 0  # streams opened and not yet finished, counted on the caller side
         self._open_lock = threading.Lock()
         self._stopping = False
+        # Set once warm-up is done and the worker starts; cleared when it exits. Readiness probes
+        # read it: an engine whose model exists but is still capturing graphs is not ready.
+        self._worker_running = threading.Event()
         self.stats = EngineStats()
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
     def model(self) -> Model:
         if self._model is None:
-            raise RuntimeError("engine not started")
+            raise EngineNotReady("engine not started")
         return self._model
+
+    @property
+    def info(self) -> ModelInfo:
+        """The served model's description (rate, voices, limits); raises EngineNotReady before load."""
+        return self.model.info
+
+    @property
+    def ready(self) -> bool:
+        """Warmed up and the worker is stepping: streams can open."""
+        return self._worker_running.is_set()
 
     def start(self) -> Engine:
         if self._thread is not None:
@@ -100,6 +117,9 @@ class Engine:
         self._scheduler = Scheduler(self.config.chunks, self._model.info.max_batch_size)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
+        # Set before the thread runs so a caller may open streams as soon as start() returns;
+        # the worker clears it when it exits (stop, or an error it cannot outlive).
+        self._worker_running.set()
         self._thread.start()
         return self
 
@@ -120,8 +140,8 @@ class Engine:
     # --- public API (event loop side) ----------------------------------------------------------
     def open_stream(self, params: StreamParams | None = None, **kwargs: Any) -> Stream:
         """A new stream on the running loop. Raises ValueError for bad params, EngineBusy when full."""
-        if self._thread is None:
-            raise RuntimeError("engine not started")
+        if not self.ready:
+            raise EngineNotReady("the engine is starting (loading or warming up); try again shortly")
         params = params or StreamParams(**kwargs)
         self._validate(params)
         with self._open_lock:
@@ -149,6 +169,12 @@ class Engine:
 
     # --- worker ----------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop_until_stopped()
+        finally:
+            self._worker_running.clear()
+
+    def _loop_until_stopped(self) -> None:
         while not self._stopping:
             try:
                 ready = self._ready()

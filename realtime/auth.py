@@ -90,7 +90,7 @@ class Authenticator:
         """Accept a session token once. Raises AuthError (401) for a bad, expired or reused token."""
         try:
             head, sig = token.split(".")
-            payload = _unb64(head)
+            payload = _unb64(head)  # non-ASCII text raises ValueError here, like any bad base64
             good = hmac.compare_digest(_unb64(sig), hmac.new(self._secret, payload, hashlib.sha256).digest())
             claims = json.loads(payload) if good else None
             exp, jti = float(claims["exp"]), str(claims["jti"])  # type: ignore[index]
@@ -119,12 +119,13 @@ class Authenticator:
     def check_api_key(self, key: str | None) -> None:
         if key is None:
             raise AuthError(401, "missing_credentials", "an API key is required")
-        if not any(hmac.compare_digest(key, k) for k in self.config.api_keys):
+        # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a "no").
+        given = key.encode("utf-8", "surrogateescape")
+        if not any(hmac.compare_digest(given, k.encode()) for k in self.config.api_keys):
             raise AuthError(401, "invalid_api_key", "the API key is not valid")
 
-    def authorize(self, *, origin: str | None, api_key: str | None, token: str | None) -> None:
-        """A session-opening request: origin first, then an API key or a session token."""
-        self.check_origin(origin)
+    def authorize(self, *, api_key: str | None, token: str | None) -> None:
+        """Credentials of a request that spends engine time: an API key or a session token."""
         if not self.config.enabled:
             return
         if token is not None:

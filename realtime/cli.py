@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "serve":
         _setup_logging(args.log_level, args.log_format)
+        from .server import EngineStartFailed
         from .server import serve as run_server
 
         keys = [*args.api_key, *filter(None, os.environ.get("VOICEWIRE_API_KEYS", "").split(","))]
@@ -160,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(run_server(config))
         except KeyboardInterrupt:
             pass
+        except EngineStartFailed as err:
+            print(f"voicewire serve: the model failed to start: {err}", file=sys.stderr)
+            return 1
+        except OSError as err:  # the port is taken, or the address is not this machine's
+            print(f"voicewire serve: cannot listen on {config.host}:{config.port}: {err.strerror}", file=sys.stderr)
+            return 1
         return 0
     if not args.text.strip():
         print("voicewire say: text is empty", file=sys.stderr)

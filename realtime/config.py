@@ -32,6 +32,13 @@ class GatewayConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     ws_heartbeat_s: float = 20.0  # ping interval; a peer that misses a pong is closed
     max_http_body_bytes: int = 64 * 1024
+    # A request's headers must arrive within this (aiohttp's keep-alive timer also runs from the
+    # connection's start), and an idle keep-alive connection is closed after it: a slow-headers
+    # client holds a socket this long at most. Shorter than uvicorn's 5 s would cut real clients.
+    http_keepalive_s: float = 15.0
+    http_body_timeout_s: float = 10.0  # a request body must arrive within this -> 408 body_timeout
+    max_speech_requests: int = 64  # POST /v1/audio/speech streaming at once -> 503 too_many_requests
+    public_metrics: bool = False  # GET /metrics without the API key when auth is on
     max_speech_input_chars: int = 4096  # the OpenAI speech API's own limit
     web_dir: str | None = None  # demo page; None = the bundled web/
     # WebRTC. No STUN/TURN by default: nothing leaves the host unless asked, and host candidates
@@ -46,6 +53,9 @@ class GatewayConfig:
     ice_consent_interval_s: float = 1.0
     ice_consent_failures: int = 4
     max_webrtc_peers: int = 64  # each peer holds ~4 UDP sockets, a track task and a session
+    # ICE candidates one offer may carry (a browser sends a few per network interface): each is
+    # a target of the server's connectivity checks -> 400 too_many_candidates.
+    max_offer_candidates: int = 16
     # Security and limits (README, "Security and limits"). Auth is off unless API keys are set.
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: SessionLimits = field(default_factory=SessionLimits)

@@ -7,6 +7,7 @@ not in the app mapping, which aiohttp freezes once the app has started.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,8 +16,9 @@ from aiohttp import web
 
 from engine import Engine
 
-from .auth import Authenticator, AuthError, api_key_from_headers
+from .auth import Authenticator, AuthError, api_key_from_headers, token_from_request
 from .config import GatewayConfig
+from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
 
 if TYPE_CHECKING:
@@ -34,32 +36,68 @@ class Gateway:
     sessions: set[Session] = field(default_factory=set)  # WebSocket and WebRTC sessions
     peers: set[Any] = field(default_factory=set)  # WebRTC peer connections (realtime.webrtc.WebRtcPeer)
     draining: bool = False  # SIGTERM: no new sessions, current turns finish
+    speech_requests: int = 0  # POST /v1/audio/speech requests streaming now
+    engine_start: asyncio.Future[Engine] | None = None  # the background start of an engine the app owns
+    log_limiter: LogLimiter = field(default_factory=LogLimiter)  # refusals and client errors
 
     @classmethod
     def create(cls, config: GatewayConfig, engine: Engine) -> Gateway:
         return cls(config, engine, Authenticator(config.auth), GatewayMetrics(engine))
 
     def refuse(self, request: web.Request, status: int, code: str, message: str) -> web.Response:
-        """Refuse a session-opening request before anything is allocated for it."""
+        """Refuse a request before anything is allocated for it."""
         self.metrics.errors.labels(code).inc()
-        log.info("refused %s %s: %s", request.method, request.path, code)
-        return web.json_response({"error": {"code": code, "message": message}}, status=status)
+        self.log_limiter.log(log, "refused %s %s: %s", request.method, request.path, code, key=code)
+        return web.json_response(error_body(status, code, message), status=status)
 
-    def admit(self, request: web.Request, token: str | None) -> web.Response | None:
-        """Draining, capacity, origin and credentials: a refusal response, or None to go ahead."""
+    def admit(self, request: web.Request, *, opens_session: bool, json_body: bool = False) -> web.Response | None:
+        """The one admission path of every request that can spend engine time or hold a session
+        (WebSocket, WebRTC offer, speech): a refusal response, or None to go ahead.
+
+        Origin first (a foreign page learns nothing else), then state that needs no secret
+        (draining, readiness, capacity: a single-use token is not burned by a refusal it could
+        not prevent), then credentials, then the body's media type. ``json_body``: the request
+        must say ``application/json``; a browser cannot send that cross-origin without a CORS
+        preflight, which this server never grants.
+        """
+        try:
+            self.auth.check_origin(request.headers.get("Origin"))
+        except AuthError as err:
+            return self.refuse(request, err.status, err.code, err.message)
         if self.draining:
             return self.refuse(request, 503, "draining", "the server is shutting down")
-        if len(self.sessions) >= self.config.max_sessions:
+        if not self.engine.ready:
+            return self.refuse(request, 503, "not_ready", "the engine is starting; retry shortly")
+        if opens_session and len(self.sessions) >= self.config.max_sessions:
             return self.refuse(request, 503, "too_many_sessions", "the server is at its session limit")
         try:
             self.auth.authorize(
-                origin=request.headers.get("Origin"),
                 api_key=api_key_from_headers(request.headers),
-                token=token,
+                token=token_from_request(request.query, request.headers),
             )
         except AuthError as err:
             return self.refuse(request, err.status, err.code, err.message)
+        if json_body and request.content_type != "application/json":
+            return self.refuse(
+                request, 415, "unsupported_media_type", "send the body as Content-Type: application/json"
+            )
         return None
+
+    def check_key(self, request: web.Request) -> web.Response | None:
+        """Endpoints for operators and backends (token minting, metrics): the API key, no token."""
+        try:
+            self.auth.check_origin(request.headers.get("Origin"))
+            if self.auth.config.enabled:
+                self.auth.check_api_key(api_key_from_headers(request.headers))
+        except AuthError as err:
+            return self.refuse(request, err.status, err.code, err.message)
+        return None
+
+
+def error_body(status: int, code: str, message: str) -> dict[str, Any]:
+    """The JSON error every HTTP endpoint answers with (the OpenAI API's shape)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"type": kind, "code": code, "message": message}}
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 from typing import Any
 
 from aiohttp import web
 
-from engine import Engine, EngineBusy, StreamError
+from engine import Engine, EngineBusy, EngineNotReady, Stream, StreamError
 
 from .audio import pcm16_bytes
-from .gateway import GATEWAY
+from .gateway import GATEWAY, error_body
 
 # OpenAI's built-in voice names; a drop-in client always sends one. They all map to this server's
 # default voice (the model's own voice names are accepted too).
@@ -36,14 +37,33 @@ FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
-    body = {
-        "error": {
-            "type": "invalid_request_error" if status < 500 else "server_error",
-            "code": code,
-            "message": message,
-        }
-    }
-    return web.json_response(body, status=status)
+    return web.json_response(error_body(status, code, message), status=status)
+
+
+async def read_json_body(request: web.Request, timeout_s: float) -> Any:
+    """The whole body (however many TCP writes it came in) as JSON, or web.HTTPException-like
+    ``BodyError`` with a 4xx status: too large (413), too slow (408), not JSON (400)."""
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout_s)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[GATEWAY].config.max_http_body_bytes
+        raise BodyError(413, "body_too_large", f"bodies are limited to {limit} bytes") from None
+    except TimeoutError:
+        raise BodyError(408, "body_timeout", f"the body did not arrive within {timeout_s:g} s") from None
+    try:
+        return json.loads(raw)
+    # ValueError covers JSONDecodeError, bad UTF-8 and integers past Python's digit limit;
+    # RecursionError, nesting deeper than the parser's stack.
+    except (ValueError, RecursionError):
+        raise BodyError(400, "invalid_json", "the body must be JSON") from None
+
+
+class BodyError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
 
 
 def streaming_wav_header(sample_rate_hz: int) -> bytes:
@@ -74,7 +94,7 @@ def _parse_speech(body: Any, engine: Engine, max_chars: int) -> tuple[str, str, 
     voice = body.get("voice", "")
     if not isinstance(voice, str):
         raise ValueError("invalid_voice:voice must be a string")
-    voices = engine.model.info.voices
+    voices = engine.info.voices
     if voice in OPENAI_VOICES:
         voice = ""
     elif voice and voice not in voices:
@@ -82,7 +102,7 @@ def _parse_speech(body: Any, engine: Engine, max_chars: int) -> tuple[str, str, 
             f"invalid_voice:unknown voice {voice!r}; use one of {', '.join(voices)} or an OpenAI name"
         )
     fmt = body.get("response_format", "wav")
-    if fmt not in FORMATS:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ValueError(f"unsupported_format:response_format must be one of {', '.join(FORMATS)}")
     speed = body.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.5 <= speed <= 2.0:
@@ -93,27 +113,42 @@ def _parse_speech(body: Any, engine: Engine, max_chars: int) -> tuple[str, str, 
 async def speech_handler(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     engine, cfg = gw.engine, gw.config
+    refused = gw.admit(request, opens_session=False, json_body=True)
+    if refused is not None:
+        return refused
     if request.content_length is not None and request.content_length > cfg.max_http_body_bytes:
         return _error(413, "body_too_large", f"bodies are limited to {cfg.max_http_body_bytes} bytes")
     try:
-        raw = await request.content.read(cfg.max_http_body_bytes + 1)
-        if len(raw) > cfg.max_http_body_bytes:
-            return _error(413, "body_too_large", f"bodies are limited to {cfg.max_http_body_bytes} bytes")
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _error(400, "invalid_json", "the body must be JSON")
-    try:
+        body = await read_json_body(request, cfg.http_body_timeout_s)
         text, voice, fmt, speed = _parse_speech(body, engine, cfg.max_speech_input_chars)
+    except BodyError as err:
+        return _error(err.status, err.code, err.message)
     except ValueError as err:
         code, _, message = str(err).partition(":")
         return _error(400, code, message)
+    if gw.speech_requests >= cfg.max_speech_requests:
+        return gw.refuse(
+            request, 503, "too_many_requests", f"at most {cfg.max_speech_requests} speech requests at once"
+        )
     try:
         stream = engine.open_stream(voice=voice, speed=speed)
     except EngineBusy as err:
         return _error(503, "server_busy", str(err))
+    except EngineNotReady as err:
+        return _error(503, "not_ready", str(err))
+    gw.speech_requests += 1
+    try:
+        return await _stream_speech(request, stream, text, fmt, engine.info.sample_rate_hz)
+    finally:
+        gw.speech_requests -= 1
+
+
+async def _stream_speech(
+    request: web.Request, stream: Stream, text: str, fmt: str, rate: int
+) -> web.StreamResponse:
+    stall_s = request.app[GATEWAY].config.write_stall_timeout_s
     stream.push_text(text)
     stream.end()
-    rate = engine.model.info.sample_rate_hz
     resp = web.StreamResponse(headers={"Content-Type": FORMATS[fmt], "X-Sample-Rate": str(rate)})
     resp.enable_chunked_encoding()
     try:
@@ -122,8 +157,13 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
             await resp.write(streaming_wav_header(rate))
         async for chunk in stream:
             if chunk.pcm.size:
-                await resp.write(pcm16_bytes(chunk.pcm))
+                # A client that stops reading must not hold its engine stream: a write blocks
+                # only while the socket's buffers are full.
+                await asyncio.wait_for(resp.write(pcm16_bytes(chunk.pcm)), stall_s)
         await resp.write_eof()
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.close()
     except StreamError:
         # Headers are out: the only honest signal left is to cut the body short.
         if request.transport is not None:
@@ -138,13 +178,15 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
 async def healthz_handler(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     engine = gw.engine
-    info = engine.model.info
-    return web.json_response(
-        {
-            "status": "ok",
-            "model": info.name,
-            "sample_rate": info.sample_rate_hz,
-            "active_streams": engine.active_streams(),
-            "sessions": len(gw.sessions),
-        }
-    )
+    body: dict[str, Any] = {
+        "status": "ok",
+        "ready": engine.ready,
+        "active_streams": engine.active_streams(),
+        "sessions": len(gw.sessions),
+    }
+    try:
+        info = engine.info
+        body.update(model=info.name, sample_rate=info.sample_rate_hz)
+    except EngineNotReady:
+        body["model"] = gw.config.engine.model  # still loading: the name it was asked to serve
+    return web.json_response(body)

@@ -27,6 +27,7 @@ PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024  # one client message; larger closes the WebSocket with 1009
 MAX_TEXT_CHARS = 8_192  # one text.delta
 MAX_TURN_ID_CHARS = 128
+MAX_TURN_ID_INT = 2**53 - 1  # JavaScript's largest exact integer: every client can echo it back
 AUDIO_FORMATS = ("pcm16", "opus")
 SAMPLE_RATES_HZ = (24_000, 48_000)
 
@@ -82,6 +83,8 @@ def _turn_id(msg: dict[str, Any]) -> TurnId:
         raise ProtocolError("invalid_field", "turn_id must be a string or an integer")
     if isinstance(tid, str) and not 0 < len(tid) <= MAX_TURN_ID_CHARS:
         raise ProtocolError("invalid_field", f"turn_id must be 1..{MAX_TURN_ID_CHARS} characters")
+    if isinstance(tid, int) and not -MAX_TURN_ID_INT <= tid <= MAX_TURN_ID_INT:
+        raise ProtocolError("invalid_field", f"an integer turn_id must be within ±{MAX_TURN_ID_INT}")
     return tid
 
 
@@ -102,8 +105,10 @@ def parse_client_message(raw: str | bytes) -> ClientMessage:
         raise ProtocolError("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
     try:
         msg = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise ProtocolError("invalid_json", f"not valid JSON: {err}") from None
+    # ValueError: JSONDecodeError, and integers past Python's 4,300-digit limit; RecursionError:
+    # nesting deeper than the parser's stack.
+    except (ValueError, RecursionError) as err:
+        raise ProtocolError("invalid_json", f"not valid JSON: {str(err)[:200]}") from None
     if not isinstance(msg, dict):
         raise ProtocolError("invalid_message", "a message must be a JSON object")
     kind = msg.get("type")

@@ -1,17 +1,24 @@
-"""The gateway application: one aiohttp app serving the WebSocket, HTTP and the demo page."""
+"""The gateway application: one aiohttp app serving the WebSocket, HTTP and the demo page.
+
+Start-up an orchestrator can trust: the port opens at once and ``/healthz`` answers while the
+engine loads and warms up (tens of seconds for Qwen3-TTS graph capture) in the background;
+``/readyz`` is 503 until the engine's worker runs, and requests that need the engine get 503
+``not_ready`` until then.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from engine import Engine
 
-from .auth import AuthError, api_key_from_headers
 from .config import GatewayConfig
 from .gateway import GATEWAY, Gateway
 from .http_api import healthz_handler, speech_handler
@@ -33,7 +40,10 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
 
     async def on_startup(app: web.Application) -> None:
         if owns_engine:
-            await asyncio.get_running_loop().run_in_executor(None, gw.engine.start)
+            # In the background: the port must answer health probes while the model loads.
+            start = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(None, gw.engine.start))
+            start.add_done_callback(_log_engine_start)
+            gw.engine_start = start
 
     async def on_shutdown(app: web.Application) -> None:
         for session in list(gw.sessions):
@@ -41,6 +51,8 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
 
     async def on_cleanup(app: web.Application) -> None:
         if owns_engine:
+            if gw.engine_start is not None and not gw.engine_start.done():
+                await asyncio.gather(gw.engine_start, return_exceptions=True)  # close after start
             await asyncio.get_running_loop().run_in_executor(None, gw.engine.close)
 
     app.on_startup.append(on_startup)
@@ -65,36 +77,74 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
     return app
 
 
+def _log_engine_start(task: asyncio.Future[Engine]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the engine failed to start: %s", task.exception())
+
+
 async def readyz_handler(request: web.Request) -> web.Response:
-    """Ready to take sessions: the engine runs and the server is not draining."""
+    """Ready to take sessions: the engine is warm, its worker runs, and the server is not draining."""
     gw = request.app[GATEWAY]
     if gw.draining:
         return web.json_response({"status": "draining"}, status=503)
-    try:
-        gw.engine.model  # noqa: B018 - raises until the engine has started
-    except RuntimeError:
+    start = gw.engine_start
+    if start is not None and start.done() and not start.cancelled() and start.exception() is not None:
+        return web.json_response({"status": "failed", "error": str(start.exception())}, status=503)
+    if not gw.engine.ready:
         return web.json_response({"status": "starting"}, status=503)
     return web.json_response({"status": "ready"})
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    return web.Response(
-        body=request.app[GATEWAY].metrics.render(), content_type="text/plain", charset="utf-8"
-    )
+    gw = request.app[GATEWAY]
+    if not gw.config.public_metrics:
+        refused = gw.check_key(request)
+        if refused is not None:
+            return refused
+    return web.Response(body=gw.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
 async def session_token_handler(request: web.Request) -> web.Response:
     """Mint a short-lived single-use session token for a browser. Needs the API key when auth is on."""
     gw = request.app[GATEWAY]
-    auth = gw.auth
-    try:
-        if auth.config.enabled:
-            auth.check_api_key(api_key_from_headers(request.headers))
-    except AuthError as err:
-        gw.metrics.errors.labels(err.code).inc()
-        return web.json_response({"error": {"code": err.code, "message": err.message}}, status=err.status)
-    token, exp = auth.mint()
-    return web.json_response({"token": token, "expires_at": exp, "ttl_s": auth.config.token_ttl_s})
+    refused = gw.check_key(request)
+    if refused is not None:
+        return refused
+    token, exp = gw.auth.mint()
+    return web.json_response({"token": token, "expires_at": exp, "ttl_s": gw.auth.config.token_ttl_s})
+
+
+# Query parameters whose values are credentials: never written to the access log.
+_SECRET_QUERY = re.compile(r"(?i)\b(token|key|api_key|apikey|access_token)=[^&\s]*")
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request, with credentials in the query string masked (a session token or a
+    key passed as ``?token=`` would otherwise sit in every log aggregator)."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        path = _SECRET_QUERY.sub(r"\1=***", request.path_qs)
+        self.logger.info(
+            "%s %s %s %d %d %.1fms",
+            request.remote,
+            request.method,
+            path,
+            response.status,
+            response.body_length,
+            time * 1000,
+        )
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    """The runner every server of this app uses (CLI and tests alike): masked access log and the
+    header-read / keep-alive timeout."""
+    config = app[GATEWAY].config
+    return web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log_class=AccessLogger,
+        keepalive_timeout=config.http_keepalive_s,
+    )
 
 
 async def drain(app: web.Application, timeout_s: float) -> None:
@@ -106,22 +156,43 @@ async def drain(app: web.Application, timeout_s: float) -> None:
         await asyncio.sleep(0.05)
 
 
+class EngineStartFailed(Exception):
+    """The engine could not load or warm up; ``serve`` exits with this message."""
+
+
 async def serve(config: GatewayConfig) -> None:
-    """Run until SIGTERM or SIGINT; then drain (no new sessions, current turns finish) and exit."""
+    """Run until SIGTERM or SIGINT; then drain (no new sessions, current turns finish) and exit.
+
+    Raises EngineStartFailed if the model cannot load or warm up (after the port was opened)."""
     app = create_app(config)
-    runner = web.AppRunner(app, handle_signals=False)
+    gw = app[GATEWAY]
+    runner = make_runner(app)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    log.info("voicewire listening on http://%s:%d (model %s)", config.host, config.port, config.engine.model)
-    print(f"voicewire: serving {config.engine.model} on http://{config.host}:{config.port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
-        log.info("draining: %d sessions open", len(app[GATEWAY].sessions))
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        log.info("voicewire listening on http://%s:%d (model %s)", config.host, config.port, config.engine.model)
+        print(
+            f"voicewire: serving {config.engine.model} on http://{config.host}:{config.port} "
+            "(ready once the model is warm: GET /readyz)",
+            flush=True,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        start = gw.engine_start
+        assert start is not None
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([stopped, start], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
+        if start.done() and start.exception() is not None:
+            stopped.cancel()
+            raise EngineStartFailed(str(start.exception()))
+        if not stop.is_set():
+            log.info("engine ready")
+            print("voicewire: ready", flush=True)
+        await stopped
+        log.info("draining: %d sessions open", len(gw.sessions))
         await drain(app, config.drain_timeout_s)
     finally:
         await runner.cleanup()

@@ -16,9 +16,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine import AudioChunk, Engine, EngineBusy, Stream, StreamError
+from engine import AudioChunk, Engine, EngineBusy, EngineNotReady, Stream, StreamError
 from engine.level import first_audible_sample
 
+from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
 from .protocol import (
     MAX_MESSAGE_BYTES,
@@ -37,6 +38,7 @@ from .protocol import (
 from .truncation import TextSpan, spoken_text
 
 log = logging.getLogger("voicewire.session")
+_log_limiter = LogLimiter()  # process-wide: client errors are logged at a bounded rate per code
 
 MAX_REMEMBERED_TURNS = 256  # finished turn ids kept to reject late text for them
 
@@ -45,11 +47,20 @@ MAX_REMEMBERED_TURNS = 256  # finished turn ids kept to reject late text for the
 class SessionLimits:
     """Per-session limits; each breach has a documented error code (README, "Limits")."""
 
-    max_queued_turns: int = 8  # turns waiting behind the one playing -> too_many_turns
+    # Turns open at once, the one playing included; each holds an engine stream, so a few
+    # sessions cannot take every stream of the engine -> too_many_turns.
+    max_open_turns: int = 4
+    max_unspoken_chars: int = 20_000  # text sent and not yet spoken, over the open turns -> text_overflow
     text_chars_per_s: float = 1_000.0  # sustained text rate (an LLM at 100 tokens/s is ~400) -> rate_limited
     text_burst_chars: float = 10_000.0  # ...with this much allowed at once
-    idle_timeout_s: float = 120.0  # no client message and nothing playing -> close 4002
+    # No client message and nothing playing -> close 4002. An open turn that got no text and
+    # played no audio for this long ends with reason "timeout" and frees its engine stream.
+    idle_timeout_s: float = 120.0
     max_lifetime_s: float = 3_600.0  # -> close 4001
+    # Error replies: a burst, then a sustained rate; past it errors are counted, not sent, so
+    # a flood of bad messages costs neither bandwidth nor log lines.
+    error_burst: float = 100.0
+    errors_per_s: float = 10.0
 
 
 class _TokenBucket:
@@ -83,6 +94,8 @@ class Turn:
     stream: Stream
     audio: AudioSettings  # settings in force when the turn started
     t_first_text: float = field(default_factory=time.perf_counter)
+    t_last_activity: float = field(default_factory=time.monotonic)  # last text in or audio out
+    chars_in: int = 0  # text characters the client sent for this turn
     t_first_audio_sent: float | None = None
     first_audible_sample: int | None = None  # start of the turn's first 10 ms window above the onset level
     samples_sent: int = 0  # engine-rate samples handed to the transport
@@ -91,6 +104,7 @@ class Turn:
     underruns: int = 0  # audio handed over after a listener (playing from the first audio) ran dry
     ended: bool = False
     cancelled: bool = False
+    timed_out: bool = False  # ended by the session: no text and no audio for the idle time
 
     @property
     def finished_input(self) -> bool:
@@ -135,6 +149,7 @@ class Session:
         self.t_started = time.monotonic()
         self.t_last_input = self.t_started
         self._text_bucket = _TokenBucket(self.limits.text_chars_per_s, self.limits.text_burst_chars)
+        self._error_bucket = _TokenBucket(self.limits.errors_per_s, self.limits.error_burst)
         self._turns: dict[TurnId, Turn] = {}
         self._order: deque[Turn] = deque()
         self._finished: deque[TurnId] = deque()
@@ -153,11 +168,12 @@ class Session:
                 "session_id": self.session_id,
                 "protocol": PROTOCOL_VERSION,
                 "audio": self.audio.describe(),
-                "voices": list(self.engine.model.info.voices),
+                "voices": list(self.engine.info.voices),
                 "limits": {
                     "max_message_bytes": MAX_MESSAGE_BYTES,
                     "max_text_chars": MAX_TEXT_CHARS,
-                    "max_queued_turns": self.limits.max_queued_turns,
+                    "max_open_turns": self.limits.max_open_turns,
+                    "max_unspoken_chars": self.limits.max_unspoken_chars,
                     "text_chars_per_s": self.limits.text_chars_per_s,
                     "idle_timeout_s": self.limits.idle_timeout_s,
                     "max_lifetime_s": self.limits.max_lifetime_s,
@@ -185,9 +201,17 @@ class Session:
         return len(self._turns)
 
     def expired(self, now: float) -> str | None:
-        """Why the transport should close this session now (lifetime, idle), or None."""
+        """Why the transport should close this session now (lifetime, idle), or None. Also ends
+        open turns that went idle (no text, no audio): a client that opens turns and stops
+        sending must not hold engine streams until the session's lifetime runs out."""
         if now - self.t_started > self.limits.max_lifetime_s:
             return "session_expired"
+        for turn in list(self._turns.values()):
+            if not turn.finished_input and now - turn.t_last_activity > self.limits.idle_timeout_s:
+                log.info("session %s turn %r: no text for %.0f s; ending it", self.session_id,
+                         turn.turn_id, now - turn.t_last_activity, extra=self._ids(turn.turn_id))
+                turn.timed_out = True
+                self._cancel(turn.turn_id)
         if not self._turns and now - self.t_last_input > self.limits.idle_timeout_s:
             return "idle_timeout"
         return None
@@ -196,18 +220,26 @@ class Session:
         """Structured log fields (``--log-format json`` prints them)."""
         return {"session_id": self.session_id, "turn_id": turn_id, "transport": self.transport}
 
-    async def send_error(self, code: str, message: str, turn_id: TurnId | None = None) -> None:
+    async def send_error(
+        self, code: str, message: str, turn_id: TurnId | None = None, *, always: bool = False
+    ) -> None:
+        """An ``error`` message. Input errors are answered up to the session's error rate (a flood
+        of bad messages costs neither bandwidth nor log lines; each is still counted); ``always``
+        for errors that explain a turn's end."""
         if self.metrics is not None:
             self.metrics.errors.labels(code).inc()
-        log.info(
+        _log_limiter.log(
+            log,
             "session %s turn %r: error %s: %s",
             self.session_id,
             turn_id,
             code,
-            message,
+            message[:200],
+            key=code,
             extra=self._ids(turn_id),
         )
-        await self.sink.send_json(error_message(code, message, turn_id))
+        if always or self._error_bucket.take(1):
+            await self.sink.send_json(error_message(code, message, turn_id))
 
     # --- input -------------------------------------------------------------------------------------
     async def receive(self, raw: str | bytes) -> None:
@@ -225,6 +257,11 @@ class Session:
         except ProtocolError as err:
             await self.send_error(err.code, err.message, err.turn_id)
             return
+        except Exception as err:  # a bug must cost one message, never the session's receive loop
+            _log_limiter.log(log, "session %s: message failed", self.session_id, key="internal_error",
+                             level=logging.ERROR, exc_info=True, extra=self._ids())
+            await self.send_error("internal_error", f"the server failed on this message: {type(err).__name__}")
+            return
         if isinstance(msg, SessionUpdate):
             await self.sink.send_json({"type": "session.updated", "audio": self.audio.describe()})
 
@@ -233,6 +270,14 @@ class Session:
             self._update(msg)
         elif isinstance(msg, TextDelta):
             turn = self._turn_for_text(msg.turn_id)
+            if self._unspoken_chars() + len(msg.text) > self.limits.max_unspoken_chars:
+                raise ProtocolError(
+                    "text_overflow",
+                    f"at most {self.limits.max_unspoken_chars} characters may wait to be spoken",
+                    msg.turn_id,
+                )
+            turn.chars_in += len(msg.text)
+            turn.t_last_activity = time.monotonic()
             turn.stream.push_text(msg.text)
         elif isinstance(msg, TextFlush):
             self._open_turn(msg.turn_id).stream.flush()
@@ -244,7 +289,7 @@ class Session:
             self._cancel(msg.turn_id)
 
     def _update(self, msg: SessionUpdate) -> None:
-        if msg.voice is not None and msg.voice and msg.voice not in self.engine.model.info.voices:
+        if msg.voice is not None and msg.voice and msg.voice not in self.engine.info.voices:
             raise ProtocolError("invalid_voice", f"unknown voice {msg.voice!r}")
         if msg.format is not None:
             self.audio.format = msg.format
@@ -261,14 +306,16 @@ class Session:
             return turn
         if turn_id in self._finished_set:
             raise ProtocolError("turn_ended", "this turn has ended; start a new turn_id", turn_id)
-        if len(self._order) > self.limits.max_queued_turns:
+        if len(self._turns) >= self.limits.max_open_turns:
             raise ProtocolError(
-                "too_many_turns", f"at most {self.limits.max_queued_turns} turns may wait", turn_id
+                "too_many_turns", f"at most {self.limits.max_open_turns} turns may be open at once", turn_id
             )
         try:
             stream = self.engine.open_stream(voice=self.audio.voice)
         except EngineBusy as err:
             raise ProtocolError("server_busy", str(err), turn_id) from None
+        except EngineNotReady as err:
+            raise ProtocolError("not_ready", str(err), turn_id) from None
         except ValueError as err:
             raise ProtocolError("invalid_field", str(err), turn_id) from None
         turn = Turn(
@@ -278,6 +325,9 @@ class Session:
         self._order.append(turn)
         self._wake.set()
         return turn
+
+    def _unspoken_chars(self) -> int:
+        return sum(max(0, t.chars_in - len(t.stream.metrics.text_spoken)) for t in self._turns.values())
 
     def _open_turn(self, turn_id: TurnId) -> Turn:
         turn = self._turns.get(turn_id)
@@ -368,6 +418,7 @@ class Session:
                                 )
                             )
                         turn.samples_sent += chunk.pcm.size
+                        turn.t_last_activity = time.monotonic()
                     await self.sink.send_audio(turn, chunk)
             except StreamError as err:
                 error = err
@@ -376,8 +427,10 @@ class Session:
         # A sink that waits for playout (WebRTC) can see a barge-in land while it drains.
         cancelled = cancelled or turn.cancelled
         if error is not None:
-            await self.send_error(error.code, str(error), turn.turn_id)
-        reason = "cancelled" if cancelled else ("error" if error else "completed")
+            await self.send_error(error.code, str(error), turn.turn_id, always=True)
+        reason = (
+            "timeout" if turn.timed_out else "cancelled" if cancelled else "error" if error else "completed"
+        )
         self.turns_completed += 1
         done = self._done_message(turn, reason, played_ms)
         if self.metrics is not None:
@@ -398,7 +451,7 @@ class Session:
 
     def _done_message(self, turn: Turn, reason: str, played_ms: float) -> dict[str, Any]:
         m = turn.stream.metrics
-        rate = self.engine.model.info.sample_rate_hz
+        rate = self.engine.info.sample_rate_hz
         # A cut turn reports the words its played audio spoke (an estimate inside the last chunk:
         # realtime/truncation.py), so the agent can truncate its context to what was heard.
         text = (

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -42,9 +43,9 @@ from aiortc.sdp import SessionDescription
 from engine import AudioChunk
 
 from .audio import FrameCutter, Resampler
-from .auth import token_from_request
 from .config import GatewayConfig
-from .gateway import GATEWAY
+from .gateway import GATEWAY, error_body
+from .http_api import BodyError, read_json_body
 from .pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
 from .protocol import dumps
 from .session import AudioSettings, Session, Turn
@@ -53,6 +54,7 @@ log = logging.getLogger("voicewire.webrtc")
 
 CONTROL_LABEL = "control"
 NEGOTIATION_TIMEOUT_S = 10.0  # setRemote + gather + setLocal: ~20 ms on loopback with no STUN/TURN
+WATCHDOG_INTERVAL_S = 1.0
 CONNECT_TIMEOUT_S = 15.0  # answer sent -> control channel open; a peer that never connects is freed
 # end_turn waits for the turn's queued audio to be paced out; a track nobody pulls (RTP never
 # started) would hold the session forever, so the wait is bounded by the queue plus this slack.
@@ -104,22 +106,37 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def drop_mdns_candidates(sdp: str) -> str:
-    """Remove ``<uuid>.local`` host candidates from an offer.
+def _gathered_families() -> set[int]:
+    """IP versions of the server's own host candidates (what ``install_ice_knobs`` set)."""
+    hosts = aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=True)
+    return {ipaddress.ip_address(h).version for h in hosts}
 
-    aioice would resolve each with a multicast query and wait its 1 s timeout before answering
-    (chromium-webrtc.md T2). The call still connects without them: the browser reaches the
-    server's own candidate and ICE learns the peer-reflexive address.
+
+def filter_candidates(sdp: str, families: set[int]) -> str:
+    """Keep only the offer's candidates the server should send connectivity checks to: IP
+    literals of a family it gathers itself, unicast.
+
+    ``<uuid>.local`` mDNS names (and any other host name) go: aioice would resolve each with a
+    multicast query and wait its 1 s timeout before answering (chromium-webrtc.md T2). The call
+    still connects without them: the browser reaches the server's own candidate and ICE learns
+    the peer-reflexive address. Candidates of another family or a multicast/unspecified address
+    could only make the server send checks where no peer of this call listens.
     """
     lines = sdp.splitlines(keepends=True)
-    return "".join(line for line in lines if not _is_mdns_candidate(line))
+    return "".join(line for line in lines if not _unusable_candidate(line, families))
 
 
-def _is_mdns_candidate(line: str) -> bool:
+def _unusable_candidate(line: str, families: set[int]) -> bool:
     if not line.startswith("a=candidate:"):
         return False
     fields = line.split()
-    return len(fields) > 4 and fields[4].lower().endswith(".local")
+    if len(fields) < 8:
+        return True
+    try:
+        address = ipaddress.ip_address(fields[4])
+    except ValueError:
+        return True  # a host name: mDNS or anything else that needs a lookup
+    return address.version not in families or address.is_multicast or address.is_unspecified
 
 
 def rtc_configuration(config: GatewayConfig) -> RTCConfiguration:
@@ -130,16 +147,12 @@ def rtc_configuration(config: GatewayConfig) -> RTCConfiguration:
 
 # --- offer validation ---------------------------------------------------------------------------------
 async def read_offer(request: web.Request) -> str:
-    """The offer's SDP, or OfferError with a 4xx status."""
-    if request.content_type != "application/json":
-        raise OfferError(415, "unsupported_media_type", "send the offer as application/json")
+    """The offer's SDP, with only the ICE candidates the server may check; OfferError with a 4xx status."""
+    config = request.app[GATEWAY].config
     try:
-        body = await request.json()
-    except ValueError:
-        raise OfferError(400, "invalid_json", "the body is not valid JSON") from None
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[GATEWAY].config.max_http_body_bytes
-        raise OfferError(413, "body_too_large", f"offers are limited to {limit} bytes") from None
+        body = await read_json_body(request, config.http_body_timeout_s)
+    except BodyError as err:
+        raise OfferError(err.status, err.code, err.message) from None
     if not isinstance(body, dict):
         raise OfferError(400, "invalid_request", 'the body must be {"sdp": ..., "type": "offer"}')
     if body.get("type") != "offer":
@@ -147,7 +160,10 @@ async def read_offer(request: web.Request) -> str:
     sdp = body.get("sdp")
     if not isinstance(sdp, str) or not sdp.startswith("v=0"):
         raise OfferError(400, "invalid_sdp", "sdp must be a session description string starting with v=0")
-    media = SessionDescription.parse(sdp).media
+    try:
+        media = SessionDescription.parse(sdp).media
+    except Exception as err:  # aiortc's parser raises ValueError, IndexError, KeyError... on bad SDP
+        raise OfferError(400, "invalid_sdp", f"the SDP could not be parsed: {type(err).__name__}") from None
     if not any(
         m.kind == "audio" and any(c.mimeType.lower() == "audio/opus" for c in m.rtp.codecs) for m in media
     ):
@@ -163,13 +179,18 @@ async def read_offer(request: web.Request) -> str:
         raise OfferError(
             400, "invalid_sdp", "every media section needs ice-ufrag, ice-pwd and a DTLS fingerprint"
         )
-    return drop_mdns_candidates(sdp)
+    candidates = sum(line.startswith("a=candidate:") for line in sdp.splitlines())
+    if candidates > config.max_offer_candidates:
+        raise OfferError(
+            400,
+            "too_many_candidates",
+            f"an offer may carry at most {config.max_offer_candidates} ICE candidates, not {candidates}",
+        )
+    return filter_candidates(sdp, _gathered_families())
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
-    # Same shape as the HTTP API's errors.
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return web.json_response({"error": {"type": kind, "code": code, "message": message}}, status=status)
+    return web.json_response(error_body(status, code, message), status=status)
 
 
 # --- the session sink ---------------------------------------------------------------------------------
@@ -275,7 +296,7 @@ class WebRtcPeer:
             log.info("peer %s: ignoring data channel %r", self.peer_id, channel.label)
             return
         gw = self._app[GATEWAY]
-        sink = WebRtcSink(channel, self.track, gw.engine.model.info.sample_rate_hz)
+        sink = WebRtcSink(channel, self.track, gw.engine.info.sample_rate_hz)
         self.session = Session(gw.engine, sink, self.peer_id, gw.config.limits, gw.metrics, "webrtc")
         self.session.audio = AudioSettings(format="opus", sample_rate=SAMPLE_RATE_HZ)
         channel.on("message", self._inbox.put_nowait)
@@ -292,12 +313,23 @@ class WebRtcPeer:
         gw.metrics.sessions.labels("webrtc").inc()
         try:
             await session.start()
+            self._spawn(self._watch(session))
             while True:
                 await session.receive(await self._inbox.get())
         except Exception:
             log.exception("peer %s: session failed", self.peer_id)
         finally:
             self.close("session ended")
+
+    async def _watch(self, session: Session) -> None:
+        """Lifetime and idle time, as on the WebSocket (which also ends a session's idle turns)."""
+        while True:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            why = session.expired(time.monotonic())
+            if why is not None:
+                await session.send_error(why, f"session closed: {why.replace('_', ' ')}", always=True)
+                self.close(why)
+                return
 
     async def _expect_session(self) -> None:
         await asyncio.sleep(CONNECT_TIMEOUT_S)
@@ -340,7 +372,7 @@ async def offer_handler(request: web.Request) -> web.Response:
     app = request.app
     gw = app[GATEWAY]
     config = gw.config
-    refused = gw.admit(request, token_from_request(request.query, request.headers))
+    refused = gw.admit(request, opens_session=True, json_body=True)
     if refused is not None:
         return refused
     try:

@@ -15,7 +15,7 @@ from aiohttp import WSMsgType, web
 from engine import AudioChunk
 
 from .audio import TurnAudioEncoder
-from .auth import TOKEN_SUBPROTOCOL_PREFIX, token_from_request
+from .auth import TOKEN_SUBPROTOCOL_PREFIX
 from .gateway import GATEWAY, Gateway
 from .protocol import MAX_MESSAGE_BYTES, dumps
 from .session import Session, SinkStalled, Turn
@@ -83,7 +83,7 @@ class WebSocketSink:
 
 async def stream_handler(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    refused = gw.admit(request, token_from_request(request.query, request.headers))
+    refused = gw.admit(request, opens_session=True)
     if refused is not None:
         return refused
     engine, cfg = gw.engine, gw.config
@@ -101,7 +101,7 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
     if sock is not None:
         # Bounded kernel buffering per client: a reader that stops is noticed in seconds, not megabytes.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.ws_send_buffer_bytes)
-    sink = WebSocketSink(ws, engine.model.info.sample_rate_hz, cfg.write_stall_timeout_s)
+    sink = WebSocketSink(ws, engine.info.sample_rate_hz, cfg.write_stall_timeout_s)
     session = Session(engine, sink, uuid.uuid4().hex[:12], cfg.limits, gw.metrics, "websocket")
     gw.sessions.add(session)
     gw.metrics.sessions.labels("websocket").inc()
@@ -133,7 +133,7 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
                 gw.metrics.errors.labels(why).inc()
             else:
                 with contextlib.suppress(Exception):
-                    await session.send_error(why, f"session closed: {why.replace('_', ' ')}")
+                    await session.send_error(why, f"session closed: {why.replace('_', ' ')}", always=True)
         if not ws.closed:
             code, why = close or (1000, "")
             # drain=False: the close frame queues behind what the client has not read yet. Only a

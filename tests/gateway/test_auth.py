@@ -116,8 +116,11 @@ async def test_every_auth_path(engine: Engine) -> None:
         await _ws_ok(f"ws://{base}/v1/stream", additional_headers={"Authorization": f"Bearer {KEY}"})
         await asyncio.sleep(0.1)
         _nothing_allocated(engine, await _sessions(base))
-        # refusals are counted by code
-        async with aiohttp.ClientSession() as http, http.get(f"http://{base}/metrics") as r:
+        # refusals are counted by code (metrics need the key when auth is on)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://{base}/metrics", headers={"X-API-Key": KEY}) as r,
+        ):
             text = await r.text()
         for code in (
             "missing_credentials",

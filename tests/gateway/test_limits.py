@@ -44,7 +44,7 @@ async def test_text_rate_limit(engine: Engine) -> None:
 
 
 async def test_queued_turns_limit(engine: Engine) -> None:
-    async with running_gateway(engine, limits=SessionLimits(max_queued_turns=2)) as base:
+    async with running_gateway(engine, limits=SessionLimits(max_open_turns=3)) as base:
         ws = await _connect(base)
         codes = []
         for t in range(6):
@@ -105,7 +105,7 @@ async def test_http_body_limit_is_configurable(engine: Engine) -> None:
     async with (
         running_gateway(engine, max_http_body_bytes=1000) as base,
         aiohttp.ClientSession() as http,
-        http.post(f"http://{base}/v1/audio/speech", data=body) as r,
+        http.post(f"http://{base}/v1/audio/speech", data=body, headers={"Content-Type": "application/json"}) as r,
     ):
         assert r.status == 413
         assert (await r.json())["error"]["code"] == "body_too_large"

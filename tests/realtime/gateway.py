@@ -14,7 +14,7 @@ from aiohttp import web
 from engine import Engine
 from realtime.config import GatewayConfig
 from realtime.gateway import GATEWAY
-from realtime.server import create_app
+from realtime.server import create_app, make_runner
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Gateway:
 async def gateway(engine: Engine, **config: Any) -> AsyncIterator[Gateway]:
     """A real gateway on 127.0.0.1 (free port) around the shared engine."""
     app = create_app(GatewayConfig(**config), engine=engine)
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

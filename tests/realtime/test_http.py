@@ -89,7 +89,9 @@ async def test_speech_body_streams_before_the_utterance_is_finished(gateway: str
 async def test_bad_speech_bodies_get_4xx_json(gateway: str, body: object, status: int, code: str) -> None:
     async with aiohttp.ClientSession() as http:
         payload = body if isinstance(body, str) else json.dumps(body)
-        async with http.post(f"http://{gateway}/v1/audio/speech", data=payload) as resp:
+        async with http.post(
+            f"http://{gateway}/v1/audio/speech", data=payload, headers={"Content-Type": "application/json"}
+        ) as resp:
             assert resp.status == status
             err = await resp.json()
             assert err["error"]["code"] == code

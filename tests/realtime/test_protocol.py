@@ -40,6 +40,11 @@ def test_parses_every_client_message() -> None:
         ("x" * (MAX_MESSAGE_BYTES + 1), "message_too_large"),
         (json.dumps({"type": "text.delta", "turn_id": 1, "text": "a" * 9000}), "text_too_long"),
         ("[" * 60_000, "invalid_json"),
+        ("[" * 30_000 + "]" * 30_000, "invalid_json"),  # well-formed, deeper than the parser's stack
+        ('{"type":"text.delta","turn_id":' + "9" * 5_000 + ',"text":"x"}', "invalid_json"),  # > 4,300 digits
+        ('{"type":"text.delta","turn_id":' + "9" * 4_000 + ',"text":"x"}', "invalid_field"),
+        ('{"type":"text.end","turn_id":9007199254740992}', "invalid_field"),  # 2**53
+        ('{"type":"session.update","sample_rate":' + "1" * 5_000 + "}", "invalid_json"),
     ],
 )
 def test_bad_input_has_a_stable_code(raw: str | bytes, code: str) -> None:

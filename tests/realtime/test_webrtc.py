@@ -22,7 +22,7 @@ import pytest
 
 from engine import Engine
 from realtime.gateway import GATEWAY
-from realtime.webrtc import drop_mdns_candidates
+from realtime.webrtc import filter_candidates
 from tests.asr import transcribe, wer
 from tests.realtime.gateway import gateway, wait_gone
 from tests.realtime.webrtc_client import AUDIBLE_DBFS, FRAME_SAMPLES, ClientPeer, TurnLog
@@ -286,6 +286,38 @@ async def test_bad_offers_get_4xx_json_errors(engine: Engine) -> None:
         (json.dumps({"sdp": no_ufrag, "type": "offer"}), "application/json", 400, "invalid_sdp"),
         (json.dumps({"sdp": no_fingerprint, "type": "offer"}), "application/json", 400, "invalid_sdp"),
         (json.dumps({"sdp": real, "type": "offer"}), "text/plain", 415, "unsupported_media_type"),
+        # offers aiortc's SDP parser or setRemoteDescription chokes on
+        *(
+            (json.dumps({"sdp": bad, "type": "offer"}), "application/json", 400, "invalid_sdp")
+            for bad in (
+                real.replace("a=rtpmap:", "a=rtpmap:zz"),
+                real.replace("a=end-of-candidates", "a=candidate:abc"),
+                real.replace("a=fingerprint:sha-256 ", "a=fingerprint:"),
+                real.replace("c=IN IP4", "c=IN"),
+                real.replace("a=sctp-port:5000", "a=sctp-port:x"),
+                real.replace("m=audio 9", "m=audio x"),
+                real.replace("m=audio 9 UDP/TLS/RTP/SAVPF", "m=audio"),
+                real + "a=ssrc:x\r\n",
+            )
+        ),
+        (
+            json.dumps(
+                {
+                    "sdp": real.replace(
+                        "a=end-of-candidates",
+                        "".join(f"a=candidate:{i} 1 udp 2122260223 127.0.0.{i} 5000 typ host\r\n" for i in range(17))
+                        + "a=end-of-candidates",
+                    ),
+                    "type": "offer",
+                }
+            ),
+            "application/json",
+            400,
+            "too_many_candidates",
+        ),
+        ('{"sdp": ' + "[" * 30_000 + "]" * 30_000 + "}", "application/json", 413, "body_too_large"),
+        ('{"sdp": ' + "[" * 5_000 + "]" * 5_000 + ', "type": "offer"}', "application/json", 400, "invalid_json"),
+        ('{"sdp": ' + "9" * 5_000 + ', "type": "offer"}', "application/json", 400, "invalid_json"),
         (
             json.dumps({"sdp": real + "a=x\r\n" * 10_000, "type": "offer"}),
             "application/json",
@@ -306,9 +338,22 @@ async def test_bad_offers_get_4xx_json_errors(engine: Engine) -> None:
     await client.close()
 
 
+def test_only_unicast_candidates_of_the_servers_families_are_kept() -> None:
+    keep = "a=candidate:2 1 udp 2122260223 127.0.0.1 5000 typ host\r\n"
+    dropped = [
+        "a=candidate:3 1 udp 2122260223 ::1 5000 typ host\r\n",  # IPv6 to a server gathering IPv4 only
+        "a=candidate:4 1 udp 2122260223 224.0.0.251 5353 typ host\r\n",  # multicast
+        "a=candidate:5 1 udp 2122260223 0.0.0.0 9 typ host\r\n",  # unspecified
+        "a=candidate:6 1 udp 2122260223 victim.example 80 typ host\r\n",  # a name to look up
+        "a=candidate:7 1 udp\r\n",  # truncated
+    ]
+    assert filter_candidates("v=0\r\n" + keep + "".join(dropped), {4}) == "v=0\r\n" + keep
+    assert filter_candidates(dropped[0], {4, 6}) == dropped[0]
+
+
 async def test_mdns_candidates_are_dropped_and_do_not_delay_the_answer(engine: Engine) -> None:
     sdp = "v=0\r\na=candidate:1 1 udp 2122260223 3c1f9a1e-1111-4d2b-9c3e-0123456789ab.local 54321 typ host\r\na=candidate:2 1 udp 2122260223 127.0.0.1 5000 typ host\r\n"
-    assert drop_mdns_candidates(sdp) == "v=0\r\na=candidate:2 1 udp 2122260223 127.0.0.1 5000 typ host\r\n"
+    assert filter_candidates(sdp, {4}) == "v=0\r\na=candidate:2 1 udp 2122260223 127.0.0.1 5000 typ host\r\n"
     client = ClientPeer()
     client.pc.addTransceiver("audio", direction="recvonly")
     client.channel = client.pc.createDataChannel("control")
