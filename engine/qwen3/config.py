@@ -207,6 +207,109 @@ class GenerationDefaults:
 
 
 @dataclass(frozen=True)
+class SpeakerEncoderConfig:
+    """The Base checkpoints' ECAPA-TDNN speaker encoder: 128-bin log-mel frames -> one x-vector.
+
+    ``enc_channels`` = the first TDNN, the SE-Res2Net blocks, then the aggregation TDNN, whose width
+    is the concatenation of the SE-Res2Net outputs. ``enc_dim`` is the talker's hidden size: the
+    x-vector goes straight into the codec track of the prompt.
+    """
+
+    mel_dim: int = 128
+    enc_dim: int = 1024
+    enc_channels: tuple[int, ...] = (512, 512, 512, 512, 1536)
+    enc_kernel_sizes: tuple[int, ...] = (5, 3, 3, 3, 1)
+    enc_dilations: tuple[int, ...] = (1, 2, 3, 4, 1)
+    enc_attention_channels: int = 128
+    enc_res2net_scale: int = 8
+    enc_se_channels: int = 128
+    sample_rate_hz: int = SAMPLE_RATE_HZ
+
+    def __post_init__(self) -> None:
+        where = "config.json: speaker_encoder_config"
+        n = len(self.enc_channels)
+        if n < 3 or len(self.enc_kernel_sizes) != n or len(self.enc_dilations) != n:
+            raise CheckpointError(f"{where}: enc_channels, enc_kernel_sizes, enc_dilations: same length >= 3")
+        if sum(self.enc_channels[1:-1]) != self.enc_channels[-1]:
+            raise CheckpointError(f"{where}: the last channel count must be the sum of the SE-Res2Net ones")
+        if any(a != b for a, b in zip(self.enc_channels[:-2], self.enc_channels[1:-1], strict=True)):
+            raise CheckpointError(f"{where}: the SE-Res2Net blocks are residual: equal channel counts")
+        if any(c % self.enc_res2net_scale for c in self.enc_channels[1:-1]):
+            raise CheckpointError(f"{where}: channels must split into enc_res2net_scale groups")
+
+
+@dataclass(frozen=True)
+class CodecEncoderConfig:
+    """The encoder half of the 12 Hz speech tokenizer (a Mimi encoder: 24 kHz PCM -> 16 codes a frame).
+
+    SEANet convolutions down to 25 Hz (``ratios`` 4*5*6*8 = 960 samples), a causal transformer, one
+    stride-2 convolution to 12.5 Hz, then a split residual VQ (1 semantic + acoustic codebooks) of
+    which the first ``valid_quantizers`` are the talker's codebooks. Defaults are Mimi's, as in the
+    released speech_tokenizer/config.json ``encoder_config``.
+    """
+
+    sample_rate_hz: int = SAMPLE_RATE_HZ
+    audio_channels: int = 1
+    hidden_size: int = 512
+    num_filters: int = 64
+    num_residual_layers: int = 1
+    upsampling_ratios: tuple[int, ...] = (8, 6, 5, 4)  # applied reversed by the encoder
+    kernel_size: int = 7
+    last_kernel_size: int = 3
+    residual_kernel_size: int = 3
+    dilation_growth_rate: int = 2
+    pad_mode: str = "constant"
+    compress: int = 2
+    use_conv_shortcut: bool = False
+    codebook_size: int = 2048
+    codebook_dim: int = 256
+    num_quantizers: int = 32
+    num_semantic_quantizers: int = 1
+    vector_quantization_hidden_dimension: int = 256
+    num_layers: int = 8
+    intermediate_size: int = 2048
+    num_heads: int = 8
+    num_kv_heads: int = 8
+    head_dim: int = 64
+    norm_eps: float = 1e-5
+    rope_theta: float = 10_000.0
+    layer_scale_initial_scale: float = 0.01
+    attention_bias: bool = False
+    frame_rate_hz: float = 12.5
+    valid_quantizers: int = 16  # speech_tokenizer/config.json encoder_valid_num_quantizers
+
+    def __post_init__(self) -> None:
+        where = "speech_tokenizer/config.json: encoder_config"
+        if self.pad_mode not in ("constant", "replicate", "reflect"):
+            raise CheckpointError(f"{where}: pad_mode {self.pad_mode!r} is not supported")
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(
+                f"{where}: {self.num_heads} heads do not split into {self.num_kv_heads} groups"
+            )
+        if not self.num_semantic_quantizers < self.num_quantizers:
+            raise CheckpointError(f"{where}: need fewer semantic quantizers than quantizers")
+        if not self.num_semantic_quantizers <= self.valid_quantizers <= self.num_quantizers:
+            raise CheckpointError(
+                f"{where}: encoder_valid_num_quantizers {self.valid_quantizers} out of range"
+            )
+        if self.downsample_stride != 2:
+            raise CheckpointError(
+                f"{where}: {self.sample_rate_hz} Hz / {math.prod(self.upsampling_ratios)} samples at "
+                f"{self.frame_rate_hz} Hz needs a 2x downsampling (the 12 Hz tokenizer's)"
+            )
+
+    @property
+    def downsample_stride(self) -> int:
+        """25 Hz encoder frames per 12.5 Hz codec frame (the downsampling conv's kernel is twice this)."""
+        encodec_rate = math.ceil(self.sample_rate_hz / math.prod(self.upsampling_ratios))
+        return int(encodec_rate / self.frame_rate_hz)
+
+    @property
+    def frame_samples(self) -> int:
+        return math.prod(self.upsampling_ratios) * 2
+
+
+@dataclass(frozen=True)
 class Qwen3TTSConfig:
     talker: TalkerConfig = field(default_factory=TalkerConfig)
     code_predictor: CodePredictorConfig = field(default_factory=CodePredictorConfig)
@@ -219,8 +322,10 @@ class Qwen3TTSConfig:
     tts_pad_id: int = 151_671
     tts_bos_id: int = 151_672
     tts_eos_id: int = 151_673
-    # Base checkpoints carry an ECAPA speaker encoder; we keep its config for a later cloning path.
-    speaker_encoder: Mapping[str, Any] | None = None
+    # Base checkpoints carry an ECAPA speaker encoder (voice cloning, speaker_encoder.py)
+    speaker_encoder: SpeakerEncoderConfig | None = None
+    # the speech tokenizer's encoder (reference codes for in-context cloning, codec_encoder.py)
+    codec_encoder: CodecEncoderConfig = field(default_factory=CodecEncoderConfig)
     # ``transformers_version`` of config.json: decides the tokenizer regex quirk (tokenizer.py).
     transformers_version: str = ""
 
@@ -271,20 +376,36 @@ class Qwen3TTSConfig:
         tokenizer_type = config.get("tokenizer_type", "qwen3_tts_tokenizer_12hz")
         if tokenizer_type not in (None, "qwen3_tts_tokenizer_12hz"):
             raise CheckpointError(f"config.json: tokenizer_type {tokenizer_type!r} is not the 12 Hz codec")
+        model_type = str(config.get("tts_model_type") or "custom_voice")
         se = config.get("speaker_encoder_config")
+        if se is not None and not isinstance(se, Mapping):
+            raise CheckpointError("config.json: speaker_encoder_config should be an object")
+        ec = speech_tokenizer.get("encoder_config") or {}
+        if not isinstance(ec, Mapping):
+            raise CheckpointError("speech_tokenizer/config.json: encoder_config should be an object")
+        codec_encoder = _parse_codec_encoder(
+            ec, int(speech_tokenizer.get("encoder_valid_num_quantizers", codec.num_quantizers))
+        )
+        if codec_encoder.valid_quantizers != codec.num_quantizers:
+            raise CheckpointError(
+                f"speech_tokenizer/config.json: the encoder keeps {codec_encoder.valid_quantizers} "
+                f"codebooks, the decoder reads {codec.num_quantizers}"
+            )
         return cls(
             talker=talker,
             code_predictor=code_predictor,
             codec=codec,
             generation=_parse_generation(generation or {}),
-            model_type=str(config.get("tts_model_type") or "custom_voice"),
+            model_type=model_type,
             model_size=str(config.get("tts_model_size") or ""),
             im_start_id=int(config.get("im_start_token_id", 151_644)),
             im_end_id=int(config.get("im_end_token_id", 151_645)),
             tts_pad_id=int(config.get("tts_pad_token_id", 151_671)),
             tts_bos_id=int(config.get("tts_bos_token_id", 151_672)),
             tts_eos_id=int(config.get("tts_eos_token_id", 151_673)),
-            speaker_encoder=dict(se) if isinstance(se, Mapping) else None,
+            # the package builds a speaker encoder for Base checkpoints only (defaults when unset)
+            speaker_encoder=_parse_speaker_encoder(se or {}) if model_type == "base" else None,
+            codec_encoder=codec_encoder,
             transformers_version=str(config.get("transformers_version", "")),
         )
 
@@ -349,7 +470,7 @@ class Qwen3TTSConfig:
             "architectures": ["Qwen3TTSForConditionalGeneration"],
             "model_type": "qwen3_tts",
             "talker_config": talker,
-            "speaker_encoder_config": dict(self.speaker_encoder or {}),
+            "speaker_encoder_config": _speaker_encoder_json(self.speaker_encoder),
             "tokenizer_type": "qwen3_tts_tokenizer_12hz",
             "tts_model_size": self.model_size,
             "tts_model_type": self.model_type,
@@ -363,7 +484,8 @@ class Qwen3TTSConfig:
             config["transformers_version"] = self.transformers_version
         speech = {
             "model_type": "qwen3_tts_tokenizer_12hz",
-            "encoder_valid_num_quantizers": c.num_quantizers,
+            "encoder_valid_num_quantizers": self.codec_encoder.valid_quantizers,
+            "encoder_config": _codec_encoder_json(self.codec_encoder),
             "input_sample_rate": c.sample_rate_hz,
             "output_sample_rate": c.sample_rate_hz,
             "decode_upsample_rate": c.frame_samples,
@@ -410,17 +532,28 @@ class Qwen3TTSConfig:
 # --- presets (random weights) ----------------------------------------------------------------------
 SIZES = ("tiny", "tiny-base", "0.6b", "1.7b")
 
-_SPEAKER_ENCODER_REAL: dict[str, Any] = {
-    "mel_dim": 128,
-    "enc_dim": 1024,
-    "enc_channels": [512, 512, 512, 512, 1536],
-    "enc_kernel_sizes": [5, 3, 3, 3, 1],
-    "enc_dilations": [1, 2, 3, 4, 1],
-    "enc_attention_channels": 128,
-    "enc_res2net_scale": 8,
-    "enc_se_channels": 128,
-    "sample_rate": 24000,
-}
+# Small speech-tokenizer encoder and speaker encoder for the tiny presets: every structural feature
+# (two SEANet stages per ratio, GQA-free attention with RoPE, the split RVQ with input projections,
+# SE-Res2Net with 8-way splits) at toy widths; the real ones would dominate a tiny checkpoint.
+TINY_CODEC_ENCODER = CodecEncoderConfig(
+    hidden_size=16,
+    num_filters=4,
+    codebook_size=2048,
+    codebook_dim=16,
+    vector_quantization_hidden_dimension=16,
+    num_quantizers=16,
+    num_layers=1,
+    intermediate_size=32,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=8,
+)
+TINY_SPEAKER_ENCODER = SpeakerEncoderConfig(
+    enc_dim=64,
+    enc_channels=(32, 32, 32, 32, 96),
+    enc_attention_channels=16,
+    enc_se_channels=16,
+)
 
 
 def preset(size: str, model_type: str = "custom_voice") -> Qwen3TTSConfig:
@@ -478,25 +611,15 @@ def preset(size: str, model_type: str = "custom_voice") -> Qwen3TTSConfig:
             codec=codec,
             model_type="base" if base else model_type,
             model_size="0b6",
+            codec_encoder=TINY_CODEC_ENCODER,
         )
         if base:
-            return dataclasses.replace(
-                cfg,
-                speaker_encoder={
-                    **_SPEAKER_ENCODER_REAL,
-                    "enc_dim": 64,
-                    "enc_channels": [32, 32, 32, 32, 96],
-                    "enc_attention_channels": 16,
-                    "enc_se_channels": 16,
-                },
-            )
+            return dataclasses.replace(cfg, speaker_encoder=TINY_SPEAKER_ENCODER)
         return cfg
     else:
         raise ValueError(f"unknown Qwen3-TTS size {size!r}; known: {', '.join(SIZES)}")
     if model_type == "base":
-        return dataclasses.replace(
-            cfg, speaker_encoder={**_SPEAKER_ENCODER_REAL, "enc_dim": cfg.talker.hidden_size}
-        )
+        return dataclasses.replace(cfg, speaker_encoder=SpeakerEncoderConfig(enc_dim=cfg.talker.hidden_size))
     return cfg
 
 
@@ -629,3 +752,81 @@ def _parse_generation(g: Mapping[str, Any]) -> GenerationDefaults:
         subtalker_top_p=float(g.get("subtalker_top_p", d.subtalker_top_p)),
         max_new_tokens=int(g.get("max_new_tokens", d.max_new_tokens)),
     )
+
+
+def _parse_speaker_encoder(d: Mapping[str, Any]) -> SpeakerEncoderConfig:
+    c = SpeakerEncoderConfig()
+    return SpeakerEncoderConfig(
+        mel_dim=int(d.get("mel_dim", c.mel_dim)),
+        enc_dim=int(d.get("enc_dim", c.enc_dim)),
+        enc_channels=tuple(int(x) for x in d.get("enc_channels", c.enc_channels)),
+        enc_kernel_sizes=tuple(int(x) for x in d.get("enc_kernel_sizes", c.enc_kernel_sizes)),
+        enc_dilations=tuple(int(x) for x in d.get("enc_dilations", c.enc_dilations)),
+        enc_attention_channels=int(d.get("enc_attention_channels", c.enc_attention_channels)),
+        enc_res2net_scale=int(d.get("enc_res2net_scale", c.enc_res2net_scale)),
+        enc_se_channels=int(d.get("enc_se_channels", c.enc_se_channels)),
+        sample_rate_hz=int(d.get("sample_rate", c.sample_rate_hz)),
+    )
+
+
+def _speaker_encoder_json(c: SpeakerEncoderConfig | None) -> dict[str, Any]:
+    if c is None:
+        return {}
+    return {
+        "mel_dim": c.mel_dim,
+        "enc_dim": c.enc_dim,
+        "enc_channels": list(c.enc_channels),
+        "enc_kernel_sizes": list(c.enc_kernel_sizes),
+        "enc_dilations": list(c.enc_dilations),
+        "enc_attention_channels": c.enc_attention_channels,
+        "enc_res2net_scale": c.enc_res2net_scale,
+        "enc_se_channels": c.enc_se_channels,
+        "sample_rate": c.sample_rate_hz,
+    }
+
+
+# CodecEncoderConfig field -> MimiConfig key, where they differ
+_MIMI_KEYS = {
+    "sample_rate_hz": "sampling_rate",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "frame_rate_hz": "frame_rate",
+}
+
+
+def _parse_codec_encoder(d: Mapping[str, Any], valid_quantizers: int) -> CodecEncoderConfig:
+    where = "speech_tokenizer/config.json: encoder_config"
+    if d.get("hidden_act", "gelu") != "gelu":
+        raise CheckpointError(f"{where}: hidden_act {d.get('hidden_act')!r} is not supported (gelu only)")
+    if not d.get("use_causal_conv", True):
+        raise CheckpointError(f"{where}: a non-causal encoder is not supported")
+    c = CodecEncoderConfig()
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(CodecEncoderConfig):
+        key = _MIMI_KEYS.get(f.name, f.name)
+        if f.name == "valid_quantizers" or key not in d or d[key] is None:
+            continue
+        default = getattr(c, f.name)
+        values[f.name] = (
+            tuple(int(x) for x in d[key]) if isinstance(default, tuple) else type(default)(d[key])
+        )
+    ratios = values.get("upsampling_ratios", c.upsampling_ratios)
+    values.setdefault(
+        "frame_rate_hz", values.get("sample_rate_hz", c.sample_rate_hz) / (math.prod(ratios) * 2)
+    )
+    if "head_dim" not in values:
+        values["head_dim"] = values.get("hidden_size", c.hidden_size) // values.get("num_heads", c.num_heads)
+    return CodecEncoderConfig(**values, valid_quantizers=valid_quantizers)
+
+
+def _codec_encoder_json(c: CodecEncoderConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(CodecEncoderConfig):
+        if f.name == "valid_quantizers":
+            continue
+        v = getattr(c, f.name)
+        out[_MIMI_KEYS.get(f.name, f.name)] = list(v) if isinstance(v, tuple) else v
+    # upsample_groups: the Mimi decoder's upsampling (unused by this encoder) must split the width;
+    # the released codec has it equal to the width
+    return {**out, "hidden_act": "gelu", "use_causal_conv": True, "upsample_groups": c.hidden_size}

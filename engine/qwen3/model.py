@@ -2,7 +2,8 @@
 
 Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by slot):
 
-    open_slot   sampling parameters -> device rows; codec state row reset
+    open_slot   sampling parameters -> device rows; codec state row reset; a Base checkpoint's cloned
+                voice from ``extra["voice_profile"]`` (voice_clone.py, clone_prefill.py)
     add_text    complete words -> token ids (tokenizer.TextStream)
     generate    NEW:     prefill the prompt (needs the first text token, or the end of the text;
                          with ``extra["whole_text"]`` all of the text, as the package's default
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
+from .clone_prefill import SlotVoice, prefill_embedded, slot_voice
 from .codec_runner import CodecRunner
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, powers_of_two
@@ -44,6 +46,7 @@ from .layers import DecoderLayer
 from .prompt import Prompt, build_prompt
 from .slot_state import SamplingRow, SlotState
 from .tokenizer import TextStream, TextTokenizer
+from .voice_clone import PROFILE_KEY, VoiceProfile
 from .weights import Modules
 
 CODEC_MODES = ("stateful", "windowed")
@@ -110,6 +113,7 @@ class _Slot:
     forced_frames: int | None  # StreamParams.forced_frames
     greedy: tuple[bool, bool]  # (codebook 0, codebooks 1..15): host copy of the device rows
     whole_text: bool  # wait for the end of the text and put all of it in the prompt (see prompt.py)
+    voice: SlotVoice | None = None  # a cloned voice (Base; clone_prefill.py)
     prefilled: bool = False
     frames: int = 0  # frames emitted
     position: int = 0  # talker positions written (KV length)
@@ -195,6 +199,15 @@ class Qwen3TTSModel(Model):
         t, g = self.cfg.talker, self.cfg.generation
         speaker_id: int | None = None
         voice = params.voice or self.info.voices[0]
+        profile = params.extra.get(PROFILE_KEY)
+        if profile is not None and not isinstance(profile, VoiceProfile):
+            raise ModelError(slot, f"extra[{PROFILE_KEY!r}] must be a VoiceProfile")
+        if profile is not None and self.cfg.model_type != "base":
+            raise ModelError(
+                slot, f"voice cloning needs a Base checkpoint, this one is {self.cfg.model_type}"
+            )
+        if profile is not None and profile.speaker_embedding.shape[0] != t.hidden_size:
+            raise ModelError(slot, f"the voice profile's x-vector is not {t.hidden_size} wide")
         if self.cfg.model_type == "custom_voice":
             try:
                 speaker_id = t.speaker_id(voice)
@@ -202,9 +215,11 @@ class Qwen3TTSModel(Model):
                 raise ModelError(
                     slot, f"unknown voice {voice!r}; voices: {', '.join(self.info.voices)}"
                 ) from None
-        elif voice != "default":
+        elif voice != "default" and profile is None:
             raise ModelError(
-                slot, f"this {self.cfg.model_type} checkpoint has no named voices (voice cloning: later)"
+                slot,
+                f"this {self.cfg.model_type} checkpoint has no named voices "
+                f"(clone one: extra[{PROFILE_KEY!r}], voice_clone.py)",
             )
         language = params.language or "auto"
         try:
@@ -271,11 +286,16 @@ class Qwen3TTSModel(Model):
             forced_frames=params.forced_frames,
             greedy=(greedy, cp_greedy),
             whole_text=whole_text,
+            voice=None
+            if profile is None
+            else slot_voice(
+                profile, self.step, self.tokenizer.encode(profile.ref_text) if profile.ref_text else ()
+            ),
         )
 
     def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
         st = self._slot(slot)
-        before = len(st.text.ids)
+        before = len(self._fed_ids(st))
         try:
             st.text.push(pieces, final)
         except ValueError as err:
@@ -283,16 +303,25 @@ class Qwen3TTSModel(Model):
         # the device queue holds max_seq_len tokens: a stream needs one position per streamed token, so
         # it stops before reading past them (a too-long whole-text prompt is refused by generate)
         room = self.state.max_text_tokens
-        self.state.append_text(slot, min(before, room), st.text.ids[before:room])
+        self.state.append_text(slot, min(before, room), self._fed_ids(st)[before:room])
+
+    def _fed_ids(self, st: _Slot) -> list[int]:
+        """The slot's device text queue: entry k is fed with frame k (an in-context voice shifts it)."""
+        return st.text.ids if st.voice is None else st.voice.fed_ids(st.text.ids)
 
     def ready(self, slot: int) -> bool:
         st = self._slots.get(slot)
         if st is None or st.done:
             return False
         if not st.prefilled:
-            return st.text.final if st.whole_text else bool(st.text.ids) or st.text.final
-        # the feed after frame k-1 carries text token k
-        return st.text.final or len(st.text.ids) > st.frames  # (whole text: final already)
+            if st.whole_text:
+                return st.text.final
+            if st.voice is not None:
+                return st.voice.prefill_ready(len(st.text.ids), st.text.final)
+            return bool(st.text.ids) or st.text.final
+        # the feed after frame k-1 carries text token k (of the queue: see _fed_ids)
+        shift = 0 if st.voice is None else st.voice.text_shift
+        return st.text.final or len(st.text.ids) + shift > st.frames  # (whole text: final already)
 
     def close_slot(self, slot: int) -> None:
         # KV rows need no clearing (see kv_cache.py); decoder state and sampling rows are reset by
@@ -371,6 +400,12 @@ class Qwen3TTSModel(Model):
 
     def _run_prefill(self, group: list[int]) -> Tensor:
         prompts = [self._prompt(self._slots[s]) for s in group]
+        voices = [self._slots[s].voice for s in group]
+        if any(v is not None for v in voices):  # vectors in the prompt: not a packed-id row
+            codes = prefill_embedded(self.step, prompts, voices, group)
+            for s, p in zip(group, prompts, strict=True):
+                self._slots[s].prefilled, self._slots[s].position = True, len(p)
+            return codes[: len(group)].clone()
         longest = max(len(p) for p in prompts)
         b = bucket_for(len(group), self.prefill_batches)
         t = next((n for n in self.prefill_lens if n >= longest), longest)  # no graph: exact length
@@ -414,6 +449,10 @@ class Qwen3TTSModel(Model):
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: _Slot) -> Prompt:
+        if st.voice is not None:
+            return st.voice.prompt(
+                self.cfg, self.tokenizer.role_ids, st.text.ids, st.language_id, st.whole_text
+            )
         return build_prompt(
             self.cfg,
             self.tokenizer.role_ids,

@@ -144,23 +144,6 @@ def write_tokenizer_files(directory: str) -> None:
         json.dump(config, f, indent=2)
 
 
-# A small Mimi encoder for the speech tokenizer's config: our loader skips the encoder, but the
-# official loader builds it, and its real size (~50M parameters) would dominate a tiny checkpoint.
-TINY_MIMI_ENCODER = {
-    "hidden_size": 16,
-    "num_filters": 4,
-    "codebook_size": 64,
-    "codebook_dim": 16,
-    "vector_quantization_hidden_dimension": 16,
-    "num_quantizers": 16,
-    "upsample_groups": 16,
-    "num_hidden_layers": 1,
-    "intermediate_size": 32,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "frame_rate": 12.5,
-}
 SPEECH_PREPROCESSOR = {
     "feature_extractor_type": "EncodecFeatureExtractor",
     "feature_size": 1,
@@ -184,7 +167,8 @@ def write_config_files(
     """
     os.makedirs(os.path.join(directory, "speech_tokenizer"), exist_ok=True)
     config, speech, generation = dataclasses.replace(cfg, transformers_version=transformers_version).to_json()
-    speech["encoder_config"] = dict(mimi_encoder if mimi_encoder is not None else TINY_MIMI_ENCODER)
+    if mimi_encoder is not None:  # else the config's own (the tiny presets carry a small one)
+        speech["encoder_config"] = dict(mimi_encoder)
     files = {
         "config.json": config,
         "generation_config.json": generation,

@@ -8,9 +8,11 @@
     DIR/speech_tokenizer/model.safetensors
 
 Official tensor names map onto our modules by prefix (``MAIN_PREFIXES``); the codec's per-codebook
-RVQ tensors are stacked into one table. Tensors we do not serve (the Mimi encoder, the RVQ input
-projections, the Base speaker encoder) are skipped; a missing tensor or a wrong shape raises
-:class:`CheckpointError` with the file and tensor name.
+RVQ tensors are stacked into one table. The serving load skips what a frame step never runs (the
+Mimi encoder, the decoder RVQ's input projections) and keeps the Base speaker encoder's tensors
+aside; voice cloning loads both encoders on its own (``load_speaker_encoder``,
+``load_codec_encoder``). A missing tensor or a wrong shape raises :class:`CheckpointError` with the
+file and tensor name.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from torch import Tensor, nn
 
 from .code_predictor import CodePredictor
 from .codec_decoder import CodecDecoder
+from .codec_encoder import CodecEncoder
 from .config import Qwen3TTSConfig
 from .errors import CheckpointError
 from .rope import inv_freq
+from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
 
 log = logging.getLogger(__name__)
@@ -44,7 +48,7 @@ MAIN_PREFIXES = (
     ("talker.model.", "talker."),
     ("talker.", "talker."),
 )
-SKIPPED_MAIN = ("speaker_encoder.",)  # Base: kept aside for the cloning path
+SKIPPED_MAIN = ("speaker_encoder.",)  # Base: kept aside for voice cloning (load_speaker_encoder)
 SKIPPED_CODEC = re.compile(r"^encoder\.|^decoder\.quantizer\.rvq_(first|rest)\.input_proj\.")
 _RVQ = re.compile(
     r"^decoder\.quantizer\.rvq_(first|rest)\.vq\.layers\.(\d+)\._codebook\.(embedding_sum|cluster_usage)$"
@@ -167,6 +171,66 @@ def load_into(mods: Modules, directory: str) -> dict[str, Tensor]:
         # The official loader only warns about unused tensors; we do the same, loudly.
         log.warning("checkpoint %s: %d unused tensors, e.g. %s", directory, len(unexpected), unexpected[:5])
     return speaker
+
+
+def load_speaker_encoder(
+    cfg: Qwen3TTSConfig,
+    tensors: Mapping[str, Tensor],
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> SpeakerEncoder:
+    """The Base speaker encoder from the ``speaker_encoder.*`` tensors ``load_into`` kept aside."""
+    if cfg.speaker_encoder is None:
+        raise CheckpointError(f"a {cfg.model_type} checkpoint has no speaker encoder (Base only)")
+    module = SpeakerEncoder(cfg.speaker_encoder)
+    prefix = "speaker_encoder."
+    ours = {
+        k[len(prefix) :]: (v, f"model.safetensors: {k}") for k, v in tensors.items() if k.startswith(prefix)
+    }
+    _load_strict(module, ours, "the speaker encoder (config.json speaker_encoder_config)")
+    return module.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+# the encoder tensors no encode needs: the RVQ's way back (decode only), a bookkeeping flag
+_UNUSED_ENCODER = re.compile(r"\.output_proj\.|\.codebook\.initialized$")
+
+
+def load_codec_encoder(
+    cfg: Qwen3TTSConfig,
+    directory: str,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> CodecEncoder:
+    """The speech tokenizer's encoder from ``speech_tokenizer/model.safetensors`` (``encoder.*``)."""
+    module = CodecEncoder(cfg.codec_encoder)
+    ours = {
+        key[len("encoder.") :]: (tensor, source)
+        for key, tensor, source in _iter_tensors(os.path.join(directory, "speech_tokenizer"), "model")
+        if key.startswith("encoder.") and not _UNUSED_ENCODER.search(key)
+    }
+    _load_strict(module, ours, "the speech tokenizer's encoder (speech_tokenizer/config.json encoder_config)")
+    return module.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def _load_strict(module: nn.Module, tensors: Mapping[str, tuple[Tensor, str]], what: str) -> None:
+    """Every parameter of ``module`` from ``tensors`` (name -> (tensor, source)); nothing left over."""
+    expected = module.state_dict(keep_vars=True)
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(f"{what}: {len(missing)} tensors missing, e.g. {', '.join(missing[:5])}")
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise CheckpointError(
+            f"{what}: unexpected tensors, e.g. {', '.join(tensors[k][1] for k in extra[:5])}"
+        )
+    with torch.no_grad():
+        for name, p in expected.items():
+            value, source = tensors[name]
+            if tuple(value.shape) != tuple(p.shape):
+                raise CheckpointError(
+                    f"{source}: shape {tuple(value.shape)} does not fit the config (expected {tuple(p.shape)})"
+                )
+            p.copy_(value.to(p.dtype))
 
 
 def _iter_tensors(directory: str, stem: str) -> Iterator[tuple[str, Tensor, str]]:

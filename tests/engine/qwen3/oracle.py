@@ -68,8 +68,67 @@ CHECKPOINTS: list[dict[str, Any]] = [
         "max_shard_size": None,
         "random_frames": 0,
         "prompts": [{"text": "Base model speaks.", "speaker": None, "language": "english", "frames": 15}],
+        "clone": {
+            # reference clips (reference_audio): 3 s, a short 1 s one (the in-context text then runs
+            # past the reference frames and trails into the decode steps), and one at 16 kHz (resampled)
+            "refs": [
+                {
+                    "seconds": 3.0,
+                    "rate_hz": 24_000,
+                    "seed": 11,
+                    "text": "Hello world, this is the reference.",
+                },
+                {"seconds": 1.0, "rate_hz": 24_000, "seed": 12, "text": "Good morning."},
+                {"seconds": 2.0, "rate_hz": 16_000, "seed": 13, "text": "The lazy dog."},
+            ],
+            "cases": [
+                {
+                    "ref": 0,
+                    "icl": False,
+                    "text": "A cloned voice speaks.",
+                    "language": "english",
+                    "frames": 15,
+                },
+                {
+                    "ref": 0,
+                    "icl": True,
+                    "text": "A cloned voice speaks.",
+                    "language": "english",
+                    "frames": 20,
+                },
+                {
+                    "ref": 1,
+                    "icl": True,
+                    "text": "The quick brown fox jumps over the lazy dog while McDonald's iPhone rings.",
+                    "language": "auto",
+                    "frames": 40,
+                },
+                {
+                    "ref": 0,
+                    "icl": True,
+                    "text": "The whole text in the prompt.",
+                    "language": "english",
+                    "frames": 12,
+                    "whole_text": True,
+                },
+                {"ref": 2, "icl": False, "text": "Hello world.", "language": "english", "frames": 10},
+            ],
+        },
     },
 ]
+
+
+def reference_audio(seconds: float, rate_hz: int, seed: int) -> np.ndarray:
+    """A synthetic reference clip (S,) float32 in [-1, 1]: a chirp with a vibrato over a loudness
+    contour, plus noise, so every mel band and codebook sees some energy (no speech available here)."""
+    t = np.arange(round(seconds * rate_hz)) / rate_hz
+    rng = np.random.default_rng(seed)
+    f0 = 120.0 + 80.0 * t / seconds + 10.0 * np.sin(2 * np.pi * 5.0 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate_hz
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 1.5 * t) ** 2
+    x = 0.3 * envelope * voiced + 0.05 * rng.standard_normal(t.size)
+    return np.clip(x, -1.0, 1.0).astype(np.float32)
 
 
 def greedy_params(prompt: dict[str, Any]) -> StreamParams:
@@ -127,7 +186,15 @@ def run_oracle(
         d = workdir / c["name"]
         if build:
             write_config_files(preset(c["preset"]), str(d))
-        checkpoints.append({**c, "dir": str(d), "build": build})
+        entry = {**c, "dir": str(d), "build": build}
+        if "clone" in c:  # the reference clips go to the oracle as files: the same samples both sides
+            refs = []
+            for j, r in enumerate(c["clone"]["refs"]):
+                path = workdir / f"{c['name']}-ref{j}.npy"
+                np.save(path, reference_audio(r["seconds"], r["rate_hz"], r["seed"]))
+                refs.append({**r, "path": str(path)})
+            entry["clone"] = {**c["clone"], "refs": refs}
+        checkpoints.append(entry)
     job = {"device": device, "dtype": dtype, "threads": 2, "checkpoints": checkpoints}
     tag = f"{dtype}-{device.replace(':', '')}"
     job_path, out_path = workdir / f"job-{tag}.json", workdir / f"oracle-{tag}.npz"
