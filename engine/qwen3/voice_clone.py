@@ -18,6 +18,7 @@ and F x 16 codes), so the voices API can persist it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +96,30 @@ class VoiceCloner:
         spk = load_speaker_encoder(cfg, speaker_tensors, device, dtype)
         return cls(cfg, spk, load_codec_encoder(cfg, directory, device, dtype))
 
+    @classmethod
+    def random(
+        cls,
+        cfg: Qwen3TTSConfig,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> VoiceCloner:
+        """Random encoders for a random-weight Base model (``load_qwen3(None, "tiny-base")``): every
+        path live, x-vectors of about 0.5 rms, codes spread over the codebooks."""
+        if cfg.speaker_encoder is None:
+            raise CheckpointError(f"a {cfg.model_type} model has no speaker encoder (Base only)")
+        gen = torch.Generator().manual_seed(seed)
+        spk, enc = SpeakerEncoder(cfg.speaker_encoder), CodecEncoder(cfg.codec_encoder)
+        with torch.no_grad():
+            for module in (spk, enc):
+                for name, p in module.named_parameters():
+                    p.copy_(_random_like(name, p, gen))
+        return cls(
+            cfg,
+            spk.to(device=device, dtype=dtype).eval().requires_grad_(False),
+            enc.to(device=device, dtype=dtype).eval().requires_grad_(False),
+        )
+
     @torch.no_grad()
     def profile(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str = "") -> VoiceProfile:
         """A reference clip (S,) or (S, C) at ``sample_rate_hz`` -> its profile; in-context mode when
@@ -110,3 +135,21 @@ class VoiceCloner:
         y = x if codec_rate == spk_rate else resample_mono(pcm, sample_rate_hz, codec_rate)
         codes = self.codec_encoder.encode(torch.from_numpy(y)).cpu()
         return VoiceProfile(embedding, codes, ref_text)
+
+
+def _random_like(name: str, p: Tensor, gen: torch.Generator) -> Tensor:
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "embed_sum":
+        return torch.randn(p.shape, generator=gen)
+    if leaf == "cluster_usage":
+        return torch.rand(p.shape, generator=gen) * 1.5 + 0.5
+    if leaf == "scale":  # layer scales large enough that the transformer reaches the codes
+        return torch.rand(p.shape, generator=gen) * 0.4 + 0.2
+    if leaf == "bias":
+        return torch.randn(p.shape, generator=gen) * 0.02
+    if p.dim() == 1:  # layer norms
+        return 1.0 + torch.randn(p.shape, generator=gen) * 0.05
+    fan_in = math.prod(p.shape[1:])
+    # He-scaled (ReLU / ELU stay O(1)); the x-vector's last 1x1 conv scaled down to ~0.5 rms
+    gain = 0.02 if name == "fc.weight" else 2.0**0.5
+    return torch.randn(p.shape, generator=gen) * gain * fan_in**-0.5

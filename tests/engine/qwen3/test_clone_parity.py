@@ -210,3 +210,19 @@ def test_cloning_is_refused_where_it_cannot_work(
         base.open_slot(0, StreamParams(extra={PROFILE_KEY: VoiceProfile(torch.zeros(8))}))
     with pytest.raises(ValueError, match="both ref_codes and ref_text"):
         VoiceProfile(p.speaker_embedding, ref_text="text without codes")
+
+
+def test_a_random_cloner_clones_on_a_random_base_model(device: str) -> None:
+    """No oracle needed: the random-weight path the voices API and the benchmarks use."""
+    model = load_qwen3(None, "tiny-base", device=device, seed=4, max_slots=2, max_batch_size=2)
+    cloner = VoiceCloner.random(model.cfg, seed=5, device=device)
+    wav = reference_audio(1.5, 24_000, seed=6)
+    icl = cloner.profile(wav, 24_000, "Hello world.")
+    assert icl.ref_codes is not None and icl.ref_codes.shape == (19, 16)
+    assert 0.05 < float(icl.speaker_embedding.std()) < 5.0
+    runs = {}
+    for name, profile in (("xvec", VoiceProfile(icl.speaker_embedding)), ("icl", icl)):
+        params = StreamParams(greedy=True, forced_frames=6, seed=0, extra={PROFILE_KEY: profile})
+        runs[name] = run_stream(model, 0, ["A cloned voice."], params)
+        assert runs[name].shape == (6, 16)
+    assert (runs["xvec"] != runs["icl"]).any()
