@@ -31,12 +31,21 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, model_options=options)
 
 
+def _model_name(name: str) -> str:
+    if name in MODEL_NAMES or ":" in name:
+        return name
+    raise argparse.ArgumentTypeError(
+        f"unknown model {name!r} (choose from {', '.join(MODEL_NAMES)}, or package.module:factory)"
+    )
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
-        choices=MODEL_NAMES,
+        type=_model_name,
         default="hibari",
-        help="hibari: the embedded English voice (default); qwen3-tts: Qwen3-TTS-12Hz",
+        help="hibari: the embedded English voice (default); qwen3-tts: Qwen3-TTS-12Hz; "
+        "or package.module:factory for a model of your own",
     )
     p.add_argument("--checkpoint", help="qwen3-tts: a local checkpoint directory in the Hugging Face layout")
     p.add_argument(

@@ -45,7 +45,7 @@ MAX_AUDIO_MESSAGE_BYTES = 16 * 1024 * 1024  # a long clause of 48 kHz PCM16 is ~
 # Errors answered to a turn's first text.delta: the server never opened the turn, so no
 # turn.done will follow and the turn fails here.
 TURN_REFUSED_CODES = frozenset(
-    {"server_busy", "too_many_turns", "invalid_field", "invalid_voice", "rate_limited"}
+    {"server_busy", "not_ready", "too_many_turns", "invalid_field", "invalid_voice", "rate_limited", "text_overflow"}
 )
 
 TurnId = str | int
@@ -164,7 +164,7 @@ class Turn:
 
     async def end(self) -> None:
         """No more text. A turn that never had text ends here, with no audio."""
-        if self._closed_input:
+        if self._closed_input or self._done.done():  # done already: refused or failed, nothing to end
             return
         self._closed_input = True
         if self._sent_text:

@@ -65,6 +65,13 @@ class BodyError(Exception):
         self.code = code
         self.message = message
 
+    def response(self) -> web.Response:
+        resp = _error(self.status, self.code, self.message)
+        if self.status in (408, 413):
+            # The rest of the body is still on the wire: close instead of lingering to read it.
+            resp.force_close()
+        return resp
+
 
 def streaming_wav_header(sample_rate_hz: int) -> bytes:
     """A WAV header for a stream of unknown length (sizes set to the maximum, as streaming servers do)."""
@@ -122,7 +129,7 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         body = await read_json_body(request, cfg.http_body_timeout_s)
         text, voice, fmt, speed = _parse_speech(body, engine, cfg.max_speech_input_chars)
     except BodyError as err:
-        return _error(err.status, err.code, err.message)
+        return err.response()
     except ValueError as err:
         code, _, message = str(err).partition(":")
         return _error(400, code, message)

@@ -18,7 +18,10 @@ BURST_LINES = 20  # per key and window: enough to see a pattern, not enough to f
 
 class LogLimiter:
     def __init__(
-        self, window_s: float = WINDOW_S, burst: int = BURST_LINES, clock: Callable[[], float] = time.monotonic
+        self,
+        window_s: float = WINDOW_S,
+        burst: int = BURST_LINES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._window_s = window_s
         self._burst = burst

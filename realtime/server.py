@@ -144,6 +144,9 @@ def make_runner(app: web.Application) -> web.AppRunner:
         handle_signals=False,
         access_log_class=AccessLogger,
         keepalive_timeout=config.http_keepalive_s,
+        # After an early answer (413, 408) aiohttp reads and drops the rest of the body so the
+        # client sees the answer rather than a reset; 2 s bounds what a slow sender holds.
+        lingering_time=2.0,
     )
 
 

@@ -154,6 +154,9 @@ class Session:
         self._order: deque[Turn] = deque()
         self._finished: deque[TurnId] = deque()
         self._finished_set: set[TurnId] = set()
+        # Turns refused at their first delta (busy, not ready, too many): the client was told once;
+        # the rest of the LLM's deltas and the text.end for them are dropped without more errors.
+        self._refused: deque[TurnId] = deque(maxlen=MAX_REMEMBERED_TURNS)
         self._wake = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self._closed = False
@@ -266,6 +269,8 @@ class Session:
             await self.sink.send_json({"type": "session.updated", "audio": self.audio.describe()})
 
     def _dispatch(self, msg: object) -> None:
+        if getattr(msg, "turn_id", None) in self._refused:
+            return
         if isinstance(msg, SessionUpdate):
             self._update(msg)
         elif isinstance(msg, TextDelta):
@@ -306,18 +311,22 @@ class Session:
             return turn
         if turn_id in self._finished_set:
             raise ProtocolError("turn_ended", "this turn has ended; start a new turn_id", turn_id)
-        if len(self._turns) >= self.limits.max_open_turns:
-            raise ProtocolError(
-                "too_many_turns", f"at most {self.limits.max_open_turns} turns may be open at once", turn_id
-            )
         try:
-            stream = self.engine.open_stream(voice=self.audio.voice)
-        except EngineBusy as err:
-            raise ProtocolError("server_busy", str(err), turn_id) from None
-        except EngineNotReady as err:
-            raise ProtocolError("not_ready", str(err), turn_id) from None
-        except ValueError as err:
-            raise ProtocolError("invalid_field", str(err), turn_id) from None
+            if len(self._turns) >= self.limits.max_open_turns:
+                raise ProtocolError(
+                    "too_many_turns", f"at most {self.limits.max_open_turns} turns may be open at once", turn_id
+                )
+            try:
+                stream = self.engine.open_stream(voice=self.audio.voice)
+            except EngineBusy as err:
+                raise ProtocolError("server_busy", str(err), turn_id) from None
+            except EngineNotReady as err:
+                raise ProtocolError("not_ready", str(err), turn_id) from None
+            except ValueError as err:
+                raise ProtocolError("invalid_field", str(err), turn_id) from None
+        except ProtocolError:
+            self._refused.append(turn_id)
+            raise
         turn = Turn(
             turn_id, stream, AudioSettings(self.audio.format, self.audio.sample_rate, self.audio.voice)
         )

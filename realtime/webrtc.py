@@ -147,12 +147,10 @@ def rtc_configuration(config: GatewayConfig) -> RTCConfiguration:
 
 # --- offer validation ---------------------------------------------------------------------------------
 async def read_offer(request: web.Request) -> str:
-    """The offer's SDP, with only the ICE candidates the server may check; OfferError with a 4xx status."""
+    """The offer's SDP, with only the ICE candidates the server may check; OfferError or
+    BodyError with a 4xx status."""
     config = request.app[GATEWAY].config
-    try:
-        body = await read_json_body(request, config.http_body_timeout_s)
-    except BodyError as err:
-        raise OfferError(err.status, err.code, err.message) from None
+    body = await read_json_body(request, config.http_body_timeout_s)  # BodyError: 4xx as it is
     if not isinstance(body, dict):
         raise OfferError(400, "invalid_request", 'the body must be {"sdp": ..., "type": "offer"}')
     if body.get("type") != "offer":
@@ -377,6 +375,8 @@ async def offer_handler(request: web.Request) -> web.Response:
         return refused
     try:
         sdp = await read_offer(request)
+    except BodyError as err:
+        return err.response()
     except OfferError as err:
         return _error(err.status, err.code, err.message)
     peers = gw.peers

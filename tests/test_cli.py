@@ -1,13 +1,23 @@
 """`voicewire say` as a user runs it: a subprocess writing a WAV file."""
 
+import contextlib
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 import wave
 from pathlib import Path
 
 import numpy as np
 
 from tests.asr import transcribe, wer
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 TEXT = "Good afternoon! The meeting moved to room 12, and it starts at three thirty."
 
@@ -32,4 +42,82 @@ def test_say_refuses_empty_text_and_unknown_model(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "realtime.cli", "say"]
     assert subprocess.run([*run, "  ", "-o", str(tmp_path / "x.wav")], capture_output=True).returncode == 2
     proc = subprocess.run([*run, "hi", "--model", "nope"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    assert proc.returncode == 2 and "unknown model" in proc.stderr
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_serve_is_live_at_once_and_ready_only_when_warm() -> None:
+    """`voicewire serve` with a model whose warm-up takes seconds (as Qwen3-TTS graph capture
+    does): a liveness probe gets 200 within 2 s of launch, readiness 503 until warm, then 200."""
+    port = free_port()
+    env = {**os.environ, "VOICEWIRE_TEST_WARMUP_S": "4"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "realtime.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--model",
+            "tests.doubles:slow_warmup",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        live_s = None
+        while time.monotonic() - t0 < 10:
+            with contextlib.suppress(OSError):
+                if _get(f"{base}/healthz") == 200:
+                    live_s = time.monotonic() - t0
+                    break
+            time.sleep(0.05)
+        assert live_s is not None and live_s < 2.0, f"/healthz answered after {live_s} s"
+        assert _get(f"{base}/readyz") == 503
+        ready_s = None
+        while time.monotonic() - t0 < 60:
+            if _get(f"{base}/readyz") == 200:
+                ready_s = time.monotonic() - t0
+                break
+            time.sleep(0.1)
+        assert ready_s is not None and ready_s >= 4.0, ready_s
+        req = urllib.request.Request(
+            f"{base}/v1/audio/speech",
+            data=b'{"input": "Ready now."}',
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200 and len(r.read()) > 10_000
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+
+
+def test_serve_refuses_a_taken_port_in_one_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert "cannot listen" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
