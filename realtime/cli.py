@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="exact browser Origin allowed (repeatable), e.g. https://app.example.com",
     )
+    serve.add_argument(
+        "--public-metrics",
+        action="store_true",
+        help="serve GET /metrics without the API key (for a scraper on a private network)",
+    )
     serve.add_argument("--max-sessions", type=int, default=GatewayConfig.max_sessions)
     serve.add_argument(
         "--write-stall-timeout",
@@ -163,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             engine=_engine_config(args),
             auth=AuthConfig(api_keys=tuple(keys), allowed_origins=tuple(args.allow_origin)),
             max_sessions=args.max_sessions,
+            public_metrics=args.public_metrics,
             write_stall_timeout_s=args.write_stall_timeout,
             drain_timeout_s=args.drain_timeout,
         )
