@@ -26,7 +26,7 @@ import numpy as np
 
 from .config import EngineConfig
 from .level import LeadInTrimmer
-from .model import DecodeWork, Model, ModelError, ModelInfo, StreamParams, TextGranularity
+from .model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
 from .scheduler import ChunkDue, Request, Scheduler, StepPlan
 from .stream import AudioChunk, Stream, StreamError
 from .text_feeder import ClauseFeeder, WordFeeder
@@ -69,6 +69,8 @@ class _Live:
     trimmer: LeadInTrimmer
     buffered_chars: int = 0
     held_text: str = ""  # text of chunks the lead-in trimmer held back, emitted with the next audio
+    compute_s: float = 0.0  # model time spent on this stream so far, as the model reports it
+    frames_generated: int = 0
 
 
 class Engine:
@@ -321,8 +323,27 @@ class Engine:
             if res.error is not None and sid in self._live:
                 log.warning("stream %d failed in the model: %s", sid, res.error)
                 self._fail(self._live[sid], StreamError("model_error", res.error))
+            elif sid in self._live:
+                self._charge(self._live[sid], res)
         self._scheduler.record(plan, results)  # failed streams are gone from the scheduler already
         self.stats.frames_generated += sum(r.n_frames for r in results)
+
+    def _charge(self, live: _Live, res: GenerateResult) -> None:
+        """Ends a turn whose model time outgrows the audio it makes (text a model reads slowly
+        or not at all): it would hold model capacity every other stream needs."""
+        live.compute_s += res.compute_s
+        live.frames_generated += res.n_frames
+        info, cfg = self.model.info, self.config.text
+        audio_s = live.frames_generated * info.frame_samples / info.sample_rate_hz
+        if live.compute_s > cfg.turn_budget_s + cfg.turn_budget_per_audio_s * audio_s:
+            self._fail(
+                live,
+                StreamError(
+                    "text_budget_exceeded",
+                    f"this turn's text took {live.compute_s:.1f} s of model time for {audio_s:.1f} s "
+                    "of audio; the rest of it is not spoken",
+                ),
+            )
 
     def _decode(self, due: list[ChunkDue]) -> None:
         work = [DecodeWork(d.slot, d.frames, d.n_frames, d.final) for d in due if d.n_frames]

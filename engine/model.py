@@ -69,6 +69,7 @@ class GenerateResult:
     finished: bool  # True when the slot will produce no more frames (stop token / text exhausted)
     text_spoken: str = ""  # the text these frames speak, when the model knows it (for barge-in truncation)
     error: str | None = None  # this slot failed (the others in the batch did not): the engine ends its stream
+    compute_s: float = 0.0  # model time this step spent on this slot (0 where a model does not measure it)
 
 
 @dataclass

@@ -7,19 +7,35 @@ model declares CLAUSE granularity and the engine's clause feeder releases a shor
 
 Only the bundled default voice ("heart") is offered: every other hibari voice downloads on first
 use, and a server must never reach out to a model hub at run time.
+
+Bounded work per step. hibari's front end is written for prose; on other text its cost explodes
+(phonemize: 4,000 emoji or 4,000 combining accents with no space take 8 s, 300 characters of
+"a/a/a/..." 5 s, cubic in the run; the network: 117 ms for 400 phonemes, 13.6 s for 8,000; the
+number reader fails on more than 36 digits). So each clause is made speakable for the English
+voice first (``speakable``: no emoji or other symbols it cannot read, long digit runs in groups,
+no run of more than ``MAX_RUN_CHARS`` without a space), at most ``MAX_PHONEMIZE_CHARS`` reach the
+phonemizer at once, and one step runs the network on at most ``MAX_PHONEMES_PER_CALL`` phonemes.
+
+Fair steps. The clause work of a step runs on a small pool, and ``generate`` waits for it at most
+``STEP_WAIT_S``: a slot whose work is not done yet returns no frames and stays ready, so one
+stream's slow clause holds one pool thread, not every other stream's step.
 """
 
 from __future__ import annotations
 
+import re
+import time
+import unicodedata
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..level import apply_gain, first_audible_sample
 from ..model import DecodeWork, GenerateResult, Model, ModelInfo, StreamParams, TextGranularity
+from ..text_guard import cut_to_length
 
 SAMPLE_RATE_HZ = 24_000
 FRAME_SAMPLES = 300  # hibari's STFT hop: 12.5 ms
@@ -31,15 +47,38 @@ TAIL_MS = {"strong": 250.0, "weak": 120.0, "none": 30.0}  # after ". ! ?", after
 ONSET_DBFS = -45.0
 DEFAULT_VOICE = "heart"
 
+# Front-end limits (see the module docstring for the costs they bound).
+MAX_PHONEMIZE_CHARS = 300  # of clause text per phonemizer call: the clause feeder's own limit
+MAX_RUN_CHARS = 24  # a longer run with no space is split: 24 chars of "a/a/..." phonemize in 5 ms
+MAX_NUMBER_DIGITS = 15  # longer digit runs are read in groups of three (hibari names up to 36)
+MAX_PHONEMES_PER_CALL = 400  # per network call (hibari's own sentence limit): ~120 ms on one core
+STEP_WAIT_S = 0.02  # generate() returns after this long even if a slot's clause work is still running
+# Symbols outside letters, digits, punctuation and currency that hibari's normalizer reads aloud.
+_READ_SYMBOLS = frozenset("°§¶±×÷™®©•→←")
+_DIGIT_RUN = re.compile(r"\d+(?:,\d+)*")
+_NON_SPACE_RUN = re.compile(rf"\S{{{MAX_RUN_CHARS + 1},}}")
+
+
+@dataclass(frozen=True)
+class _Utterance:
+    """One network call's worth of a clause."""
+
+    phonemes: str
+    tail_ms: float  # pause kept after its audio
+    text: str  # the clause text its audio speaks ("" for the later calls of a long clause)
+
 
 @dataclass
 class _Slot:
+    # At most one clause job per slot runs at a time (on the pool), and the worker only appends
+    # to ``clauses`` and then sets ``text_final``: the job reads them in the other order.
     clauses: deque[str] = field(default_factory=deque)
+    utterances: deque[_Utterance] = field(default_factory=deque)  # phonemized, not yet synthesized
     text_final: bool = False
     finished: bool = False
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     speed: float = 1.0
-    clauses_done: int = 0
+    spoke_any: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +90,45 @@ class _Frames:
     tail_ms: float
 
 
+def speakable(text: str) -> str:
+    """``text`` as the English voice can read it at a bounded cost: only characters it speaks
+    (letters, digits, punctuation, currency, symbols its normalizer names; no emoji or combining
+    marks left over after NFC), digit runs over ``MAX_NUMBER_DIGITS`` in groups of three, and no
+    run of more than ``MAX_RUN_CHARS`` without a space. Ordinary prose comes back unchanged."""
+    text = "".join(_keep(ch) for ch in unicodedata.normalize("NFC", text))
+    text = _DIGIT_RUN.sub(_digit_groups, text)
+    return _NON_SPACE_RUN.sub(_split_run, text).strip()
+
+
+def _keep(ch: str) -> str:
+    if ch.isascii():
+        return ch if ch.isprintable() or ch.isspace() else ""
+    category = unicodedata.category(ch)
+    if category[0] in "LNPZ" or category == "Sc" or ch in _READ_SYMBOLS:
+        return ch
+    return " " if ch.isspace() else ""
+
+
+def _digit_groups(m: re.Match[str]) -> str:
+    digits = m.group().replace(",", "")
+    if len(digits) <= MAX_NUMBER_DIGITS:
+        return m.group()
+    head = len(digits) % 3 or 3  # "1234567..." -> "1 234 567 ...", as thousands are grouped
+    return " ".join([digits[:head], *(digits[i : i + 3] for i in range(head, len(digits), 3))])
+
+
+def _split_run(m: re.Match[str]) -> str:
+    """A long run in pieces of at most MAX_RUN_CHARS, cut after its last non-alphanumeric
+    character within the limit ("example.com/ some/path") or hard where there is none."""
+    run, pieces = m.group(), []
+    while len(run) > MAX_RUN_CHARS:
+        window = run[:MAX_RUN_CHARS]
+        cut = max((i + 1 for i, ch in enumerate(window[:-1]) if not ch.isalnum()), default=MAX_RUN_CHARS)
+        pieces.append(run[:cut])
+        run = run[cut:]
+    return " ".join([*pieces, run])
+
+
 class HibariModel(Model):
     def __init__(self, threads: int = 1, workers: int = 2, max_slots: int = 1024) -> None:
         from hibari import Hibari
@@ -59,8 +137,15 @@ class HibariModel(Model):
         self._slots: dict[int, _Slot] = {}
         # The network takes one utterance per call, so a "batch" is run as parallel calls: onnxruntime
         # releases the GIL, and two single-threaded runs at once beat one two-threaded run (the
-        # engine's worker and the event loop share the machine's cores with them).
+        # engine's worker and the event loop share the machine's cores with them). Decoding has
+        # its own pool so that it never queues behind a slow clause.
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hibari") if workers > 1 else None
+        self._decode_pool = (
+            ThreadPoolExecutor(workers, thread_name_prefix="hibari-decode") if workers > 1 else None
+        )
+        self._inflight: dict[int, Future[GenerateResult]] = {}  # slot -> its clause job on the pool
+        # Jobs of closed slots that had started: a slot number is not reused until its job is done.
+        self._orphans: dict[int, Future[GenerateResult]] = {}
         self.info = ModelInfo(
             name="hibari",
             sample_rate_hz=SAMPLE_RATE_HZ,
@@ -75,21 +160,42 @@ class HibariModel(Model):
         self._tts("Warm up.", seed=0)
 
     def open_slot(self, slot: int, params: StreamParams) -> None:
+        orphan = self._orphans.pop(slot, None)
+        if orphan is not None:
+            wait([orphan])  # at most one clause job (bounded above); only when a slot is reused at once
         self._slots[slot] = _Slot(rng=np.random.default_rng(params.seed), speed=params.speed)
 
     def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
         s = self._slots[slot]
-        s.clauses.extend(p for p in pieces if p.strip())
+        s.clauses.extend(q for p in pieces for q in cut_to_length(p, MAX_PHONEMIZE_CHARS))
         s.text_final = s.text_final or final
 
     def ready(self, slot: int) -> bool:
         s = self._slots[slot]
-        return bool(s.clauses) or (s.text_final and not s.finished)
+        return slot in self._inflight or bool(s.clauses or s.utterances) or (s.text_final and not s.finished)
 
     def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
-        if self._pool is None or len(slots) == 1:
-            return [self._generate_isolated(slot) for slot in slots]
-        return list(self._pool.map(self._generate_isolated, slots))
+        if self._pool is None:
+            return [self._timed(slot) for slot in slots]
+        for slot in slots:
+            if slot not in self._inflight:
+                self._inflight[slot] = self._pool.submit(self._timed, slot)
+        jobs = [self._inflight[slot] for slot in slots]
+        wait(jobs, timeout=STEP_WAIT_S)
+        results = []
+        for slot, job in zip(slots, jobs, strict=True):
+            if job.done():
+                del self._inflight[slot]
+                results.append(job.result())
+            else:  # still working: nothing this step, asked again on the next
+                results.append(GenerateResult(slot, None, 0, finished=False))
+        return results
+
+    def _timed(self, slot: int) -> GenerateResult:
+        t0 = time.perf_counter()
+        result = self._generate_isolated(slot)
+        result.compute_s = time.perf_counter() - t0
+        return result
 
     def _generate_isolated(self, slot: int) -> GenerateResult:
         try:
@@ -98,35 +204,55 @@ class HibariModel(Model):
             return GenerateResult(slot, None, 0, finished=True, error=f"{type(err).__name__}: {err}")
 
     def _generate_one(self, slot: int) -> GenerateResult:
+        """One network call for ``slot``: the next utterance of its current clause, phonemizing the
+        next clause first when none is left (clauses with nothing speakable cost no phonemizer call)."""
         s = self._slots[slot]
-        if not s.clauses:
-            s.finished = s.text_final
+        while not s.utterances and s.clauses:
+            clause = s.clauses.popleft()
+            text = speakable(clause)
+            if text:
+                s.utterances.extend(self._utterances(clause, text))
+                break  # at most one phonemizer call per job, even when it yields nothing
+        if not s.utterances:
+            s.finished = s.text_final and not s.clauses
             return GenerateResult(slot, None, 0, finished=s.finished)
-        clause = s.clauses.popleft()
-        outputs: list[tuple[np.ndarray, ...]] = []
-        for phonemes in self._tts.phonemize(clause):
-            ids = self._tts.ids(phonemes)
-            if len(ids) < 3:
-                continue
+        u = s.utterances.popleft()
+        ids = self._tts.ids(u.phonemes)
+        frames: list[_Frames] = []
+        if len(ids) >= 3:
             out = self._tts.sess.run(
                 None,
                 {"ids": np.asarray([ids], np.int64), "speed": np.asarray([s.speed], np.float32)},
             )
-            outputs.append(tuple(np.asarray(o)[0] for o in out))
-        s.finished = s.text_final and not s.clauses
-        first = s.clauses_done == 0
-        s.clauses_done += 1
-        if not outputs:
+            frames.append(_Frames(tuple(np.asarray(o)[0] for o in out), not s.spoke_any, u.tail_ms))
+            s.spoke_any = True
+        s.finished = s.text_final and not s.clauses and not s.utterances
+        if not frames:
             return GenerateResult(slot, None, 0, finished=s.finished)
-        tail = TAIL_MS[_ending(clause)]
-        frames = [_Frames(parts, first and i == 0, tail) for i, parts in enumerate(outputs)]
-        n_frames = sum(f.parts[0].shape[1] for f in frames)
-        return GenerateResult(slot, frames, n_frames, finished=s.finished, text_spoken=clause)
+        n_frames = frames[0].parts[0].shape[1]
+        return GenerateResult(slot, frames, n_frames, finished=s.finished, text_spoken=u.text)
+
+    def _utterances(self, clause: str, text: str) -> list[_Utterance]:
+        """``clause`` (made ``speakable`` as ``text``) as network calls of bounded length."""
+        parts = [
+            part
+            for sentence in self._tts.phonemize(text)
+            for part in cut_to_length(sentence, MAX_PHONEMES_PER_CALL)
+        ]
+        last = len(parts) - 1
+        return [
+            _Utterance(
+                part,
+                TAIL_MS[_ending(clause if i == last else part)],  # a cut mid-sentence keeps a short pause
+                clause if i == 0 else "",
+            )
+            for i, part in enumerate(parts)
+        ]
 
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
-        if self._pool is None or len(work) == 1:
+        if self._decode_pool is None or len(work) == 1:
             return [self._decode_one(item) for item in work]
-        return list(self._pool.map(self._decode_one, work))
+        return list(self._decode_pool.map(self._decode_one, work))
 
     def _decode_one(self, item: DecodeWork) -> np.ndarray:
         from hibari import dsp
@@ -135,11 +261,16 @@ class HibariModel(Model):
         pieces: list[np.ndarray] = []
         for payload in item.frames:
             for fr in payload:  # type: ignore[attr-defined]
-                pcm = _trim_pauses(dsp.synth(*fr.parts, rng), None if fr.first_clause else LEAD_MS, fr.tail_ms)
+                pcm = _trim_pauses(
+                    dsp.synth(*fr.parts, rng), None if fr.first_clause else LEAD_MS, fr.tail_ms
+                )
                 pieces.append(apply_gain(pcm, GAIN_DB))
         return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
     def close_slot(self, slot: int) -> None:
+        job = self._inflight.pop(slot, None)
+        if job is not None and not job.cancel():
+            self._orphans[slot] = job  # running: it finishes on its own, its result unread
         self._slots.pop(slot, None)
 
     @property
