@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from engine import EngineConfig
 
 from .auth import AuthConfig
-from .session import SessionLimits
+from .limits import SessionLimits
 
 ICE_URL_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
 

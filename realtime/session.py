@@ -13,12 +13,12 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from engine import AudioChunk, Engine, EngineBusy, EngineNotReady, Stream, StreamError
+from engine import Engine, EngineBusy, EngineNotReady, StreamError
 from engine.level import first_audible_sample
 
+from .limits import SessionLimits, TokenBucket
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
 from .protocol import (
@@ -36,97 +36,12 @@ from .protocol import (
     parse_client_message,
 )
 from .truncation import TextSpan, spoken_text
+from .turn import AudioSettings, SessionSink, SinkStalled, Turn
 
 log = logging.getLogger("voicewire.session")
 _log_limiter = LogLimiter()  # process-wide: client errors are logged at a bounded rate per code
 
 MAX_REMEMBERED_TURNS = 256  # finished turn ids kept to reject late text for them
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    """Per-session limits; each breach has a documented error code (README, "Limits")."""
-
-    # Turns open at once, the one playing included; each holds an engine stream, so a few
-    # sessions cannot take every stream of the engine -> too_many_turns.
-    max_open_turns: int = 4
-    max_unspoken_chars: int = 20_000  # text sent and not yet spoken, over the open turns -> text_overflow
-    text_chars_per_s: float = 1_000.0  # sustained text rate (an LLM at 100 tokens/s is ~400) -> rate_limited
-    text_burst_chars: float = 10_000.0  # ...with this much allowed at once
-    # No client message and nothing playing -> close 4002. An open turn that got no text and
-    # played no audio for this long ends with reason "timeout" and frees its engine stream.
-    idle_timeout_s: float = 120.0
-    max_lifetime_s: float = 3_600.0  # -> close 4001
-    # Error replies: a burst, then a sustained rate; past it errors are counted, not sent, so
-    # a flood of bad messages costs neither bandwidth nor log lines.
-    error_burst: float = 100.0
-    errors_per_s: float = 10.0
-
-
-class _TokenBucket:
-    def __init__(self, rate_per_s: float, burst: float) -> None:
-        self._rate, self._burst = rate_per_s, burst
-        self._level, self._t = burst, time.monotonic()
-
-    def take(self, amount: float) -> bool:
-        now = time.monotonic()
-        self._level = min(self._burst, self._level + (now - self._t) * self._rate)
-        self._t = now
-        if amount > self._level:
-            return False
-        self._level -= amount
-        return True
-
-
-@dataclass
-class AudioSettings:
-    format: str = "pcm16"
-    sample_rate: int = 24_000
-    voice: str = ""
-
-    def describe(self) -> dict[str, Any]:
-        return {"format": self.format, "sample_rate": self.sample_rate, "channels": 1}
-
-
-@dataclass
-class Turn:
-    turn_id: TurnId
-    stream: Stream
-    audio: AudioSettings  # settings in force when the turn started
-    t_first_text: float = field(default_factory=time.perf_counter)
-    t_last_activity: float = field(default_factory=time.monotonic)  # last text in or audio out
-    chars_in: int = 0  # text characters the client sent for this turn
-    t_first_audio_sent: float | None = None
-    first_audible_sample: int | None = None  # start of the turn's first 10 ms window above the onset level
-    samples_sent: int = 0  # engine-rate samples handed to the transport
-    text_sent: list[str] = field(default_factory=list)
-    text_spans: list[TextSpan] = field(default_factory=list)  # where each chunk's text lies in the audio
-    underruns: int = 0  # audio handed over after a listener (playing from the first audio) ran dry
-    ended: bool = False
-    cancelled: bool = False
-    timed_out: bool = False  # ended by the session: no text and no audio for the idle time
-
-    @property
-    def finished_input(self) -> bool:
-        return self.ended or self.cancelled
-
-
-class SinkStalled(Exception):
-    """Raised by a sink whose client stopped reading (a send made no progress for its stall timeout)."""
-
-
-class SessionSink(Protocol):
-    """What a transport provides to a session."""
-
-    async def send_json(self, msg: dict[str, Any]) -> None: ...
-
-    async def start_turn(self, turn: Turn) -> None: ...
-
-    async def send_audio(self, turn: Turn, chunk: AudioChunk) -> None: ...
-
-    async def end_turn(self, turn: Turn, cancelled: bool) -> float:
-        """Flush (or, cancelled, drop) the turn's queued audio; returns ms the client was given."""
-        ...
 
 
 class Session:
@@ -148,8 +63,8 @@ class Session:
         self.audio = AudioSettings()
         self.t_started = time.monotonic()
         self.t_last_input = self.t_started
-        self._text_bucket = _TokenBucket(self.limits.text_chars_per_s, self.limits.text_burst_chars)
-        self._error_bucket = _TokenBucket(self.limits.errors_per_s, self.limits.error_burst)
+        self._text_bucket = TokenBucket(self.limits.text_chars_per_s, self.limits.text_burst_chars)
+        self._error_bucket = TokenBucket(self.limits.errors_per_s, self.limits.error_burst)
         self._turns: dict[TurnId, Turn] = {}
         self._order: deque[Turn] = deque()
         self._finished: deque[TurnId] = deque()

@@ -48,7 +48,8 @@ from .gateway import GATEWAY, error_body
 from .http_api import BodyError, read_json_body
 from .pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
 from .protocol import dumps
-from .session import AudioSettings, Session, Turn
+from .session import Session
+from .turn import AudioSettings, Turn
 
 log = logging.getLogger("voicewire.webrtc")
 

@@ -18,7 +18,8 @@ from .audio import TurnAudioEncoder
 from .auth import TOKEN_SUBPROTOCOL_PREFIX
 from .gateway import GATEWAY, Gateway
 from .protocol import MAX_MESSAGE_BYTES, dumps
-from .session import Session, SinkStalled, Turn
+from .session import Session
+from .turn import SinkStalled, Turn
 
 log = logging.getLogger("voicewire.ws")
 

@@ -20,7 +20,7 @@ import websockets
 from engine import Engine, EngineConfig
 from realtime.auth import AuthConfig
 from realtime.client import VoicewireClient
-from realtime.session import SessionLimits
+from realtime.limits import SessionLimits
 from tests.conftest import running_gateway, wait_engine_idle
 from tests.doubles import SlowWarmupModel
 

@@ -11,7 +11,7 @@ import pytest
 import websockets
 
 from engine import Engine
-from realtime.session import SessionLimits
+from realtime.limits import SessionLimits
 from tests.conftest import running_gateway
 
 
