@@ -815,6 +815,8 @@ def _parse_codec_encoder(d: Mapping[str, Any], valid_quantizers: int) -> CodecEn
     values.setdefault(
         "frame_rate_hz", values.get("sample_rate_hz", c.sample_rate_hz) / (math.prod(ratios) * 2)
     )
+    if "codebook_dim" in d and d["codebook_dim"] is None:  # Mimi: null means the encoder width
+        values["codebook_dim"] = values.get("hidden_size", c.hidden_size)
     if "head_dim" not in values:
         values["head_dim"] = values.get("hidden_size", c.hidden_size) // values.get("num_heads", c.num_heads)
     return CodecEncoderConfig(**values, valid_quantizers=valid_quantizers)
