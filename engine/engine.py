@@ -271,7 +271,7 @@ class Engine:
             feeder=(
                 ClauseFeeder(self.config.text)
                 if model.info.text_granularity is TextGranularity.CLAUSE
-                else WordFeeder()
+                else WordFeeder(self.config.text)
             ),
             trimmer=LeadInTrimmer(
                 model.info.sample_rate_hz, lvl.onset_threshold_dbfs, lvl.first_preroll_ms, lvl.max_trim_ms
@@ -291,15 +291,14 @@ class Engine:
     def _step(self, ready: set[int]) -> None:
         plan = self._scheduler.plan_generate(ready)
         t0 = time.perf_counter()
-        if not plan.empty:
-            self._generate(plan)
+        frames = self._generate(plan) if not plan.empty else 0
         t1 = time.perf_counter()
         due = self._scheduler.plan_decode()
         if due:
             self._decode(due)
         t2 = time.perf_counter()
-        if plan.empty and not due:
-            return
+        if not frames and not due:
+            return  # nothing was made (or a model's work is still running): not a step
         st = self.stats
         st.steps += 1
         st.generate_s += t1 - t0
@@ -307,18 +306,19 @@ class Engine:
         st.last_step_s = t2 - t0
         st.batch_sizes[len(plan.generate_slots)] += 1
 
-    def _generate(self, plan: StepPlan) -> None:
+    def _generate(self, plan: StepPlan) -> int:
+        """One stage-1 step; returns the frames it made (0 also when a model's work is still running)."""
         try:
             results = self.model.generate(plan.generate_slots)
         except ModelError as err:
             self._fail_slot(err.slot, str(err))
-            return
+            return 0
         except Exception as err:
             log.exception("generate failed for streams %s", plan.generate_streams)
             for sid in plan.generate_streams:
                 if sid in self._live:
                     self._fail(self._live[sid], StreamError("model_error", f"model failed: {err}"))
-            return
+            return 0
         for sid, res in zip(plan.generate_streams, results, strict=True):
             if res.error is not None and sid in self._live:
                 log.warning("stream %d failed in the model: %s", sid, res.error)
@@ -326,7 +326,9 @@ class Engine:
             elif sid in self._live:
                 self._charge(self._live[sid], res)
         self._scheduler.record(plan, results)  # failed streams are gone from the scheduler already
-        self.stats.frames_generated += sum(r.n_frames for r in results)
+        frames = sum(r.n_frames for r in results)
+        self.stats.frames_generated += frames
+        return frames
 
     def _charge(self, live: _Live, res: GenerateResult) -> None:
         """Ends a turn whose model time outgrows the audio it makes (text a model reads slowly

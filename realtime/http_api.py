@@ -150,19 +150,39 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         gw.speech_requests -= 1
 
 
+# Stream errors that the input caused (the rest are the server's: 500 model_error).
+_INPUT_STREAM_ERRORS = frozenset({"text_budget_exceeded", "text_overflow", "bad_request"})
+
+
 async def _stream_speech(
     request: web.Request, stream: Stream, text: str, fmt: str, rate: int
 ) -> web.StreamResponse:
     stall_s = request.app[GATEWAY].config.write_stall_timeout_s
     stream.push_text(text)
     stream.end()
+    chunks = aiter(stream)
+    first = None
+    try:
+        # Headers wait for the first audio (they would carry nothing before it), so a turn that
+        # fails or has nothing to speak still gets an honest status instead of an empty 200.
+        async for chunk in chunks:
+            if chunk.pcm.size:
+                first = chunk
+                break
+    except StreamError as err:
+        status = 400 if err.code in _INPUT_STREAM_ERRORS else 500
+        return _error(status, err.code if status == 400 else "model_error", str(err))
+    if first is None:
+        stream.cancel()
+        return _error(400, "no_speech", "the input has nothing this voice can speak")
     resp = web.StreamResponse(headers={"Content-Type": FORMATS[fmt], "X-Sample-Rate": str(rate)})
     resp.enable_chunked_encoding()
     try:
         await resp.prepare(request)
         if fmt == "wav":
             await resp.write(streaming_wav_header(rate))
-        async for chunk in stream:
+        await asyncio.wait_for(resp.write(pcm16_bytes(first.pcm)), stall_s)
+        async for chunk in chunks:
             if chunk.pcm.size:
                 # A client that stops reading must not hold its engine stream: a write blocks
                 # only while the socket's buffers are full.

@@ -115,20 +115,20 @@ async def test_a_speech_body_of_4096_emoji_neither_stalls_others_nor_hangs(engin
     async with running_gateway(engine) as base:
         async with aiohttp.ClientSession() as http:
 
-            async def speech() -> tuple[int, bytes, float]:
+            async def speech() -> tuple[int, dict[str, Any], float]:
                 t0 = time.perf_counter()
                 body = {"model": "tts-1", "input": "😀" * 4096, "voice": "heart", "response_format": "wav"}
                 async with http.post(f"http://{base}/v1/audio/speech", json=body) as r:
-                    data = await r.read()
+                    data = await r.json()
                     return r.status, data, time.perf_counter() - t0
 
             offender = asyncio.create_task(speech())
             await asyncio.sleep(VICTIM_DELAY_S)
             victim = await _victim_turn(base)
-            status, wav, end_s = await asyncio.wait_for(offender, OFFENDER_END_LIMIT_S)
+            status, reply, end_s = await asyncio.wait_for(offender, OFFENDER_END_LIMIT_S)
         ttfp_s = _victim_ttfp_s(victim)
         assert ttfp_s < VICTIM_TTFP_LIMIT_S, f"victim TTFP {ttfp_s * 1000:.0f} ms"
-        # Nothing in the input is speakable for an English voice: a complete, empty WAV, at once.
-        assert status == 200 and wav[:4] == b"RIFF" and end_s < OFFENDER_END_LIMIT_S
+        # Nothing in the input is speakable for an English voice: a clear 400, at once.
+        assert (status, reply["error"]["code"]) == (400, "no_speech") and end_s < OFFENDER_END_LIMIT_S
         print(f"speech 4096 emoji: victim TTFP {ttfp_s * 1000:.0f} ms, response after {end_s:.2f} s")
     await wait_engine_idle(engine, timeout_s=5)
