@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.engine import Engine, EngineBusy
-from engine.model import StreamParams
+from voicewire.engine.engine import Engine, EngineBusy
+from voicewire.engine.model import StreamParams
 
 LENGTHS = Path(__file__).resolve().parent / "data" / "utterance_lengths.json"
 SR = 24_000

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_bench import copy_rate_gb_s, device_info, time_per_call_us
 
-from kernels.fused_linear import ACT_SILU_MUL, fused_linear
-from kernels.gemv import GemvConfig, gemv_config
+from voicewire.kernels.fused_linear import ACT_SILU_MUL, fused_linear
+from voicewire.kernels.gemv import GemvConfig, gemv_config
 
 PREFETCH = 128 << 10  # the served fused_prefetch_kib
 # (hidden, q columns, q|k|v rows, intermediate, layers, passes, vocab of the head or 0)

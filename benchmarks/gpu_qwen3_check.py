@@ -39,12 +39,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import ChunkSchedule  # noqa: E402
-from engine.model import DecodeWork, StreamParams  # noqa: E402
-from engine.qwen3 import load_qwen3  # noqa: E402
-from engine.qwen3.config import preset  # noqa: E402
-from engine.qwen3.testing import streaming_deviation  # noqa: E402
-from engine.qwen3.weights import build_modules, randomize  # noqa: E402
+from voicewire.engine.config import ChunkSchedule  # noqa: E402
+from voicewire.engine.model import DecodeWork, StreamParams  # noqa: E402
+from voicewire.engine.qwen3 import load_qwen3  # noqa: E402
+from voicewire.engine.qwen3.config import preset  # noqa: E402
+from voicewire.engine.qwen3.testing import streaming_deviation  # noqa: E402
+from voicewire.engine.qwen3.weights import build_modules, randomize  # noqa: E402
 
 WHEELS = """python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \\

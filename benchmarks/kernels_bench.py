@@ -229,7 +229,7 @@ def decode_shapes(smoke: bool) -> Iterator[tuple[int, int, str]]:
 def bench_decode(
     batch: int, context: int, lengths_kind: str, sweep: bool, smoke: bool, copy_gb_s: float
 ) -> dict[str, Any]:
-    from kernels.decode_attention import decode_attention, plan_decode_attention
+    from voicewire.kernels.decode_attention import decode_attention, plan_decode_attention
 
     gen = torch.Generator().manual_seed(batch * 10_000 + context)
     if lengths_kind == "uniform":
@@ -336,7 +336,7 @@ def bench_decode(
 
 
 def bench_window(streams: int, chunk: int, copy_gb_s: float) -> dict[str, Any]:
-    from kernels.sliding_window_attention import sliding_window_attention
+    from voicewire.kernels.sliding_window_attention import sliding_window_attention
 
     history = CODEC_WINDOW - 1  # frames of the past a full window needs
     position = 10 * CODEC_WINDOW  # well past the start: every stream has a full window

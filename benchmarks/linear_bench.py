@@ -28,7 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_bench import copy_rate_gb_s, device_info, l2_bytes, time_per_call_us
 
-from kernels.fused_linear import ACT_SILU_MUL, LinearConfig, fit_shared_memory, fused_linear, linear_config
+from voicewire.kernels.fused_linear import (
+    ACT_SILU_MUL,
+    LinearConfig,
+    fit_shared_memory,
+    fused_linear,
+    linear_config,
+)
 
 # (name, N, K, form): form = norm | silu_mul | residual | head
 SHAPES_1_7B = [

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serving_bench import FUSED_VARIANTS, build, close_streams, env, gpu_ms, open_streams
 
-from engine.qwen3.cuda_graphs import bucket_for
+from voicewire.engine.qwen3.cuda_graphs import bucket_for
 
 TOP = 25  # kernel names kept per table
 

@@ -78,11 +78,11 @@ from engine_load import (  # noqa: E402  (this script's folder is on sys.path)
 )
 from kernels_bench import copy_rate_gb_s  # noqa: E402
 
-from engine.config import EngineConfig, LevelConfig  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.model import StreamParams  # noqa: E402
-from engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3  # noqa: E402
-from engine.qwen3.cuda_graphs import bucket_for  # noqa: E402
+from voicewire.engine.config import EngineConfig, LevelConfig  # noqa: E402
+from voicewire.engine.engine import Engine  # noqa: E402
+from voicewire.engine.model import StreamParams  # noqa: E402
+from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3  # noqa: E402
+from voicewire.engine.qwen3.cuda_graphs import bucket_for  # noqa: E402
 
 
 # --- helpers ---------------------------------------------------------------------------------------

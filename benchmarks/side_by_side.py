@@ -129,8 +129,8 @@ def main() -> None:
     ap.add_argument("--ours-timeout-s", type=float, default=420)
     args = ap.parse_args(argv)
 
-    from engine.qwen3.config import preset
-    from engine.qwen3.testing import write_config_files
+    from voicewire.engine.qwen3.config import preset
+    from voicewire.engine.qwen3.testing import write_config_files
 
     work = Path(args.workdir)
     ckpt = work / "ckpt"

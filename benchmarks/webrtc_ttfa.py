@@ -196,7 +196,7 @@ def start_server(port: int, log_path: str | None) -> subprocess.Popen[bytes]:
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the server's
     level = "info" if log_path else "warning"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--log-level", level],
+        [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(port), "--log-level", level],
         cwd=REPO,
         stdout=log,
         stderr=log,

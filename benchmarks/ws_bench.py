@@ -151,7 +151,7 @@ async def scenario(url: str, sessions: int, turns: int, words_per_s: float | Non
 
 def start_server(port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

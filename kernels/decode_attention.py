@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import (
+from voicewire.kernels.launch_checks import (
     LOG2_E,
     MIN_DOT_DIM,
     SUPPORTED_DTYPES,
@@ -50,7 +50,7 @@ from kernels.launch_checks import (
     check_same_device_unit_stride,
     check_values_in_range,
 )
-from kernels.pdl import pdl_enter, pdl_launch
+from voicewire.kernels.pdl import pdl_enter, pdl_launch
 
 # Tile of keys per loop iteration: 64 tokens x 128 dims x 2 B = 16 KiB of K (and as much V) per stage,
 # loaded with cp.async, 16 B per thread per load (seen in the sm_90 PTX of Triton 3.9).

@@ -39,16 +39,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gemv import GEMV_MAX_ROWS, GemvConfig, gemv_config, launch_gemv
-from kernels.launch_checks import (
+from voicewire.kernels.gemv import GEMV_MAX_ROWS, GemvConfig, gemv_config, launch_gemv
+from voicewire.kernels.launch_checks import (
     INTERPRETER_BLOCK_N,
     MIN_DOT_DIM,
     SUPPORTED_DTYPES,
     check_same_device_unit_stride,
     interpreter_enabled,
 )
-from kernels.linear_epilogue import ACT_NONE, ACT_SILU, ACT_SILU_MUL, epilogue
-from kernels.pdl import pdl_enter, pdl_launch, prefetch_l2, prefetch_ok
+from voicewire.kernels.linear_epilogue import ACT_NONE, ACT_SILU, ACT_SILU_MUL, epilogue
+from voicewire.kernels.pdl import pdl_enter, pdl_launch, prefetch_l2, prefetch_ok
 
 # Rows per program: tl.dot needs >= 16; above 64 the x tile and the accumulator crowd the registers,
 # so larger batches take several row blocks (each re-reads W: 2x the bytes at M = 128).

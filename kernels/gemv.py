@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import INTERPRETER_BLOCK_N, interpreter_enabled
-from kernels.linear_epilogue import epilogue
-from kernels.pdl import pdl_enter, prefetch_l2
+from voicewire.kernels.launch_checks import INTERPRETER_BLOCK_N, interpreter_enabled
+from voicewire.kernels.linear_epilogue import epilogue
+from voicewire.kernels.pdl import pdl_enter, prefetch_l2
 
 # Rows at most this many take this kernel (B = 1: the talker's row, the predictor's pair pass and its
 # single-row passes). A program owns a band of rows and walks K in chunks, two in flight, in registers.

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import interpreter_enabled
+from voicewire.kernels.launch_checks import interpreter_enabled
 
 # Bulk L2 prefetches need 16-byte aligned addresses and sizes.
 PREFETCH_ALIGN_BYTES = 16

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import SUPPORTED_DTYPES, check_index, check_same_device_unit_stride
-from kernels.pdl import pdl_enter, pdl_launch
+from voicewire.kernels.launch_checks import SUPPORTED_DTYPES, check_index, check_same_device_unit_stride
+from voicewire.kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import check_index, check_same_device_unit_stride
-from kernels.pdl import pdl_enter, pdl_launch
+from voicewire.kernels.launch_checks import check_index, check_same_device_unit_stride
+from voicewire.kernels.pdl import pdl_enter, pdl_launch
 
 # kernels may read module globals only as tl.constexpr
 INT32_MIN = tl.constexpr(-(2**31))

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import (
+from voicewire.kernels.launch_checks import (
     LOG2_E,
     MIN_DOT_DIM,
     SUPPORTED_DTYPES,

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import SUPPORTED_DTYPES, check_kernel_device
+from voicewire.kernels.launch_checks import SUPPORTED_DTYPES, check_kernel_device
 
 BLOCK = 1024  # elements per program: 8 per thread at 4 warps
 

@@ -13,7 +13,7 @@ import wave
 
 import numpy as np
 
-from engine import MODEL_NAMES, Engine, EngineConfig
+from voicewire.engine import MODEL_NAMES, Engine, EngineConfig
 
 from .audio import pcm16_bytes
 from .auth import AuthConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine import EngineConfig
+from voicewire.engine import EngineConfig
 
 from .auth import AuthConfig
 from .limits import SessionLimits

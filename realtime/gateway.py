@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from engine import Engine
+from voicewire.engine import Engine
 
 from .auth import Authenticator, AuthError, api_key_from_headers, token_from_request
 from .config import GatewayConfig

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine import Engine, EngineBusy, EngineNotReady, Stream, StreamError
+from voicewire.engine import Engine, EngineBusy, EngineNotReady, Stream, StreamError
 
 from .audio import pcm16_bytes
 from .gateway import GATEWAY, error_body

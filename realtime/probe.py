@@ -47,7 +47,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from engine.level import first_audible_sample
+from voicewire.engine.level import first_audible_sample
 
 from .client import ProtocolClient, ReceivedAudio, Turn, TurnDone, VoicewireClient, VoicewireError
 

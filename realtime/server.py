@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from engine import Engine
+from voicewire.engine import Engine
 
 from .config import GatewayConfig
 from .gateway import GATEWAY, Gateway

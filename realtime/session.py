@@ -15,8 +15,8 @@ import time
 from collections import deque
 from typing import Any
 
-from engine import Engine, EngineBusy, EngineNotReady, StreamError
-from engine.level import first_audible_sample
+from voicewire.engine import Engine, EngineBusy, EngineNotReady, StreamError
+from voicewire.engine.level import first_audible_sample
 
 from .limits import SessionLimits, TokenBucket
 from .log_limit import LogLimiter

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.level import first_audible_sample
+from voicewire.engine.level import first_audible_sample
 
 
 @dataclass(frozen=True)

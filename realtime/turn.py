@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine import AudioChunk, Stream
+from voicewire.engine import AudioChunk, Stream
 
 from .protocol import TurnId
 from .truncation import TextSpan

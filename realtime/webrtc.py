@@ -40,7 +40,7 @@ from aiortc import (
 from aiortc.rtcdatachannel import RTCDataChannel
 from aiortc.sdp import SessionDescription
 
-from engine import AudioChunk
+from voicewire.engine import AudioChunk
 
 from .audio import FrameCutter, Resampler
 from .config import GatewayConfig

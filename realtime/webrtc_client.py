@@ -33,7 +33,7 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from engine.level import dbfs, first_audible_sample
+from voicewire.engine.level import dbfs, first_audible_sample
 
 from .client import ProtocolClient, ReceivedAudio, Turn, TurnDone, VoicewireError
 

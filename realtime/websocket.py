@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from engine import AudioChunk
+from voicewire.engine import AudioChunk
 
 from .audio import TurnAudioEncoder
 from .auth import TOKEN_SUBPROTOCOL_PREFIX

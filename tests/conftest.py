@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import Engine, EngineConfig
+from voicewire.engine import Engine, EngineConfig
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

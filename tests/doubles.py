@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from engine.models.hibari_voice import HibariModel
+from voicewire.engine.models.hibari_voice import HibariModel
 
 SLOW_WARMUP_S = float(os.environ.get("VOICEWIRE_TEST_WARMUP_S", "4.0"))
 

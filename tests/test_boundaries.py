@@ -7,10 +7,13 @@ BLOCK_TRANSPORTS = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {'aiohttp', 'aiortc', 'av', 'websockets', 'realtime'}:
+        if name.split('.')[0] in {'aiohttp', 'aiortc', 'av', 'websockets'} or name.startswith('voicewire.realtime'):
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 """
+
+
+TREE_PACKAGES = {"engine", "realtime", "kernels"}
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
@@ -18,9 +21,12 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_engine_imports_and_runs_without_transport_packages() -> None:
-    code = BLOCK_TRANSPORTS + """
+    code = (
+        BLOCK_TRANSPORTS
+        + """
 import asyncio
-import engine, engine.models.hibari_voice, kernels
+import voicewire.engine.models.hibari_voice, voicewire.kernels
+from voicewire import engine
 async def main():
     eng = engine.Engine().start()
     s = eng.open_stream(seed=0); s.push_text('Hi.'); s.end()
@@ -30,17 +36,42 @@ async def main():
 asyncio.run(main())
 print('ok')
 """
+    )
     proc = _run(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("ok")
 
 
 def test_scheduler_and_text_feeder_need_no_torch() -> None:
-    proc = _run("import sys, engine.scheduler, engine.text_feeder; print('torch' in sys.modules)")
+    proc = _run(
+        "import sys, voicewire.engine.scheduler, voicewire.engine.text_feeder; print('torch' in sys.modules)"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
 
 
 def test_blocker_really_blocks() -> None:
-    proc = _run(BLOCK_TRANSPORTS + "import realtime.session")
+    proc = _run(BLOCK_TRANSPORTS + "import voicewire.realtime.session")
     assert proc.returncode != 0 and "blocked" in proc.stderr
+
+
+def test_every_import_uses_the_installed_name() -> None:
+    """The tree's folders install as voicewire.*; a bare `import engine` would work from the
+    repo root and break in an installed wheel."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    bare = []
+    for folder in ("engine", "realtime", "kernels", "tests", "benchmarks"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and node.level == 0
+                    else []
+                )
+                bare += [f"{path.relative_to(root)}: {n}" for n in names if n.split(".")[0] in TREE_PACKAGES]
+    assert not bare, bare

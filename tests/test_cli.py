@@ -25,7 +25,7 @@ TEXT = "Good afternoon! The meeting moved to room 12, and it starts at three thi
 def test_say_writes_intelligible_wav(tmp_path: Path) -> None:
     out = tmp_path / "out.wav"
     proc = subprocess.run(
-        [sys.executable, "-m", "realtime.cli", "say", TEXT, "-o", str(out)],
+        [sys.executable, "-m", "voicewire.realtime.cli", "say", TEXT, "-o", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -39,7 +39,7 @@ def test_say_writes_intelligible_wav(tmp_path: Path) -> None:
 
 
 def test_say_refuses_empty_text_and_unknown_model(tmp_path: Path) -> None:
-    run = [sys.executable, "-m", "realtime.cli", "say"]
+    run = [sys.executable, "-m", "voicewire.realtime.cli", "say"]
     assert subprocess.run([*run, "  ", "-o", str(tmp_path / "x.wav")], capture_output=True).returncode == 2
     proc = subprocess.run([*run, "hi", "--model", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown model" in proc.stderr
@@ -63,7 +63,7 @@ def test_serve_is_live_at_once_and_ready_only_when_warm() -> None:
         [
             sys.executable,
             "-m",
-            "realtime.cli",
+            "voicewire.realtime.cli",
             "serve",
             "--port",
             str(port),
@@ -113,7 +113,7 @@ def test_serve_refuses_a_taken_port_in_one_line() -> None:
         s.listen()
         port = s.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(port)],
             cwd=REPO,
             capture_output=True,
             text=True,

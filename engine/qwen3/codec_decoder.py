@@ -100,7 +100,7 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self._consts is not None:
-            from kernels.snake import snake
+            from voicewire.kernels.snake import snake
 
             return snake(x, *self._consts)
         alpha = torch.exp(self.alpha)[None, :, None]

@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.decode_attention import DecodeAttentionPlan, decode_attention, plan_decode_attention
-from kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows
-from kernels.qk_norm_rope import qk_norm_rope_store
-from kernels.sampling import sample_rows
+from voicewire.kernels.decode_attention import DecodeAttentionPlan, decode_attention, plan_decode_attention
+from voicewire.kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows
+from voicewire.kernels.qk_norm_rope import qk_norm_rope_store
+from voicewire.kernels.sampling import sample_rows
 
 from .code_predictor import CodePredictor
 from .config import Qwen3TTSConfig

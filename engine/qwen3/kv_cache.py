@@ -93,7 +93,7 @@ class InPlaceDecodeView(SelfAttendingKV):
         self.idx = (slots[:, None], cache._kv_heads[None, :], positions[:, None])
         self.use_kernel = use_kernel
         if use_kernel:
-            from kernels.decode_attention import plan_decode_attention
+            from voicewire.kernels.decode_attention import plan_decode_attention
 
             kv_heads = cache.k.shape[2]
             # the bound is the cache length, so one captured plan serves every step of a bucket; splits
@@ -116,7 +116,7 @@ class InPlaceDecodeView(SelfAttendingKV):
         self.update(layer, k, v)
         kc, vc = self.cache.k[layer], self.cache.v[layer]
         if self.use_kernel:
-            from kernels.decode_attention import decode_attention
+            from voicewire.kernels.decode_attention import decode_attention
 
             out = decode_attention(
                 q[:, :, 0], kc, vc, self.slots32, self.lengths32, scale=q.shape[-1] ** -0.5, plan=self.plan

@@ -1,6 +1,6 @@
 """voicewire as a LiveKit Agents TTS (``pip install voicewire[livekit]``).
 
-    from realtime.adapters.livekit import VoicewireTTS
+    from voicewire.realtime.adapters.livekit import VoicewireTTS
     session = AgentSession(stt=..., llm=..., tts=VoicewireTTS(url="http://127.0.0.1:8080"))
     await session.start(agent=Agent(instructions="..."), room=ctx.room)
 

@@ -1,6 +1,6 @@
 """voicewire as a Pipecat TTS service (``pip install voicewire[pipecat]``).
 
-    from realtime.adapters.pipecat import VoicewireTTSService
+    from voicewire.realtime.adapters.pipecat import VoicewireTTSService
     tts = VoicewireTTSService(url="http://127.0.0.1:8080")
     pipeline = Pipeline([transport.input(), stt, user_agg, llm, tts, transport.output(), assistant_agg])
 

@@ -8,10 +8,10 @@ import time
 import numpy as np
 from livekit.agents import tts
 
-from engine import Engine
-from realtime.adapters.livekit import VoicewireTTS
 from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
+from voicewire.engine import Engine
+from voicewire.realtime.adapters.livekit import VoicewireTTS
 
 REPLY = "The package left our warehouse yesterday and should arrive soon."
 LONG_REPLY = (

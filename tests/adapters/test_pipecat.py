@@ -23,10 +23,10 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
-from engine import Engine
-from realtime.adapters.pipecat import VoicewireTTSService
 from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
+from voicewire.engine import Engine
+from voicewire.realtime.adapters.pipecat import VoicewireTTSService
 
 REPLY = "Your appointment is confirmed for Tuesday at ten in the morning."
 LONG_REPLY = (

@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from engine import Engine, EngineBusy, EngineConfig, StreamError, StreamParams
-from engine.level import first_audible_sample
-from engine.model import GenerateResult
-from engine.models.hibari_voice import HibariModel
 from tests.conftest import wait_engine_idle
+from voicewire.engine import Engine, EngineBusy, EngineConfig, StreamError, StreamParams
+from voicewire.engine.level import first_audible_sample
+from voicewire.engine.model import GenerateResult
+from voicewire.engine.models.hibari_voice import HibariModel
 
 
 async def _collect(stream) -> list:  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from engine.models.hibari_voice import MAX_NUMBER_DIGITS, MAX_RUN_CHARS, speakable
+from voicewire.engine.models.hibari_voice import MAX_NUMBER_DIGITS, MAX_RUN_CHARS, speakable
 
 
 @pytest.mark.parametrize(

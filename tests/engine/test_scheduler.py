@@ -1,8 +1,8 @@
 """The scheduler is plain Python: tested with fake generate results, no model, no torch."""
 
-from engine.config import ChunkSchedule
-from engine.model import GenerateResult
-from engine.scheduler import Request, Scheduler
+from voicewire.engine.config import ChunkSchedule
+from voicewire.engine.model import GenerateResult
+from voicewire.engine.scheduler import Request, Scheduler
 
 
 def _req(sid: int, t: float) -> Request:

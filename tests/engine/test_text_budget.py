@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from engine import Engine, EngineConfig, StreamError, TextConfig
-from engine.models.hibari_voice import HibariModel, _Utterance
-from engine.stream import AudioChunk, Stream
+from voicewire.engine import Engine, EngineConfig, StreamError, TextConfig
+from voicewire.engine.models.hibari_voice import HibariModel, _Utterance
+from voicewire.engine.stream import AudioChunk, Stream
 
 SLOW_CLAUSE_S = 0.05
 

@@ -1,5 +1,5 @@
-from engine.config import TextConfig
-from engine.text_feeder import ClauseFeeder, WordFeeder
+from voicewire.engine.config import TextConfig
+from voicewire.engine.text_feeder import ClauseFeeder, WordFeeder
 
 
 def feed_words(feeder: ClauseFeeder, text: str) -> list[list[str]]:

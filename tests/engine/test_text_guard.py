@@ -2,8 +2,8 @@ import unicodedata
 
 import pytest
 
-from engine.config import TextConfig
-from engine.text_guard import TextGuard, cut_to_length
+from voicewire.engine.config import TextConfig
+from voicewire.engine.text_guard import TextGuard, cut_to_length
 
 
 def guard(**kwargs: int) -> TextGuard:

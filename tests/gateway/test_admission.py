@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import threading
 import time
@@ -17,12 +18,12 @@ import aiohttp
 import pytest
 import websockets
 
-from engine import Engine, EngineConfig
-from realtime.auth import AuthConfig
-from realtime.client import VoicewireClient
-from realtime.limits import SessionLimits
 from tests.conftest import running_gateway, wait_engine_idle
 from tests.doubles import SlowWarmupModel
+from voicewire.engine import Engine, EngineConfig
+from voicewire.realtime.auth import AuthConfig
+from voicewire.realtime.client import VoicewireClient
+from voicewire.realtime.limits import SessionLimits
 
 KEY = "admission-key-0123456789"
 ORIGIN = "http://app.example.test"
@@ -327,3 +328,20 @@ async def test_before_warm_up_health_is_live_and_engine_requests_are_not_ready()
     finally:
         starter.join()
         engine.close()
+
+
+async def test_credentials_never_reach_the_access_log(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "s3cret-token-value-0123456789"
+    auth = AuthConfig(api_keys=(KEY,))
+    with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+        async with running_gateway(engine, auth=auth) as base, aiohttp.ClientSession() as http:
+            for query in (f"token={secret}", f"key={secret}", f"x=1&api_key={secret}"):
+                async with http.get(f"http://{base}/v1/stream?{query}") as r:
+                    assert r.status == 401
+            async with http.get(f"http://{base}/healthz", headers={"Authorization": f"Bearer {secret}"}) as r:
+                assert r.status == 200
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "aiohttp.access"]
+    assert len(lines) >= 4 and any("token=***" in line for line in lines), lines
+    assert not any(secret in line for line in lines), lines

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 import websockets
 
-from engine import Engine
-from realtime.auth import AuthConfig
 from tests.conftest import running_gateway
+from voicewire.engine import Engine
+from voicewire.realtime.auth import AuthConfig
 
 KEY = "test-key-0123456789abcdef"
 ORIGIN = "http://app.example.test"

@@ -56,7 +56,7 @@ async def _drain_until_closed(ws: websockets.ClientConnection) -> int | None:
 async def test_slow_consumers_are_closed_and_do_not_hurt_others() -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     base = f"127.0.0.1:{port}"

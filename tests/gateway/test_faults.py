@@ -15,11 +15,11 @@ from pathlib import Path
 import aiohttp
 import websockets
 
-from engine import Engine, EngineConfig
-from engine.model import GenerateResult
-from engine.models.hibari_voice import HibariModel
 from tests.asr import transcribe, wer
 from tests.conftest import TurnResult, free_port, read_turn, running_gateway, send_words
+from voicewire.engine import Engine, EngineConfig
+from voicewire.engine.model import GenerateResult
+from voicewire.engine.models.hibari_voice import HibariModel
 
 LONG = (
     "This turn goes on and on, sentence after sentence, so that it is still playing when the client vanishes. "
@@ -120,7 +120,7 @@ async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "realtime.cli",
+            "voicewire.realtime.cli",
             "serve",
             "--port",
             str(port),

@@ -14,9 +14,9 @@ import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import Engine
-from realtime.protocol import ProtocolError, parse_client_message
 from tests.conftest import running_gateway
+from voicewire.engine import Engine
+from voicewire.realtime.protocol import ProtocolError, parse_client_message
 
 TYPES = ["session.update", "text.delta", "text.flush", "text.end", "turn.cancel", "speak", "", "text.delta "]
 scalars = st.one_of(

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 import websockets
 
-from engine import Engine
-from realtime.limits import SessionLimits
 from tests.conftest import running_gateway
+from voicewire.engine import Engine
+from voicewire.realtime.limits import SessionLimits
 
 
 async def _connect(base: str):  # type: ignore[no-untyped-def]

@@ -22,8 +22,8 @@ import aiohttp
 import pytest
 import websockets
 
-from engine import Engine
 from tests.conftest import TurnResult, read_turn, running_gateway, send_words, wait_engine_idle
+from voicewire.engine import Engine
 
 VICTIM_TTFP_LIMIT_S = 0.5
 OFFENDER_END_LIMIT_S = 10.0

@@ -8,14 +8,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.decode_attention import (
+from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
+from voicewire.kernels.decode_attention import (
     DEFAULT_BLOCK_N,
     MIN_TOKENS_PER_SPLIT,
     decode_attention,
     plan_decode_attention,
 )
-from kernels.reference import decode_attention_ref
-from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
+from voicewire.kernels.reference import decode_attention_ref
 
 # The talker's attention (0.6B and 1.7B alike).
 Q_HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128

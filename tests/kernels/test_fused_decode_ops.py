@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.qwen3.layers import rms_norm, silu_mul
-from engine.qwen3.rope import cos_sin, inv_freq, rotate
-from engine.qwen3.sampler import RowParams, apply_repetition_penalty, sample
-from kernels.fused_linear import (
+from tests.kernels.common import REL_TOL, rel_err, skip_unsupported
+from voicewire.engine.qwen3.layers import rms_norm, silu_mul
+from voicewire.engine.qwen3.rope import cos_sin, inv_freq, rotate
+from voicewire.engine.qwen3.sampler import RowParams, apply_repetition_penalty, sample
+from voicewire.kernels.fused_linear import (
     ACT_SILU,
     ACT_SILU_MUL,
     LinearConfig,
@@ -22,10 +23,9 @@ from kernels.fused_linear import (
     rms_norm_rows,
     silu_mul_rows,
 )
-from kernels.gemv import GemvConfig
-from kernels.qk_norm_rope import qk_norm_rope_store
-from kernels.sampling import sample_rows
-from tests.kernels.common import REL_TOL, rel_err, skip_unsupported
+from voicewire.kernels.gemv import GemvConfig
+from voicewire.kernels.qk_norm_rope import qk_norm_rope_store
+from voicewire.kernels.sampling import sample_rows
 
 EPS = 1e-6
 

@@ -9,16 +9,16 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.reference import (
+from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
+from voicewire.kernels.reference import (
     sliding_window_attention_offline_ref,
     sliding_window_attention_ref,
 )
-from kernels.sliding_window_attention import (
+from voicewire.kernels.sliding_window_attention import (
     CODEC_WINDOW,
     MAX_CHUNK_FRAMES,
     sliding_window_attention,
 )
-from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
 
 # The codec decoder's attention: 16 heads x 64, MHA. Tests that loop over many chunks use 2 heads to keep
 # the CPU interpreter fast; the heads are independent programs.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.qwen3.codec_decoder import CodecDecoder, SnakeBeta
-from engine.qwen3.config import preset
-from kernels.snake import snake
 from tests.kernels.common import needs_interpreter, rel_err
+from voicewire.engine.qwen3.codec_decoder import CodecDecoder, SnakeBeta
+from voicewire.engine.qwen3.config import preset
+from voicewire.kernels.snake import snake
 
 
 def _module(channels: int, device: str, dtype: torch.dtype, seed: int) -> SnakeBeta:

@@ -11,10 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from engine import Engine
-from realtime.config import GatewayConfig
-from realtime.gateway import GATEWAY
-from realtime.server import create_app, make_runner
+from voicewire.engine import Engine
+from voicewire.realtime.config import GatewayConfig
+from voicewire.realtime.gateway import GATEWAY
+from voicewire.realtime.server import create_app, make_runner
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from engine import Engine
 from tests.realtime.cdp import CHROMIUM, Page, chromium
 from tests.realtime.gateway import gateway, wait_gone
+from voicewire.engine import Engine
 
 pytestmark = [
     pytest.mark.browser,

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import Engine
-from realtime.client import ReceivedAudio, VoicewireClient, VoicewireError, delta_text
 from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
+from voicewire.engine import Engine
+from voicewire.realtime.client import ReceivedAudio, VoicewireClient, VoicewireError, delta_text
 
 REPLY = "Sure, I can help with that. Your order shipped this morning and should arrive by Thursday."
 LONG_REPLY = (
@@ -127,8 +127,8 @@ async def test_refusals_and_empty_turns(engine: Engine) -> None:
 
 
 async def test_api_key_for_a_server_that_requires_one(engine: Engine) -> None:
-    from realtime.auth import AuthConfig
-    from realtime.webrtc_client import WebRtcClient
+    from voicewire.realtime.auth import AuthConfig
+    from voicewire.realtime.webrtc_client import WebRtcClient
 
     key = "probe-test-key-0123456789"
     async with running_gateway(engine, auth=AuthConfig(api_keys=(key,))) as base:

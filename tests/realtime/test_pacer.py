@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from aiortc.mediastreams import MediaStreamError
 
-from realtime.pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
+from voicewire.realtime.pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
 
 FRAME_S = 0.020
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import Engine
-from realtime.client import ReceivedAudio
-from realtime.probe import Arrival, ProbeConfig, audible_time_s, playout, probe, ws_arrivals
 from tests.conftest import running_gateway
+from voicewire.engine import Engine
+from voicewire.realtime.client import ReceivedAudio
+from voicewire.realtime.probe import Arrival, ProbeConfig, audible_time_s, playout, probe, ws_arrivals
 
 RATE_HZ = 24_000
 
@@ -48,7 +48,7 @@ async def test_probe_cli_agrees_with_the_servers_own_ttfa(engine: Engine, tmp_pa
     out, png = tmp_path / "probe.json", tmp_path / "probe.png"
     async with running_gateway(engine) as base:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "realtime.cli", "probe", "--url", f"http://{base}",
+            sys.executable, "-m", "voicewire.realtime.cli", "probe", "--url", f"http://{base}",
             "--duration", "4", "--concurrency", "3", "--tokens-per-s", "30", "--gap-s", "0",
             "--out", str(out), "--plot", str(png),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

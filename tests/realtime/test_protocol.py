@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from realtime.protocol import (
+from voicewire.realtime.protocol import (
     MAX_MESSAGE_BYTES,
     ProtocolError,
     SessionUpdate,

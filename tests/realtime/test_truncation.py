@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from realtime.truncation import TextSpan, spoken_text, spoken_words
+from voicewire.realtime.truncation import TextSpan, spoken_text, spoken_words
 
 RATE_HZ = 24_000
 

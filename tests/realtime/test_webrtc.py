@@ -20,12 +20,12 @@ import aiohttp
 import numpy as np
 import pytest
 
-from engine import Engine
-from realtime.gateway import GATEWAY
-from realtime.webrtc import filter_candidates
 from tests.asr import transcribe, wer
 from tests.realtime.gateway import gateway, wait_gone
 from tests.realtime.webrtc_client import AUDIBLE_DBFS, FRAME_SAMPLES, ClientPeer, TurnLog
+from voicewire.engine import Engine
+from voicewire.realtime.gateway import GATEWAY
+from voicewire.realtime.webrtc import filter_candidates
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts"

@@ -6,11 +6,11 @@ import asyncio
 
 import numpy as np
 
-from engine import Engine
-from realtime.client import ReceivedAudio
-from realtime.webrtc_client import SAMPLE_RATE_HZ, WebRtcClient
 from tests.conftest import running_gateway
 from tests.realtime.test_client import LONG_REPLY, _check_prefix, fake_chat_completion
+from voicewire.engine import Engine
+from voicewire.realtime.client import ReceivedAudio
+from voicewire.realtime.webrtc_client import SAMPLE_RATE_HZ, WebRtcClient
 
 
 async def test_barge_in_reports_the_audio_paced_out_and_its_words(engine: Engine) -> None:

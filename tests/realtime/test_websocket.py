@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import websockets
 
-from engine import Engine
 from tests.asr import transcribe, wer
 from tests.conftest import TurnResult, read_turn, send_words, wait_engine_idle
+from voicewire.engine import Engine
 
 TURNS = [
     "Hello, thanks for calling. How can I help you today?",

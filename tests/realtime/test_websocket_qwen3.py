@@ -7,8 +7,8 @@ import json
 
 import websockets
 
-from engine import Engine, EngineConfig
 from tests.conftest import TurnResult, read_turn, running_gateway, send_words
+from voicewire.engine import Engine, EngineConfig
 
 TINY = {"size": "tiny", "seed": 3, "max_slots": 4, "max_batch_size": 4, "max_seq_len": 256}
 FRAME_BYTES = 1920 * 2  # one 80 ms codec frame of pcm16 at 24 kHz

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model import StreamParams
-from engine.qwen3 import Qwen3TTSModel, load_qwen3
+from voicewire.engine.model import StreamParams
+from voicewire.engine.qwen3 import Qwen3TTSModel, load_qwen3
 
 from .oracle import ORACLE_DIR, SETUP, OracleRun, oracle_ready, run_oracle
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.model import StreamParams
-from engine.qwen3.config import preset
-from engine.qwen3.testing import write_config_files
+from voicewire.engine.model import StreamParams
+from voicewire.engine.qwen3.config import preset
+from voicewire.engine.qwen3.testing import write_config_files
 
 ROOT = Path(__file__).resolve().parents[3]
 ORACLE_DIR = Path(os.environ.get("VOICEWIRE_ORACLE_DIR", str(ROOT / ".oracle")))

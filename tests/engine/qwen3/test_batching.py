@@ -7,8 +7,8 @@ import gc
 import numpy as np
 import torch
 
-from engine.model import DecodeWork, StreamParams
-from engine.qwen3 import Qwen3TTSModel
+from voicewire.engine.model import DecodeWork, StreamParams
+from voicewire.engine.qwen3 import Qwen3TTSModel
 
 from .conftest import run_stream
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model import ModelError, StreamParams
-from engine.qwen3 import Qwen3TTSModel, load_qwen3
-from engine.qwen3.speaker_encoder import log_mel
-from engine.qwen3.voice_clone import PROFILE_KEY, VoiceCloner, VoiceProfile
+from voicewire.engine.model import ModelError, StreamParams
+from voicewire.engine.qwen3 import Qwen3TTSModel, load_qwen3
+from voicewire.engine.qwen3.speaker_encoder import log_mel
+from voicewire.engine.qwen3.voice_clone import PROFILE_KEY, VoiceCloner, VoiceProfile
 
 from .conftest import run_joining, run_stream
 from .oracle import CHECKPOINTS, OracleRun, reference_audio

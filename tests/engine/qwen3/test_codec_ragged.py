@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from engine.model import DecodeWork, StreamParams
-from engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
-from engine.qwen3.codec_decoder import CodecDecoder
-from engine.qwen3.codec_plan import plan_codec_calls
+from voicewire.engine.model import DecodeWork, StreamParams
+from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
+from voicewire.engine.qwen3.codec_decoder import CodecDecoder
+from voicewire.engine.qwen3.codec_plan import plan_codec_calls
 
 STREAM_TOL = 1e-5  # fp32
 FRAME_SAMPLES = 1920

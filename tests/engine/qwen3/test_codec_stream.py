@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import ChunkSchedule
-from engine.model import DecodeWork, StreamParams
-from engine.qwen3 import Qwen3TTSModel
+from voicewire.engine.config import ChunkSchedule
+from voicewire.engine.model import DecodeWork, StreamParams
+from voicewire.engine.qwen3 import Qwen3TTSModel
 
 STREAM_TOL = 1e-5  # fp32
 N_FRAMES = 110  # past the 72-frame attention window
@@ -135,7 +135,7 @@ def test_windowed_redecode_reference(tiny: Qwen3TTSModel) -> None:
 
 
 def test_windowed_mode_through_the_model_api(device: str) -> None:
-    from engine.qwen3 import load_qwen3
+    from voicewire.engine.qwen3 import load_qwen3
 
     model = load_qwen3(
         None, "tiny", device=device, seed=3, max_slots=2, max_batch_size=2, codec_mode="windowed"

@@ -7,8 +7,14 @@ import math
 import pytest
 import torch
 
-from engine.qwen3.rope import cos_sin, inv_freq, mrope_cos_sin
-from engine.qwen3.sampler import RowParams, apply_repetition_penalty, exponential_noise, sample, uniform_open
+from voicewire.engine.qwen3.rope import cos_sin, inv_freq, mrope_cos_sin
+from voicewire.engine.qwen3.sampler import (
+    RowParams,
+    apply_repetition_penalty,
+    exponential_noise,
+    sample,
+    uniform_open,
+)
 
 
 def test_mrope_with_equal_position_streams_is_plain_rope() -> None:

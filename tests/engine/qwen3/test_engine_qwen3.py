@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import torch
 
-from engine import Engine, EngineConfig, StreamParams
-from engine.qwen3 import load_qwen3
+from voicewire.engine import Engine, EngineConfig, StreamParams
+from voicewire.engine.qwen3 import load_qwen3
 
 from .conftest import run_stream
 

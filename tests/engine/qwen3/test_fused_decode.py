@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
     # read when a @triton.jit function is decorated: before kernels/ is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from engine.model import StreamParams
-from engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
+from voicewire.engine.model import StreamParams
+from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
 
 from .conftest import run_joining
 

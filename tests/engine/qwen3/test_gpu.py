@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import ChunkSchedule
-from engine.model import StreamParams
-from engine.qwen3 import load_qwen3
-from engine.qwen3.config import preset
-from engine.qwen3.testing import streaming_deviation, write_random_checkpoint
-from engine.qwen3.weights import build_modules, randomize
+from voicewire.engine.config import ChunkSchedule
+from voicewire.engine.model import StreamParams
+from voicewire.engine.qwen3 import load_qwen3
+from voicewire.engine.qwen3.config import preset
+from voicewire.engine.qwen3.testing import streaming_deviation, write_random_checkpoint
+from voicewire.engine.qwen3.weights import build_modules, randomize
 
 from .conftest import run_joining, run_stream
 
@@ -82,7 +82,7 @@ def test_cuda_bf16_model_runs_and_stays_near_fp32(record_property: pytest.Record
 def test_graph_replay_gives_the_eager_codes() -> None:
     """The captured frame step (decode + prefill buckets, padding rows) equals the same code run
     eagerly: streams joining and leaving, greedy and seeded sampling, several buckets."""
-    from engine.qwen3 import ServeOptions
+    from voicewire.engine.qwen3 import ServeOptions
 
     from .test_batching import STREAMS
 
@@ -101,8 +101,8 @@ def test_graph_replay_gives_the_eager_codes() -> None:
 def test_codec_graphs_stream_like_the_offline_decode() -> None:
     """Batched codec calls through the (batch, frames) graphs, plus one eager (ungraphed) chunk size,
     equal the offline decode of each stream."""
-    from engine.model import DecodeWork
-    from engine.qwen3 import ServeOptions
+    from voicewire.engine.model import DecodeWork
+    from voicewire.engine.qwen3 import ServeOptions
 
     opts = ServeOptions(max_slots=4, max_batch_size=4, max_seq_len=128, codec_graph_frames=4)
     model = load_qwen3(None, "tiny", device="cuda", seed=4, options=opts)
@@ -127,7 +127,7 @@ def test_fused_step_matches_the_unfused_layers_in_bf16() -> None:
     state, 1.7B shapes in bf16: talker hidden state and codebook-0 logits within bf16 noise, and the
     code predictor's greedy codes from the same hidden state nearly all equal (bf16 near-ties may
     flip a few)."""
-    from engine.qwen3 import ServeOptions
+    from voicewire.engine.qwen3 import ServeOptions
 
     opts = ServeOptions(max_slots=4, max_batch_size=4, max_seq_len=64, cuda_graphs=False)
     model = load_qwen3(None, "1.7b", device="cuda", dtype="bf16", seed=0, options=opts)
@@ -180,7 +180,7 @@ def test_fused_step_graph_replay_gives_its_eager_codes_at_real_size() -> None:
     two streams alone (B = 1: every linear on the one-/two-row kernel, which loads its weights before the
     PDL wait), then ten joining one batch (16-row bucket: the wide projections on norm + cuBLAS +
     SwiGLU, PDL chains broken around cuBLAS)."""
-    from engine.qwen3 import ServeOptions
+    from voicewire.engine.qwen3 import ServeOptions
 
     def run(graphs: bool, pdl: bool) -> list[np.ndarray]:
         opts = ServeOptions(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.qwen3 import load_qwen3
+from voicewire.engine.qwen3 import load_qwen3
 
 from .conftest import run_stream
 from .oracle import CHECKPOINTS, OracleRun, greedy_params

@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from engine.model import StreamParams
-from engine.qwen3 import Qwen3TTSModel
-from engine.qwen3.testing import write_tokenizer_files
-from engine.qwen3.tokenizer import (
+from voicewire.engine.model import StreamParams
+from voicewire.engine.qwen3 import Qwen3TTSModel
+from voicewire.engine.qwen3.testing import write_tokenizer_files
+from voicewire.engine.qwen3.tokenizer import (
     MISTRAL_FIX_SPLIT,
     QWEN2_SPLIT,
     Qwen2Tokenizer,
@@ -18,7 +18,7 @@ from engine.qwen3.tokenizer import (
     TextStream,
     split_regex_for,
 )
-from engine.text_feeder import WordFeeder
+from voicewire.engine.text_feeder import WordFeeder
 
 from .conftest import run_stream
 
@@ -154,8 +154,8 @@ def test_whole_text_mode_waits_for_the_end_then_prefills_it_all(tiny: Qwen3TTSMo
 
 
 def test_a_prompt_that_does_not_fit_fails_only_its_own_stream(device: str) -> None:
-    from engine.model import ModelError
-    from engine.qwen3 import load_qwen3
+    from voicewire.engine.model import ModelError
+    from voicewire.engine.qwen3 import load_qwen3
 
     model = load_qwen3(None, "tiny", device=device, seed=3, max_slots=2, max_batch_size=2, max_seq_len=32)
     model.open_slot(0, StreamParams(greedy=True, forced_frames=3, extra={"whole_text": True}))

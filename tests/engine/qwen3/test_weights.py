@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.model import StreamParams
-from engine.qwen3 import CheckpointError, load_qwen3
-from engine.qwen3.config import preset
-from engine.qwen3.testing import write_random_checkpoint
-from engine.qwen3.weights import build_modules, official_state_dicts, randomize
+from voicewire.engine.model import StreamParams
+from voicewire.engine.qwen3 import CheckpointError, load_qwen3
+from voicewire.engine.qwen3.config import preset
+from voicewire.engine.qwen3.testing import write_random_checkpoint
+from voicewire.engine.qwen3.weights import build_modules, official_state_dicts, randomize
 
 from .conftest import run_stream
 
@@ -138,9 +138,9 @@ def test_base_checkpoint_with_speaker_encoder_loads(tmp_path: Path) -> None:
 
 def test_random_sizes_have_the_published_parameter_counts() -> None:
     # meta-device modules: shapes only (peer-baseline.md "Size check")
-    from engine.qwen3.code_predictor import CodePredictor
-    from engine.qwen3.codec_decoder import CodecDecoder
-    from engine.qwen3.talker import Talker
+    from voicewire.engine.qwen3.code_predictor import CodePredictor
+    from voicewire.engine.qwen3.codec_decoder import CodecDecoder
+    from voicewire.engine.qwen3.talker import Talker
 
     counts = {}
     for size in ("0.6b", "1.7b"):
