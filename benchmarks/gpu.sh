@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# GPU benchmarks of the Qwen3-TTS engine on one lent H200, one mode per results table of the README.
+# Run from the repository root, on the device (`run` tool; COMMIT names the tree, the copy there has no .git):
+#
+#   COMMIT=<sha> bash benchmarks/gpu.sh headline [STEP...]   # README "Qwen3-TTS on one H200" (~8 min)
+#       serving    1.7B in-process engine: frame step at B = 1, 8, 32, 64, 128 (GPU / whole call; talker,
+#                  code predictor, sampling), codec graphs, 10-s utterances one at a time, open-loop
+#                  Poisson sweep 1-100 req/s, closed loop 64 / 128 clients   -> serving_h200.json, .png
+#       step-0.6b  the 0.6B frame step at B = 1 and 64                       -> step_0.6b_h200.json
+#       tests      every GPU test: tests/kernels, tests/engine/qwen3/test_gpu.py, and the codec's ragged
+#                  calls on CUDA                                             -> gpu_tests_h200.json
+#   COMMIT=<sha> bash benchmarks/gpu.sh kernels [STEP...]    # README kernel tables (~7 min)
+#       attention  decode / sliding-window attention against SDPA          -> kernels_h200.json
+#       linear     the fused decode linear against cuBLAS, 1 and 64 rows   -> linear_h200.json
+#       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
+#       codec      codec graphs: SnakeBeta kernel vs torch ops, cuDNN-timed vs heuristic convs -> codec_h200.json
+#   COMMIT=<sha> bash benchmarks/gpu.sh side-by-side         # README "against the official qwen-tts" (~6 min)
+#       the official qwen-tts 0.1.1 and ours on the same saved random weights, one call
+#                                                            -> side_by_side_h200.json, .png, official.log, ours.log
+#   COMMIT=<sha> bash benchmarks/gpu.sh parity               # fp32 parity with qwen-tts on CUDA, bf16 deviations,
+#                                                            # streaming == offline on CUDA -> parity_h200.json
+#   COMMIT=<sha> bash benchmarks/gpu.sh profile              # per-kernel profile of the captured frame step
+#                                                            -> profile_h200.json
+#
+# side-by-side and parity need the official package's wheels carried as `.whl` (ignored by git; how to
+# fetch them: shared/research/peer-baseline.md, "How to repeat"; .whl/qwen3-oracle/ or .whl/ itself).
+# Every step has its own timeout, clamped to what is left of the call (BUDGET_S, default 585 s of the
+# device's 600-s limit), so one hang cannot eat the call; a step that would get under 20 s is skipped
+# and says so. Each JSON gets a "meta" object first: the step's exact command, the mode, commit,
+# source_sha1 (sha1 over the tree's .py files, to check the copy against a commit where COMMIT was not
+# given), machine (GPU, driver, torch / CUDA / Triton / Python), date, rc and seconds. The full output
+# of every step goes to $OUT/<mode>.log; stdout shows progress lines and a summary last. At most 8
+# files come back from $OUT: every mode writes fewer. Copy the JSONs (and PNGs) into benchmarks/results/
+# unchanged; the README's rows name the file and key they come from.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+
+MODE=${1:-}
+shift || true
+STEPS=("$@")
+OUT=${OUT:-artifacts/gpu}
+mkdir -p "$OUT"
+LOG="$OUT/$MODE.log"
+DEADLINE=${BUDGET_S:-585}
+SHOW='^\[|^== |Error|error|passed|failed|Traceback'
+declare -a STATUS=()
+
+usage() { sed -n '2,24p' "$0"; exit 2; }
+case "$MODE" in headline | kernels | side-by-side | parity | profile) ;; *) usage ;; esac
+: > "$LOG"
+
+# voicewire.* is not installed on the device: a link tree makes the folders importable under that name.
+# side_by_side.py starts our benchmark with PYTHONPATH removed, so the tree also goes into a .pth file
+# of the interpreter's site-packages when that is writable (the device machine starts bare each lease).
+if ! python3 -c "import voicewire.engine" > /dev/null 2>&1; then
+  mkdir -p /tmp/vw/voicewire
+  for d in engine realtime kernels web; do ln -sfn "$PWD/$d" "/tmp/vw/voicewire/$d"; done
+  export PYTHONPATH=/tmp/vw${PYTHONPATH:+:$PYTHONPATH}
+  site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2> /dev/null)
+  if [ -n "$site" ] && [ -w "$site" ]; then echo /tmp/vw > "$site/voicewire-linktree.pth"; fi
+fi
+
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
+SOURCE_SHA1=$(find engine kernels realtime benchmarks tests -name '*.py' -not -path '*/__pycache__/*' 2> /dev/null \
+  | LC_ALL=C sort | xargs sha1sum 2> /dev/null | sha1sum | cut -c1-12)
+MACHINE=$(python3 - 2> /dev/null << 'EOF'
+import json, os, platform, subprocess
+m = {"cpus": os.cpu_count(), "python": platform.python_version()}
+try:
+    q = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm", "--format=csv,noheader"]
+    rows = subprocess.run(q, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    m["gpus"] = [dict(zip(("name", "driver", "memory", "sm_clock_idle", "sm_clock_max"), map(str.strip, r.split(","))))
+                 for r in rows]
+except Exception as err:  # noqa: BLE001 - recorded, not fatal
+    m["nvidia_smi"] = repr(err)
+try:
+    import torch
+    m.update(torch=torch.__version__, cuda=torch.version.cuda)
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        m.update(gpu=p.name, sm_count=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
+    import triton
+    m["triton"] = triton.__version__
+except Exception as err:  # noqa: BLE001
+    m["import_error"] = repr(err)
+print(json.dumps(m))
+EOF
+)
+export VW_COMMIT=$COMMIT VW_SOURCE_SHA1=$SOURCE_SHA1 VW_MACHINE=${MACHINE:-'{}'}
+echo "[$MODE] commit $COMMIT, source_sha1 $SOURCE_SHA1, machine $VW_MACHINE" | tee -a "$LOG"
+
+want() { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+
+# step NAME MAX_S CMD...: CMD under `timeout min(MAX_S, what is left)`; sets RC, SECS, CMD.
+step() {
+  local name=$1 max=$2
+  shift 2
+  local left=$((DEADLINE - SECONDS - 5))
+  local t=$((max < left ? max : left))
+  CMD="$*" RC=125 SECS=0
+  if [ "$t" -lt 20 ]; then
+    echo "[$name] skipped: ${left} s left of the call" | tee -a "$LOG"
+    STATUS+=("$name: skipped (${left} s left)")
+    return 0
+  fi
+  echo "== $name (timeout $t s): $CMD" | tee -a "$LOG"
+  local t0=$SECONDS
+  timeout -k 10 "$t" "$@" 2>&1 | tee -a "$LOG" | grep --line-buffered -E "$SHOW" | cut -c1-300
+  RC=${PIPESTATUS[0]} SECS=$((SECONDS - t0))
+  STATUS+=("$name: rc $RC, $SECS s$([ "$RC" = 124 ] && echo ", timed out at $t s")")
+}
+
+# stamp FILE: put "meta" (the last step's command, commit, machine, date, rc, seconds) first in a JSON.
+stamp() {
+  if [ ! -f "$1" ]; then
+    echo "[$MODE] no $1 (rc $RC)" | tee -a "$LOG"
+    return 0
+  fi
+  VW_CMD="$CMD" VW_RC=$RC VW_SECS=$SECS VW_VIA="bash benchmarks/gpu.sh $MODE" python3 - "$1" << 'EOF'
+import datetime, json, os, sys
+path = sys.argv[1]
+data = json.load(open(path))
+meta = {
+    "command": os.environ["VW_CMD"],
+    "via": os.environ["VW_VIA"],
+    "commit": os.environ["VW_COMMIT"],
+    "source_sha1": os.environ["VW_SOURCE_SHA1"],
+    "machine": json.loads(os.environ["VW_MACHINE"] or "{}"),
+    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    "rc": int(os.environ["VW_RC"]),
+    "seconds": int(os.environ["VW_SECS"]),
+}
+data = {"meta": meta, **{k: v for k, v in data.items() if k != "meta"}}
+json.dump(data, open(path, "w"), indent=1, default=str)
+EOF
+}
+
+# oracle_site: install the carried official-package wheels into /tmp/oracle_site.
+oracle_site() {
+  local whl=(.whl/qwen3-oracle/*.whl)
+  [ -e "${whl[0]}" ] || whl=(.whl/*.whl)
+  if [ ! -e "${whl[0]}" ]; then
+    echo "[$MODE] no wheels under .whl/: carry them (shared/research/peer-baseline.md, How to repeat)" | tee -a "$LOG"
+    STATUS+=("$MODE: not run, no .whl/")
+    return 1
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/oracle_site "${whl[@]}" 2>&1 \
+    | tee -a "$LOG" | tail -3
+}
+
+# gpu_tests JSON: every GPU test, the summary line and failures of each suite.
+gpu_tests() {
+  local out=$1 logs=()
+  step tests 300 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py
+  local c1=$CMD r1=$RC s1=$SECS
+  step tests-codec-cuda 90 env VOICEWIRE_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    tests/engine/qwen3/test_codec_ragged.py
+  local c2=$CMD r2=$RC s2=$SECS
+  VW_SUITES="$c1|$r1|$s1
+$c2|$r2|$s2" python3 - "$LOG" "$out" << 'EOF'
+import json, os, re, sys
+log = open(sys.argv[1]).read()
+suites = []
+for line in os.environ["VW_SUITES"].splitlines():
+    cmd, rc, secs = line.rsplit("|", 2)
+    part = log.split(f": {cmd}\n", 1)[-1].split("\n== ", 1)[0] if f": {cmd}\n" in log else ""
+    summary = [l for l in part.splitlines() if re.search(r"\d+ (passed|failed|error)", l)]
+    suites.append({
+        "command": cmd, "rc": int(rc), "seconds": int(secs),
+        "summary": summary[-1].strip("= ") if summary else None,
+        "failed": [l for l in part.splitlines() if l.startswith(("FAILED", "ERROR"))][:50],
+    })
+json.dump({"what": "every GPU test of the tree on the lent GPU", "suites": suites}, open(sys.argv[2], "w"), indent=1)
+EOF
+  CMD="$c1; $c2" RC=$((r1 > r2 ? r1 : r2)) SECS=$((s1 + s2))
+  stamp "$out"
+}
+
+if [ "$MODE" = headline ]; then
+  if want serving; then
+    step serving 330 python3 benchmarks/serving_bench.py --size 1.7b --sections step,codec,single,serve \
+      --step-variants fused --step-batches 1,8,32,64,128 --rates 1,20,40,60,80,100 --rate-duration-s 8 \
+      --concurrency 64,128 --closed-duration-s 6 --out "$OUT/serving_h200.json" --plot "$OUT/serving_h200.png"
+    stamp "$OUT/serving_h200.json"
+  fi
+  if want step-0.6b; then
+    step step-0.6b 90 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
+      --step-batches 1,64 --out "$OUT/step_0.6b_h200.json"
+    stamp "$OUT/step_0.6b_h200.json"
+  fi
+  if want tests; then gpu_tests "$OUT/gpu_tests_h200.json"; fi
+fi
+
+if [ "$MODE" = kernels ]; then
+  if want attention; then
+    step attention 150 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json"
+    stamp "$OUT/kernels_h200.json"
+  fi
+  if want linear; then
+    step linear 150 python3 benchmarks/linear_bench.py --rows 1,64 --out "$OUT/linear_h200.json"
+    stamp "$OUT/linear_h200.json"
+  fi
+  if want gemv; then
+    step gemv 170 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_h200.json"
+    stamp "$OUT/gemv_h200.json"
+  fi
+  if want codec; then
+    # the codec is the same for both sizes: the 0.6B build captures its graphs fastest
+    cmds=()
+    for v in torch-snake kernel-heuristics served; do
+      case $v in
+        torch-snake) flags=(--torch-snake --cudnn-heuristics) ;;
+        kernel-heuristics) flags=(--cudnn-heuristics) ;;
+        served) flags=() ;;
+      esac
+      step "codec-$v" 110 python3 benchmarks/serving_bench.py --size 0.6b --sections codec --max-batch 64 \
+        --max-slots 64 "${flags[@]}" --out "/tmp/codec_$v.json"
+      cmds+=("$CMD")
+    done
+    python3 - "$OUT/codec_h200.json" << 'EOF'
+import json, os, sys
+variants = {}
+for v, what in (("torch-snake", "SnakeBeta as torch ops, cuDNN's heuristic conv algorithms"),
+                ("kernel-heuristics", "SnakeBeta kernel, cuDNN's heuristic conv algorithms"),
+                ("served", "SnakeBeta kernel, conv algorithms timed by cuDNN during capture (served)")):
+    try:
+        d = json.load(open(f"/tmp/codec_{v}.json"))
+        variants[v] = {"what": what, "command": d.get("command"), "serve_model": d.get("serve_model"), "codec": d.get("codec")}
+    except (OSError, ValueError) as err:
+        variants[v] = {"what": what, "error": repr(err)}
+json.dump({"what": "codec decode per CUDA-graph call (streams x frames), ms", "variants": variants},
+          open(sys.argv[1], "w"), indent=1)
+EOF
+    CMD=$(printf '%s; ' "${cmds[@]}") CMD=${CMD%; }
+    stamp "$OUT/codec_h200.json"
+  fi
+fi
+
+if [ "$MODE" = side-by-side ]; then
+  if oracle_site; then
+    step side-by-side 560 python3 benchmarks/side_by_side.py --size 1.7b --oracle-site /tmp/oracle_site \
+      --workdir /tmp/sbs --out "$OUT/side_by_side_h200.json" --official-timeout-s 200 --ours-timeout-s 330 \
+      --official-args=--e2e-batch -- --sections step,single,serve --step-variants fused \
+      --step-batches 1,8,32,64,128 --rates 1,20,40,60,80 --rate-duration-s 8 --concurrency 16,64,128 \
+      --closed-duration-s 6 --bursts 128,256 --plot "$OUT/side_by_side_h200.png"
+    stamp "$OUT/side_by_side_h200.json"
+    cp /tmp/sbs/official.log "$OUT/official.log" 2> /dev/null
+    tail -c 2000000 /tmp/sbs/ours.log > "$OUT/ours.log" 2> /dev/null
+  fi
+fi
+
+if [ "$MODE" = parity ]; then
+  if oracle_site; then
+    step parity 500 python3 benchmarks/gpu_qwen3_check.py --oracle-site /tmp/oracle_site --out /tmp/parity
+    cp /tmp/parity/results.json "$OUT/parity_h200.json" 2> /dev/null
+    stamp "$OUT/parity_h200.json"
+  fi
+fi
+
+if [ "$MODE" = profile ]; then
+  step profile 200 python3 benchmarks/profile_step.py --size 1.7b --variants fused --batches 1,64 \
+    --out "$OUT/profile_h200.json"
+  stamp "$OUT/profile_h200.json"
+fi
+
+# the summary: step status, then the figures the README's rows quote
+{
+  echo "== summary: gpu.sh $MODE ${STEPS[*]} (commit $COMMIT, $SECONDS s)"
+  printf '  %s\n' "${STATUS[@]}"
+  python3 - "$OUT" "$MODE" << 'EOF'
+import json, os, sys
+out, mode = sys.argv[1:3]
+MINE = {"headline": ("serving_h200.json", "step_0.6b_h200.json", "gpu_tests_h200.json"),
+        "side-by-side": ("side_by_side_h200.json",)}.get(mode, ())
+def load(name):
+    if name not in MINE:  # only this call's files: $OUT may hold another mode's
+        return None
+    try:
+        return json.load(open(os.path.join(out, name)))
+    except (OSError, ValueError):
+        return None
+def f(x, n=2):
+    return "-" if x is None else f"{x:.{n}f}"
+s = load("serving_h200.json")
+for name, d in (("1.7B", s), ("0.6B", load("step_0.6b_h200.json"))):
+    for b, r in ((d or {}).get("step", {}).get("variants", {}).get("fused", {}).get("batches", {}) or {}).items():
+        print(f"  step {name} B={b}: GPU {f(r.get('step_gpu_ms'))} ms, call {f(r.get('generate_wall_ms_median'))} ms "
+              f"(talker {f(r.get('talker_gpu_ms'))}, code predictor {f(r.get('code_predictor_gpu_ms'))}, "
+              f"sampling {f(r.get('sampling_and_state_gpu_ms'))})")
+if s:
+    print(f"  floor: {f(s.get('step', {}).get('floor', {}).get('step_floor_ms'))} ms at {f(s.get('step', {}).get('copy_rate_gb_s'), 0)} GB/s")
+    for k in ("B1_T1", "B16_T12", "B64_T12"):
+        print(f"  codec {k}: {f((s.get('codec') or {}).get(k, {}).get('graph_ms'))} ms")
+    serve = s.get("serve") or {}
+    one = serve.get("single_10s") or {}
+    print(f"  single 10-s: TTFP p50 {f(one.get('ttfp_ms_p50'), 1)} ms")
+    for p in serve.get("open_loop", []):
+        print(f"  open {p.get('rate')} req/s: {p.get('requests')} req, TTFP p50 {f(p.get('ttfp_ms_p50'), 1)} / p95 "
+              f"{f(p.get('ttfp_ms_p95'), 1)} ms, underruns {p.get('underrun_requests')}, rejected {p.get('rejected')}, "
+              f"{f(p.get('audio_s_per_s'), 1)} audio-s/s")
+    for p in serve.get("closed_loop", []):
+        print(f"  closed {p.get('concurrency')}: TTFP p95 {f(p.get('ttfp_ms_p95'), 1)} ms, underruns "
+              f"{p.get('underrun_requests')} of {p.get('requests')}, {f(p.get('audio_s_per_s'), 1)} audio-s/s")
+for suite in (load("gpu_tests_h200.json") or {}).get("suites", []):
+    print(f"  tests: {suite['summary']} (rc {suite['rc']}) {' '.join(suite['failed'][:5])}")
+c = (load("side_by_side_h200.json") or {}).get("comparison")
+if c:
+    print("  side by side:", json.dumps({k: v.get("ratio") for k, v in c.items() if isinstance(v, dict)}))
+EOF
+} 2>&1 | tee -a "$LOG"
