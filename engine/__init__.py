@@ -10,12 +10,15 @@ Imports nothing from realtime/ and no transport package (aiohttp, aiortc, av, we
 
 from .config import ChunkSchedule, EngineConfig, LevelConfig, TextConfig
 from .engine import Engine, EngineBusy, EngineNotReady, EngineStats
+from .level import ONSET_THRESHOLD_DBFS, dbfs, first_audible_sample
 from .model import GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
 from .models import MODEL_NAMES, load_model
+from .playout import Playout
 from .stream import AudioChunk, Stream, StreamError, StreamMetrics
 
 __all__ = [
     "MODEL_NAMES",
+    "ONSET_THRESHOLD_DBFS",
     "AudioChunk",
     "ChunkSchedule",
     "Engine",
@@ -28,11 +31,14 @@ __all__ = [
     "Model",
     "ModelError",
     "ModelInfo",
+    "Playout",
     "Stream",
     "StreamError",
     "StreamMetrics",
     "StreamParams",
     "TextConfig",
     "TextGranularity",
+    "dbfs",
+    "first_audible_sample",
     "load_model",
 ]

@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 ONSET_WINDOW_MS = 10.0  # the audible-TTFA convention: first 10 ms window above the threshold
+# A 10 ms window louder than this is audible: the one onset level of the server's TTFA, the lead-in
+# trimmer, barge-in truncation and every client-side measurement, so their figures compare.
+ONSET_THRESHOLD_DBFS = -45.0
 
 
 def dbfs(pcm: np.ndarray) -> float:

@@ -18,8 +18,6 @@ from voicewire.engine import MODEL_NAMES, Engine, EngineConfig
 from .audio import pcm16_bytes
 from .auth import AuthConfig
 from .config import GatewayConfig
-from .probe import add_arguments as add_probe_arguments
-from .probe import main_from_args as probe_main
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -63,7 +61,7 @@ async def _say(engine_config: EngineConfig, text: str, out_path: str, speed: flo
         stream.push_text(text)
         stream.end()
         pcm = [chunk.pcm async for chunk in stream]
-        rate = engine.model.info.sample_rate_hz
+        rate = engine.info.sample_rate_hz
     audio = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
     with wave.open(out_path, "wb") as w:
         w.setnchannels(1)
@@ -147,14 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     say.add_argument("-o", "--output", default="out.wav")
     say.add_argument("--speed", type=float, default=1.0)
     _add_model_args(say)
-    probe = sub.add_parser(
-        "probe", help="measure a running server: TTFB, audible TTFA, underruns, end-to-end"
+    # The probe is client code: its options are parsed by its own parser, imported only here.
+    sub.add_parser(
+        "probe",
+        help="measure a running server: TTFB, audible TTFA, underruns, end-to-end",
+        add_help=False,
+        prefix_chars="\0",
     )
-    add_probe_arguments(probe)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
 
     if args.command == "probe":
-        return probe_main(args)
+        from .client.probe_cli import main as probe_main
+
+        return probe_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if args.command == "serve":
         _setup_logging(args.log_level, args.log_format)

@@ -15,8 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
-from voicewire.engine import Engine, EngineBusy, EngineNotReady, StreamError
-from voicewire.engine.level import first_audible_sample
+from voicewire.engine import Engine, EngineBusy, EngineNotReady, Playout, StreamError, first_audible_sample
 
 from .limits import SessionLimits, TokenBucket
 from .log_limit import LogLimiter
@@ -311,7 +310,8 @@ class Session:
 
     async def _play(self, turn: Turn) -> None:
         error: StreamError | None = None
-        threshold_dbfs = self.engine.config.level.onset_threshold_dbfs
+        threshold_dbfs = self.engine.onset_threshold_dbfs
+        listener = Playout()  # a listener who plays from the first audio, for the underrun count
         if not turn.cancelled:
             await self.sink.start_turn(turn)
             await self.sink.send_json({"type": "turn.started", "turn_id": turn.turn_id})
@@ -323,9 +323,8 @@ class Session:
                         now = time.perf_counter()
                         if turn.t_first_audio_sent is None:
                             turn.t_first_audio_sent = now
-                        elif now - turn.t_first_audio_sent > turn.samples_sent / chunk.sample_rate_hz:
-                            # A listener who started playing at the first audio would have run dry.
-                            turn.underruns += 1
+                        listener.arrive(now, chunk.pcm.size / chunk.sample_rate_hz)
+                        turn.underruns = listener.underruns
                         if turn.first_audible_sample is None:
                             onset = first_audible_sample(chunk.pcm, chunk.sample_rate_hz, threshold_dbfs)
                             if onset is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from voicewire.engine.level import first_audible_sample
+from voicewire.engine import first_audible_sample
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,31 @@ def test_blocker_really_blocks() -> None:
     assert proc.returncode != 0 and "blocked" in proc.stderr
 
 
+BLOCK_CLIENT = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith('voicewire.realtime.client'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+"""
+
+def test_server_imports_nothing_from_the_client_side() -> None:
+    """The gateway serves without the client library, the adapters or the probe (DESIGN.md): every
+    module of realtime/ outside realtime/client/ (server, gateway, sessions, transports, CLI)."""
+    from pathlib import Path
+
+    realtime = Path(__file__).resolve().parents[1] / "realtime"
+    modules = sorted(p.stem for p in realtime.glob("*.py") if p.stem != "__init__")
+    assert {"server", "gateway", "session", "websocket", "webrtc", "http_api", "cli"} <= set(modules)
+    code = BLOCK_CLIENT + "".join(f"import voicewire.realtime.{m}\n" for m in modules) + "print('ok')"
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    blocked = _run(BLOCK_CLIENT + "import voicewire.realtime.client.probe")
+    assert blocked.returncode != 0 and "blocked" in blocked.stderr
+
+
 def test_every_import_uses_the_installed_name() -> None:
     """The tree's folders install as voicewire.*; a bare `import engine` would work from the
     repo root and break in an installed wheel."""

@@ -11,7 +11,7 @@ from livekit.agents import tts
 from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
-from voicewire.realtime.adapters.livekit import VoicewireTTS
+from voicewire.realtime.client.adapters.livekit import VoicewireTTS
 
 REPLY = "The package left our warehouse yesterday and should arrive soon."
 LONG_REPLY = (

@@ -26,7 +26,7 @@ from pipecat.workers.runner import WorkerRunner
 from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
-from voicewire.realtime.adapters.pipecat import VoicewireTTSService
+from voicewire.realtime.client.adapters.pipecat import VoicewireTTSService
 
 REPLY = "Your appointment is confirmed for Tuesday at ten in the morning."
 LONG_REPLY = (

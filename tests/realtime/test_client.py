@@ -1,4 +1,4 @@
-"""The Python client (realtime/client.py) against a real gateway: the one-call hook and barge-in."""
+"""The Python client (realtime/client/) against a real gateway: the one-call hook and barge-in."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ async def test_refusals_and_empty_turns(engine: Engine) -> None:
 
 async def test_api_key_for_a_server_that_requires_one(engine: Engine) -> None:
     from voicewire.realtime.auth import AuthConfig
-    from voicewire.realtime.webrtc_client import WebRtcClient
+    from voicewire.realtime.client.webrtc import WebRtcClient
 
     key = "probe-test-key-0123456789"
     async with running_gateway(engine, auth=AuthConfig(api_keys=(key,))) as base:

@@ -13,7 +13,8 @@ import pytest
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
 from voicewire.realtime.client import ReceivedAudio
-from voicewire.realtime.probe import Arrival, ProbeConfig, audible_time_s, playout, probe, ws_arrivals
+from voicewire.realtime.client.listener import Arrival, audible_time_s, playout, ws_arrivals
+from voicewire.realtime.client.probe import ProbeConfig, probe
 
 RATE_HZ = 24_000
 

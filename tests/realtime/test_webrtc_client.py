@@ -10,7 +10,7 @@ from tests.conftest import running_gateway
 from tests.realtime.test_client import LONG_REPLY, _check_prefix, fake_chat_completion
 from voicewire.engine import Engine
 from voicewire.realtime.client import ReceivedAudio
-from voicewire.realtime.webrtc_client import SAMPLE_RATE_HZ, WebRtcClient
+from voicewire.realtime.client.webrtc import SAMPLE_RATE_HZ, WebRtcClient
 
 
 async def test_barge_in_reports_the_audio_paced_out_and_its_words(engine: Engine) -> None:

@@ -1,6 +1,6 @@
 """voicewire as a Pipecat TTS service (``pip install voicewire[pipecat]``).
 
-    from voicewire.realtime.adapters.pipecat import VoicewireTTSService
+    from voicewire.realtime.client.adapters.pipecat import VoicewireTTSService
     tts = VoicewireTTSService(url="http://127.0.0.1:8080")
     pipeline = Pipeline([transport.input(), stt, user_agg, llm, tts, transport.output(), assistant_agg])
 
@@ -32,7 +32,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.services.tts_service import TextAggregationMode, TTSService
 
-from ..client import Turn, TurnDone, VoicewireClient, VoicewireError
+from .. import Turn, TurnDone, VoicewireClient, VoicewireError
 
 SERVER_RATES_HZ = (24_000, 48_000)  # what session.update offers; other pipeline rates are resampled here
 FINISHED_TURNS_KEPT = 64

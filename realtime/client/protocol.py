@@ -1,47 +1,28 @@
-"""Python client for protocol v1 (asyncio): speak an LLM's text stream, get its audio back.
-
-    client = await VoicewireClient.connect("ws://127.0.0.1:8080/v1/stream")
-    turn = await client.start_turn()
-    await turn.send("Sure, I can ")
-    await turn.send("help with that.")
-    await turn.end()
-    async for chunk in turn.audio():        # ReceivedAudio: 24 kHz PCM16 mono by default
-        player.write(chunk.data)
-    done = await turn.done()                # TurnDone: reason, audio_ms, played_ms, text_spoken, metrics
-
-    # One call: speak a streaming chat completion (str deltas or OpenAI-style chunks).
-    async for chunk in client.speak(await openai.chat.completions.create(..., stream=True)):
-        player.write(chunk.data)
-
-Barge-in: ``done = await turn.cancel()``; ``done.text_spoken`` is the text up to
-``done.played_ms`` (an estimate inside the last clause), to truncate the agent's context with.
+"""Protocol v1 without a transport: turns, the messages that drive them, the audio they receive.
 
 Turns of one connection are spoken in order: a turn started while another plays is generated at
 once and heard after it. Audio messages carry no turn id; they belong to the turn between its
-``turn.started`` and ``turn.done``. ``ProtocolClient`` holds the transport-free part, so the
-WebRTC client (``realtime.webrtc_client``) offers the same turns.
+``turn.started`` and ``turn.done``. ``ProtocolClient`` is this part; the WebSocket client
+(``websocket.VoicewireClient``) and the aiortc peer (``webrtc.WebRtcClient``) add a transport and
+so offer the same turns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import numpy as np
-import websockets
 
 log = logging.getLogger("voicewire.client")
 
 DEFAULT_SAMPLE_RATE_HZ = 24_000
 OPUS_FRAME_S = 0.020  # one Opus packet per binary message
-MAX_AUDIO_MESSAGE_BYTES = 16 * 1024 * 1024  # a long clause of 48 kHz PCM16 is ~1 MB
 # Errors answered to a turn's first text.delta: the server never opened the turn, so no
 # turn.done will follow and the turn fails here.
 TURN_REFUSED_CODES = frozenset(
@@ -106,6 +87,28 @@ class TurnDone:
         )
 
 
+@dataclass(frozen=True)
+class TurnAudio:
+    """A whole turn as it was received: its audio messages in order of arrival, and its ``turn.done``."""
+
+    chunks: tuple[ReceivedAudio, ...]
+    done: TurnDone
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(c.data for c in self.chunks)
+
+    @property
+    def arrival_times_s(self) -> list[float]:
+        return [c.t_received_s for c in self.chunks]
+
+    def pcm(self) -> np.ndarray:
+        """The samples as float32 in [-1, 1] (pcm16 only)."""
+        if not self.chunks:
+            return np.zeros(0, np.float32)
+        return np.concatenate([c.pcm() for c in self.chunks]).astype(np.float32) / 32768.0
+
+
 _END = object()
 
 
@@ -142,7 +145,9 @@ class Turn:
         self._feeder: asyncio.Task[None] | None = None
         self.started = False  # turn.started seen
         self.t_first_text_s: float | None = None  # perf_counter when the first delta was sent
+        self.t_last_text_s: float | None = None  # perf_counter when the last delta was sent
         self.t_first_audio_s: float | None = None  # perf_counter when its first audio arrived
+        self.t_done_s: float | None = None  # perf_counter when its turn.done arrived
         self.errors: list[VoicewireError] = []  # errors the server reported for this turn
 
     # --- text in ----------------------------------------------------------------------------------
@@ -152,10 +157,11 @@ class Turn:
             raise VoicewireError("turn_ended", "this turn has ended, failed or was cancelled", self.turn_id)
         if not delta:
             return
-        if self.t_first_text_s is None:
-            self.t_first_text_s = time.perf_counter()
         self._sent_text = True
         await self._client._send({"type": "text.delta", "turn_id": self.turn_id, "text": delta})
+        self.t_last_text_s = time.perf_counter()
+        if self.t_first_text_s is None:
+            self.t_first_text_s = self.t_last_text_s
 
     async def flush(self) -> None:
         """Speak what is buffered now, even mid-clause."""
@@ -213,6 +219,22 @@ class Turn:
     def __aiter__(self) -> AsyncIterator[ReceivedAudio]:
         return self.audio()
 
+    async def collect(self, timeout_s: float | None = None) -> TurnAudio:
+        """Read the whole turn: all its audio, then its ``turn.done``. A turn that failed on the
+        server comes back with ``done.reason == "error"`` (its errors in ``errors``); a turn the
+        server refused, or a lost connection, raises VoicewireError. Instead of ``audio()``."""
+        if self._reading:
+            raise RuntimeError("turn.audio() can be read once")
+        self._reading = True
+
+        async def read() -> TurnAudio:
+            chunks: list[ReceivedAudio] = []
+            while (item := await self._queue.get()) is not _END:
+                chunks.append(item)
+            return TurnAudio(tuple(chunks), await self._done)
+
+        return await asyncio.wait_for(read(), timeout_s)
+
     async def done(self, timeout_s: float | None = None) -> TurnDone:
         """Wait for ``turn.done``."""
         return await asyncio.wait_for(asyncio.shield(self._done), timeout_s)
@@ -258,6 +280,11 @@ class ProtocolClient:
 
     async def _send(self, msg: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    async def send_message(self, msg: dict[str, Any]) -> None:
+        """Send any protocol message as it is, outside the turn bookkeeping: for tests and tools
+        that must send what a ``Turn`` would not (text for a turn that ended, a cancel race)."""
+        await self._send(msg)
 
     async def close(self) -> None:
         raise NotImplementedError
@@ -333,6 +360,7 @@ class ProtocolClient:
             self._playing = turn
         elif kind == "turn.done":
             if turn is not None:
+                turn.t_done_s = time.perf_counter()
                 turn._finish(TurnDone.from_message(msg))
             if self._playing is turn:
                 self._playing = None
@@ -349,6 +377,11 @@ class ProtocolClient:
     def _set_audio(self, audio: dict[str, Any]) -> None:
         self.audio_format = str(audio.get("format", self.audio_format))
         self.sample_rate_hz = int(audio.get("sample_rate", self.sample_rate_hz))
+
+    def expect(self, kind: str) -> asyncio.Future[dict[str, Any]]:
+        """The next message of type ``kind`` (e.g. ``"error"``), as a future: call it before
+        sending what it answers."""
+        return self._expect(kind)
 
     def _expect(self, kind: str) -> asyncio.Future[dict[str, Any]]:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -388,108 +421,3 @@ class ProtocolClient:
                 raise VoicewireError(str(msg.get("code")), str(msg.get("message")))
             if not finished:
                 raise TimeoutError("no session.updated")
-
-
-class VoicewireClient(ProtocolClient):
-    """Protocol v1 over the WebSocket (``GET /v1/stream``)."""
-
-    def __init__(self, ws: Any) -> None:
-        super().__init__()
-        self._ws = ws
-        self._reader: asyncio.Task[None] | None = None
-
-    @classmethod
-    async def connect(
-        cls,
-        url: str,
-        *,
-        format: str = "pcm16",
-        sample_rate_hz: int = DEFAULT_SAMPLE_RATE_HZ,
-        voice: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 10.0,
-        **ws_options: Any,
-    ) -> VoicewireClient:
-        """Connect to ``ws://host:port/v1/stream`` (an ``http://host:port`` base works too) and set
-        the audio format: ``pcm16`` or ``opus``, 24000 or 48000 Hz. ``api_key``: for a server that
-        requires one (``voicewire serve --api-key``), sent as ``Authorization: Bearer``."""
-        if api_key:
-            ws_options["additional_headers"] = {
-                **dict(ws_options.get("additional_headers") or {}),
-                "Authorization": f"Bearer {api_key}",
-            }
-        ws = await websockets.connect(
-            stream_url(url), max_size=MAX_AUDIO_MESSAGE_BYTES, open_timeout=timeout_s, **ws_options
-        )
-        client = cls(ws)
-        created = client._expect("session.created")
-        client._reader = asyncio.create_task(client._read(), name="voicewire-client-reader")
-        try:
-            await asyncio.wait_for(created, timeout_s)
-            await client._configure(format, sample_rate_hz, voice, timeout_s)
-        except BaseException:
-            await client.close()
-            raise
-        return client
-
-    async def _send(self, msg: dict[str, Any]) -> None:
-        if self._closed:
-            raise VoicewireError("connection_closed", "the connection is closed")
-        await self._ws.send(json.dumps(msg, separators=(",", ":")))
-
-    async def _read(self) -> None:
-        reason = "closed by the server"
-        try:
-            async for raw in self._ws:
-                if isinstance(raw, bytes):
-                    self._on_audio(
-                        ReceivedAudio(raw, self.audio_format, self.sample_rate_hz, time.perf_counter())
-                    )
-                else:
-                    self._on_json(json.loads(raw))
-        except websockets.ConnectionClosed as err:
-            reason = f"connection closed: {err}"
-        finally:
-            self._connection_lost(reason)
-
-    async def close(self) -> None:
-        """Close the connection; the server cancels open turns."""
-        self._closed = True
-        await self._ws.close()
-        if self._reader is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-
-    async def __aenter__(self) -> VoicewireClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-
-def stream_url(url: str) -> str:
-    """``http://host:port`` (or a bare ``host:port``) -> ``ws://host:port/v1/stream``."""
-    if "://" not in url:
-        url = "ws://" + url
-    scheme, rest = url.split("://", 1)
-    scheme = {"http": "ws", "https": "wss"}.get(scheme, scheme)
-    if "/" not in rest or (rest.endswith("/") and rest.count("/") == 1):
-        rest = rest.rstrip("/") + "/v1/stream"
-    return f"{scheme}://{rest}"
-
-
-async def speak(
-    url: str, deltas: AsyncIterable[Any] | Iterable[Any], **connect_options: Any
-) -> AsyncIterator[ReceivedAudio]:
-    """Connect, speak ``deltas``, yield the audio, close: the whole hook in one call."""
-    async with await VoicewireClient.connect(url, **connect_options) as client:
-        turn = client.speak(deltas)
-        try:
-            async for chunk in turn:
-                yield chunk
-        finally:
-            if turn.result is None:
-                with contextlib.suppress(Exception):
-                    await turn.cancel()

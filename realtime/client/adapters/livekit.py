@@ -1,6 +1,6 @@
 """voicewire as a LiveKit Agents TTS (``pip install voicewire[livekit]``).
 
-    from voicewire.realtime.adapters.livekit import VoicewireTTS
+    from voicewire.realtime.client.adapters.livekit import VoicewireTTS
     session = AgentSession(stt=..., llm=..., tts=VoicewireTTS(url="http://127.0.0.1:8080"))
     await session.start(agent=Agent(instructions="..."), room=ctx.room)
 
@@ -25,7 +25,7 @@ import contextlib
 from livekit.agents import APIConnectionError, APIError, tts, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions
 
-from ..client import Turn, VoicewireClient, VoicewireError
+from .. import Turn, VoicewireClient, VoicewireError
 
 SAMPLE_RATE_HZ = 24_000  # the engine's own rate (LiveKit's room output is 24 kHz too): no resampling
 RETRYABLE_CODES = frozenset({"server_busy", "connection_closed"})

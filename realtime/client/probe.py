@@ -11,60 +11,45 @@ second, each on an idle session of a pool). Per turn, all times from the first t
 
 - ``ttfb_ms``: the first audio byte (WebSocket) or the first packet with any sound (WebRTC: the
   server sends digital silence between turns);
-- ``ttfa_ms``: the first audible sample (the first 10 ms window above -45 dBFS, as
-  ``engine.level.first_audible_sample`` finds it), as played by a listener who starts playing at
-  the first byte: arrival of the audio that holds it, plus its place in that audio;
+- ``ttfa_ms``: the first audible sample (the first 10 ms window above the engine's onset level),
+  as played by a listener who starts playing at the first byte: arrival of the audio that holds
+  it, plus its place in that audio (``listener.py``);
 - ``e2e_ms``: the end of that listener's playout of the turn's last sample;
-- ``underruns``: stalls of a player that starts ``--buffer-ms`` after the first byte and then plays
-  in real time (WebRTC: also silence the server's pacer inserted, see ``_measure_webrtc``);
+- ``underruns``: stalls of a listener who starts ``--buffer-ms`` after the first byte and then
+  plays in real time (WebRTC: also silence the server's pacer inserted, see ``_measure_webrtc``);
 - WebRTC only: ``jitter_buffer_ms``, the mean time from a packet's arrival to aiortc's receive path
   handing its frame out (aiortc holds 4 packets, ~80 ms), and ``rtp_jitter_ms``, the receiver's
   RFC 3550 interarrival jitter (aiortc's inbound-rtp stats);
 - ``server``: the turn's own ``turn.done`` figures (``ttfp_ms``, ``ttfa_ms``, ``played_ms``, ...).
 
 It prints percentiles under a progress bar, and writes JSON and a PNG (latency distribution and
-latency over time).
+latency over time): ``probe_report.py``; the command line: ``probe_cli.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import math
-import os
 import platform
 import random
-import re
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
-from voicewire.engine.level import first_audible_sample
+from .listener import Arrival, hear, ws_arrivals
+from .probe_report import summarize
+from .protocol import ProtocolClient, ReceivedAudio, TurnDone, VoicewireError
+from .simulated_llm import TEXTS, send_reply
+from .websocket import VoicewireClient
 
-from .client import ProtocolClient, ReceivedAudio, Turn, TurnDone, VoicewireClient, VoicewireError
-
-AUDIBLE_DBFS = -45.0  # the engine's onset level (LevelConfig.onset_threshold_dbfs)
-SILENCE_DBFS = -100.0  # WebRTC: a packet at or under this is the server's digital silence
-PERCENTILES = (50, 90, 95, 99)
 PROGRESS_INTERVAL_S = 0.5  # redraw on a terminal
 PROGRESS_LOG_INTERVAL_S = 5.0  # a new line in a log file
-TEXTS = (
-    "Sure, I can help you with that right away.",
-    "Your appointment is confirmed for Tuesday at ten in the morning.",
-    "The package left our warehouse yesterday and should arrive soon.",
-    "Could you please repeat the last four digits of your card?",
-    "Thanks for waiting. I have found the information you asked for, and I sent it to your inbox.",
-    "Let me check the schedule and get back to you in a moment.",
-    "Your order shipped this morning, and the tracking number is on its way to your email.",
-)
 
 
 @dataclass(frozen=True)
@@ -132,98 +117,7 @@ class TurnRecord:
     server: dict[str, Any] = field(default_factory=dict)
 
 
-# --- playout model (pure) ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Arrival:
-    """A piece of a turn's audio as it reached the client."""
-
-    t_s: float  # perf_counter on arrival
-    samples: int
-    onset_sample: int | None = (
-        None  # first audible window inside it (turn-relative onset is found by the caller)
-    )
-
-
-@dataclass(frozen=True)
-class Playout:
-    starts_s: list[float]  # when each piece starts playing
-    end_s: float  # when the last sample has played
-    underruns: int
-    stall_s: float
-
-
-def playout(arrivals: list[Arrival], sample_rate_hz: int, buffer_s: float) -> Playout:
-    """A player that starts ``buffer_s`` after the first piece arrives and plays in real time; a
-    piece that is not there when its turn comes stalls it until it arrives."""
-    cursor = arrivals[0].t_s + buffer_s
-    starts: list[float] = []
-    underruns, stall = 0, 0.0
-    for i, a in enumerate(arrivals):
-        if a.t_s > cursor:
-            if i > 0:
-                underruns += 1
-                stall += a.t_s - cursor
-            cursor = a.t_s
-        starts.append(cursor)
-        cursor += a.samples / sample_rate_hz
-    return Playout(starts, cursor, underruns, stall)
-
-
-def audible_time_s(arrivals: list[Arrival], sample_rate_hz: int) -> float | None:
-    """When a player that starts at the first byte plays the first audible sample."""
-    p = playout(arrivals, sample_rate_hz, 0.0)
-    for a, start in zip(arrivals, p.starts_s, strict=True):
-        if a.onset_sample is not None:
-            return start + a.onset_sample / sample_rate_hz
-    return None
-
-
-def ws_arrivals(chunks: list[ReceivedAudio], threshold_dbfs: float = AUDIBLE_DBFS) -> list[Arrival]:
-    """WebSocket PCM messages as arrivals; the onset is found over the whole turn (a 10 ms window
-    may straddle two messages) and marked on the message that holds it."""
-    if not chunks:
-        return []
-    rate = chunks[0].sample_rate_hz
-    pcm = np.concatenate([c.pcm() for c in chunks]).astype(np.float32) / 32768.0
-    onset = first_audible_sample(pcm, rate, threshold_dbfs)
-    out: list[Arrival] = []
-    start = 0
-    for c in chunks:
-        n = len(c.data) // 2
-        mark = onset - start if onset is not None and start <= onset < start + n else None
-        out.append(Arrival(c.t_received_s, n, mark))
-        start += n
-    return out
-
-
-def summarize(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0}
-    out: dict[str, float] = {"n": len(values)}
-    for q in PERCENTILES:
-        out[f"p{q}"] = round(float(np.percentile(values, q)), 2)
-    out["max"] = round(max(values), 2)
-    out["mean"] = round(statistics.fmean(values), 2)
-    return out
-
-
 # --- one turn ----------------------------------------------------------------------------------------
-def tokens_of(text: str) -> list[str]:
-    return re.findall(r"\S+\s*", text)
-
-
-async def _send_text(turn: Turn, text: str, cfg: ProbeConfig) -> None:
-    await asyncio.sleep(cfg.first_token_delay_ms / 1000)
-    if cfg.tokens_per_s is None:
-        await turn.send(text)
-    else:
-        for i, tok in enumerate(tokens_of(text)):
-            if i:
-                await asyncio.sleep(1.0 / cfg.tokens_per_s)
-            await turn.send(tok)
-    await turn.end()
-
-
 async def run_turn(
     client: ProtocolClient, text: str, cfg: ProbeConfig, rec: TurnRecord, t0_probe: float
 ) -> TurnRecord:
@@ -235,7 +129,9 @@ async def run_turn(
             chunks.append(c)
 
     reader = asyncio.create_task(read())
-    sender = asyncio.create_task(_send_text(turn, text, cfg))
+    sender = asyncio.create_task(
+        send_reply(turn, text, cfg.tokens_per_s, cfg.first_token_delay_ms / 1000)
+    )
     done: TurnDone | None = None
     try:
         await sender
@@ -267,28 +163,27 @@ async def run_turn(
 
 
 def _measure(rec: TurnRecord, arrivals: list[Arrival], rate: int, t_first: float, cfg: ProbeConfig) -> None:
-    if not arrivals:
+    heard = hear(arrivals, rate, t_first, cfg.buffer_ms / 1000)
+    if heard is None:
         return
-    rec.ttfb_ms = round((arrivals[0].t_s - t_first) * 1000, 2)
-    audible = audible_time_s(arrivals, rate)
-    if audible is not None:
-        rec.ttfa_ms = round((audible - t_first) * 1000, 2)
-    rec.e2e_ms = round((playout(arrivals, rate, 0.0).end_s - t_first) * 1000, 2)
-    p = playout(arrivals, rate, cfg.buffer_ms / 1000)
-    rec.underruns += p.underruns
-    rec.stall_ms = round(rec.stall_ms + p.stall_s * 1000, 2)
-    rec.audio_ms = round(sum(a.samples for a in arrivals) * 1000 / rate, 1)
+    rec.ttfb_ms = round(heard.ttfb_s * 1000, 2)
+    if heard.ttfa_s is not None:
+        rec.ttfa_ms = round(heard.ttfa_s * 1000, 2)
+    rec.e2e_ms = round(heard.e2e_s * 1000, 2)
+    rec.underruns += heard.underruns
+    rec.stall_ms = round(rec.stall_ms + heard.stall_s * 1000, 2)
+    rec.audio_ms = round(heard.audio_s * 1000, 1)
 
 
 async def _measure_webrtc(
     rec: TurnRecord, client: ProtocolClient, t_first: float, t_done: float, cfg: ProbeConfig
 ) -> None:
-    from .webrtc_client import SAMPLE_RATE_HZ, WebRtcClient
+    from .webrtc import SAMPLE_RATE_HZ, SOUND_DBFS, WebRtcClient
 
     assert isinstance(client, WebRtcClient)
     # turn.done comes once the last frame left the server's pacer: allow a few ms of transport.
     packets = client.packets_between(t_first, t_done + 0.05)
-    sound = [i for i, p in enumerate(packets) if p.level_dbfs > SILENCE_DBFS]
+    sound = [i for i, p in enumerate(packets) if p.level_dbfs > SOUND_DBFS]
     if sound:
         turn_packets = packets[sound[0] : sound[-1] + 1]
         # The server's pacer fills a dry queue (an engine underrun) with digital silence, which
@@ -332,7 +227,7 @@ class Probe:
         if self.cfg.transport == "ws":
             client = await VoicewireClient.connect(self.cfg.url, api_key=self.cfg.api_key)
         else:
-            from .webrtc_client import WebRtcClient
+            from .webrtc import WebRtcClient
 
             client = await WebRtcClient.connect(self.cfg.url, api_key=self.cfg.api_key)
         self.connect_ms.append(round((time.perf_counter() - t) * 1000, 2))
@@ -476,6 +371,7 @@ class Probe:
             summary["packets_lost"] = int(sum(s.get("packets_lost", 0) for s in self._receiver_stats))
         return {
             "probe": {
+                "description": self.cfg.describe(),
                 "config": {k: v for k, v in asdict(self.cfg).items() if k != "api_key"},
                 "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
                 "client": f"{platform.node()} python {platform.python_version()}",
@@ -503,138 +399,6 @@ async def _server_info(url: str) -> dict[str, Any]:
         return {}
 
 
-# --- report ------------------------------------------------------------------------------------------
-def format_table(result: dict[str, Any]) -> str:
-    s = result["summary"]
-    errors = ", ".join(f"{k} {v}" for k, v in s["errors"].items() if v) or "none"
-    lines = [
-        f"turns {s['turns']} ({s['completed']} completed; errors: {errors}) on {s['sessions']} sessions, "
-        f"{s['audio_s']:.1f} s of audio; underruns {s['underruns']} in {s['turns_with_underruns']} turns",
-        f"{'':16}{'n':>5}" + "".join(f"{'p' + str(q):>9}" for q in PERCENTILES) + f"{'max':>9}",
-    ]
-    rows = [
-        "ttfb_ms",
-        "ttfa_ms",
-        "e2e_ms",
-        "server_ttfp_ms",
-        "server_ttfa_ms",
-        "jitter_buffer_ms",
-        "rtp_jitter_ms",
-        "connect_ms",
-    ]
-    for key in rows:
-        v = s.get(key)
-        if not v or not v.get("n"):
-            continue
-        lines.append(
-            f"{key:16}{v['n']:>5}" + "".join(f"{v[f'p{q}']:>9.1f}" for q in PERCENTILES) + f"{v['max']:>9.1f}"
-        )
-    if "packets_received" in s:
-        lines.append(f"RTP packets received {s['packets_received']}, lost {s['packets_lost']}")
-    return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: str) -> None:
-    """Latency distribution (CDF) and latency over time, one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    turns = [t for t in result["turns"] if t["reason"] in ("completed", "cancelled")]
-    series = {
-        "TTFB": [t["ttfb_ms"] for t in turns],
-        "audible TTFA": [t["ttfa_ms"] for t in turns],
-        "server TTFA": [t["server"].get("ttfa_ms") for t in turns],
-    }
-    fig, (ax_cdf, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, values in series.items():
-        v = np.sort([x for x in values if x is not None])
-        if v.size:
-            ax_cdf.step(
-                v,
-                np.arange(1, v.size + 1) / v.size,
-                where="post",
-                label=f"{name} (p50 {np.median(v):.0f} ms)",
-            )
-    ax_cdf.set_xlabel("ms from the first text sent")
-    ax_cdf.set_ylabel("fraction of turns")
-    ax_cdf.set_title("latency distribution")
-    ax_cdf.grid(alpha=0.3)
-    ax_cdf.legend(loc="lower right")
-    t = [x["t_start_s"] for x in turns]
-    for name, marker in (("TTFB", "."), ("audible TTFA", "o")):
-        ax_time.scatter(t, series[name], s=12, marker=marker, label=name, alpha=0.8)
-    under = [x for x in turns if x["underruns"]]
-    if under:
-        ax_time.scatter(
-            [x["t_start_s"] for x in under],
-            [x["ttfa_ms"] or 0 for x in under],
-            s=60,
-            facecolors="none",
-            edgecolors="red",
-            label="turn with underruns",
-        )
-    ax_time.set_xlabel("turn start (s into the run)")
-    ax_time.set_ylabel("ms")
-    ax_time.set_title("latency over time")
-    ax_time.grid(alpha=0.3)
-    ax_time.legend(loc="best")
-    cfg = ProbeConfig(**{**result["probe"]["config"], "texts": tuple(result["probe"]["config"]["texts"])})
-    fig.suptitle(f"voicewire probe: {cfg.describe()}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# --- command line ------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL")
-    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds during which turns start")
-    load = p.add_mutually_exclusive_group()
-    load.add_argument(
-        "--concurrency", type=int, default=1, help="closed loop: sessions speaking turns back to back"
-    )
-    load.add_argument("--rate", type=float, help="open loop: Poisson turn arrivals per second")
-    p.add_argument(
-        "--first-token-ms", type=float, default=0.0, help="the simulated LLM's time to first token"
-    )
-    text = p.add_mutually_exclusive_group()
-    text.add_argument(
-        "--tokens-per-s", type=float, default=30.0, help="simulated LLM speed (a token is a word)"
-    )
-    text.add_argument("--whole", action="store_true", help="send each reply in one text.delta")
-    p.add_argument(
-        "--buffer-ms", type=float, default=40.0, help="client playout buffer for the underrun count"
-    )
-    p.add_argument("--gap-s", type=float, default=0.2, help="closed loop: pause between a session's turns")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("VOICEWIRE_API_KEY"),
-        help="for a server started with --api-key (default: $VOICEWIRE_API_KEY)",
-    )
-    p.add_argument("--out", default="probe.json", help="JSON results")
-    p.add_argument("--plot", default="probe.png", help="PNG plot ('' for none)")
-
-
-def config_from_args(args: argparse.Namespace) -> ProbeConfig:
-    return ProbeConfig(
-        url=args.url,
-        transport=args.transport,
-        duration_s=args.duration,
-        concurrency=args.concurrency,
-        rate_per_s=args.rate,
-        gap_s=args.gap_s,
-        first_token_delay_ms=args.first_token_ms,
-        tokens_per_s=None if args.whole else args.tokens_per_s,
-        buffer_ms=args.buffer_ms,
-        seed=args.seed,
-        api_key=args.api_key,
-    )
-
-
 async def probe(cfg: ProbeConfig, out: TextIO | None = sys.stderr) -> dict[str, Any]:
     """Run the probe; returns the JSON-ready result."""
     p = Probe(cfg, out)
@@ -642,13 +406,3 @@ async def probe(cfg: ProbeConfig, out: TextIO | None = sys.stderr) -> dict[str, 
     return p.result()
 
 
-def main_from_args(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    print(f"voicewire probe: {cfg.describe()}", file=sys.stderr)
-    result = asyncio.run(probe(cfg))
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    if args.plot:
-        plot(result, args.plot)
-    print(format_table(result))
-    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
-    return 0 if result["summary"]["completed"] else 1

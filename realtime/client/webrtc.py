@@ -1,5 +1,5 @@
 """Python WebRTC client (an aiortc peer): protocol v1 on the ``control`` data channel, audio on the
-track, with what a latency probe needs to see on the wire.
+track, with what a latency probe or a test needs to see on the wire.
 
 It does what the demo page does (recvonly audio transceiver, a ``control`` data channel,
 non-trickle offer to ``POST /offer``) and offers the same turns as ``VoicewireClient``:
@@ -33,19 +33,21 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from voicewire.engine.level import dbfs, first_audible_sample
+from voicewire.engine import ONSET_THRESHOLD_DBFS, dbfs, first_audible_sample
 
-from .client import ProtocolClient, ReceivedAudio, Turn, TurnDone, VoicewireError
+from .protocol import ProtocolClient, ReceivedAudio, Turn, TurnDone, TurnId, VoicewireError
 
 SAMPLE_RATE_HZ = 48_000  # what aiortc's Opus decoder puts out
 FRAME_SAMPLES = 960  # 20 ms
-AUDIBLE_DBFS = -45.0  # the engine's onset level: a 10 ms window above it is audible
 # A turn's last frames leave aiortc's jitter buffer ~80 ms (4 packets) after they arrived; its
 # turn.done (on the data channel) comes at about their arrival. The turn's audio() waits this long
 # at most for them.
 JITTER_BUFFER_WAIT_S = 0.3
 RTP_WRAP = 1 << 32
 SILENCE_DBFS = -120.0  # the level reported for digital silence (what the server sends between turns)
+# Decoded digital silence sits below -90 dBFS; a packet above this carries some of a turn's sound
+# (the engine keeps 10 ms of quiet lead-in before the first audible window).
+SOUND_DBFS = -70.0
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class PacketLog:
     pts: int  # place on the RTP clock (48 kHz samples), from the first packet, unwrapped
     samples: int  # decoded samples (per channel)
     level_dbfs: float  # RMS of the packet's loudest 10 ms window
-    onset_sample: int | None  # start of its first 10 ms window above AUDIBLE_DBFS, if any
+    onset_sample: int | None  # start of its first 10 ms window above ONSET_THRESHOLD_DBFS, if any
 
 
 @dataclass
@@ -89,6 +91,8 @@ class WebRtcClient(ProtocolClient):
         self._tasks: list[asyncio.Task[None]] = []
         self._receiver: Any = None
         self.channel: Any = None
+        self.answer_sdp = ""  # the server's SDP answer
+        self.turns: list[Turn] = []  # every turn of this connection, in order
 
     @classmethod
     async def connect(
@@ -125,6 +129,7 @@ class WebRtcClient(ProtocolClient):
             if resp.status != 200:
                 err = body.get("error", {}) if isinstance(body, dict) else {}
                 raise VoicewireError(str(err.get("code", resp.status)), str(err.get("message", body)))
+        self.answer_sdp = body["sdp"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
         await created
 
@@ -141,6 +146,7 @@ class WebRtcClient(ProtocolClient):
         if kind == "turn.started" and turn is not None:
             self._windows.append(_TurnWindow(turn, self._arrived_pts()))
         if kind == "turn.done" and turn is not None:
+            turn.t_done_s = time.perf_counter()
             window = next((w for w in self._windows if w.turn is turn), None)
             if window is not None:
                 # Finished once its audio is out of the jitter buffer (see _route).
@@ -185,7 +191,7 @@ class WebRtcClient(ProtocolClient):
         win = SAMPLE_RATE_HZ // 100
         n = pcm.size // win
         level = max([SILENCE_DBFS, *(dbfs(pcm[i * win : (i + 1) * win]) for i in range(n))])
-        onset = first_audible_sample(pcm, SAMPLE_RATE_HZ, AUDIBLE_DBFS)
+        onset = first_audible_sample(pcm, SAMPLE_RATE_HZ, ONSET_THRESHOLD_DBFS)
         self.packets.append(PacketLog(t_arrival_s, pts, pcm.size, level, onset))
 
     async def _drain(self, track: MediaStreamTrack) -> None:
@@ -225,6 +231,31 @@ class WebRtcClient(ProtocolClient):
     def packets_between(self, t_from_s: float, t_to_s: float) -> list[PacketLog]:
         return [p for p in self.packets if t_from_s <= p.t_arrival_s <= t_to_s]
 
+    def turn_packets(self, turn: Turn, tail_s: float = 0.1) -> list[PacketLog]:
+        """Packets that arrived from the turn's first delta to its ``turn.done`` and ``tail_s``
+        more (the last frames' transport), but not past the next turn's first delta."""
+        if turn.t_first_text_s is None:
+            return []
+        end = (turn.t_done_s or time.perf_counter()) + tail_s
+        later = [t.t_first_text_s for t in self.turns if t.t_first_text_s and t.t_first_text_s > turn.t_first_text_s]
+        return self.packets_between(turn.t_first_text_s, min([end, *later]))
+
+    def wire_ttfa_s(self, turn: Turn, threshold_dbfs: float = ONSET_THRESHOLD_DBFS) -> float | None:
+        """First delta sent -> the first packet with a 10 ms window above ``threshold_dbfs``
+        (``SOUND_DBFS``: the first packet with any of the turn's sound)."""
+        for p in self.turn_packets(turn):
+            if p.level_dbfs > threshold_dbfs and turn.t_first_text_s is not None:
+                return p.t_arrival_s - turn.t_first_text_s
+        return None
+
+    def audible_inter_arrivals_s(self, turn: Turn) -> np.ndarray:
+        """Gaps between packet arrivals from the turn's first to its last audible packet."""
+        pkts = self.turn_packets(turn)
+        audible = [i for i, p in enumerate(pkts) if p.level_dbfs > ONSET_THRESHOLD_DBFS]
+        if len(audible) < 2:
+            return np.zeros(0)
+        return np.diff([p.t_arrival_s for p in pkts[audible[0] : audible[-1] + 1]])
+
     def jitter_buffer_delays_s(self, packets: list[PacketLog]) -> list[float]:
         """For each packet, arrival -> its frame out of aiortc's jitter buffer + decoder."""
         return [self.frame_times[p.pts] - p.t_arrival_s for p in packets if p.pts in self.frame_times]
@@ -242,6 +273,11 @@ class WebRtcClient(ProtocolClient):
                     "jitter_ms": float(s.jitter) * 1000 / SAMPLE_RATE_HZ,  # RTP clock units
                 }
         return {}
+
+    def _new_turn(self, turn_id: TurnId | None) -> Turn:
+        turn = super()._new_turn(turn_id)
+        self.turns.append(turn)
+        return turn
 
     async def close(self) -> None:
         self._closed = True

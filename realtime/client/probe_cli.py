@@ -1,0 +1,79 @@
+"""``voicewire probe``'s command line (imported only when that subcommand runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from .probe import ProbeConfig, probe
+from .probe_report import format_table, plot
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL")
+    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds during which turns start")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency", type=int, default=1, help="closed loop: sessions speaking turns back to back"
+    )
+    load.add_argument("--rate", type=float, help="open loop: Poisson turn arrivals per second")
+    p.add_argument(
+        "--first-token-ms", type=float, default=0.0, help="the simulated LLM's time to first token"
+    )
+    text = p.add_mutually_exclusive_group()
+    text.add_argument(
+        "--tokens-per-s", type=float, default=30.0, help="simulated LLM speed (a token is a word)"
+    )
+    text.add_argument("--whole", action="store_true", help="send each reply in one text.delta")
+    p.add_argument(
+        "--buffer-ms", type=float, default=40.0, help="client playout buffer for the underrun count"
+    )
+    p.add_argument("--gap-s", type=float, default=0.2, help="closed loop: pause between a session's turns")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VOICEWIRE_API_KEY"),
+        help="for a server started with --api-key (default: $VOICEWIRE_API_KEY)",
+    )
+    p.add_argument("--out", default="probe.json", help="JSON results")
+    p.add_argument("--plot", default="probe.png", help="PNG plot ('' for none)")
+
+
+def config_from_args(args: argparse.Namespace) -> ProbeConfig:
+    return ProbeConfig(
+        url=args.url,
+        transport=args.transport,
+        duration_s=args.duration,
+        concurrency=args.concurrency,
+        rate_per_s=args.rate,
+        gap_s=args.gap_s,
+        first_token_delay_ms=args.first_token_ms,
+        tokens_per_s=None if args.whole else args.tokens_per_s,
+        buffer_ms=args.buffer_ms,
+        seed=args.seed,
+        api_key=args.api_key,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """``voicewire probe ARGS``."""
+    parser = argparse.ArgumentParser(
+        prog="voicewire probe",
+        description="Drive a running server with simulated LLM turns and measure what a listener gets.",
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    print(f"voicewire probe: {cfg.describe()}", file=sys.stderr)
+    result = asyncio.run(probe(cfg))
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot(result, args.plot)
+    print(format_table(result))
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0 if result["summary"]["completed"] else 1
