@@ -60,34 +60,10 @@ if ! python3 -c "import voicewire.engine" > /dev/null 2>&1; then
   if [ -n "$site" ] && [ -w "$site" ]; then echo /tmp/vw > "$site/voicewire-linktree.pth"; fi
 fi
 
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
-SOURCE_SHA1=$(find engine kernels realtime benchmarks tests -name '*.py' -not -path '*/__pycache__/*' 2> /dev/null \
-  | LC_ALL=C sort | xargs sha1sum 2> /dev/null | sha1sum | cut -c1-12)
-MACHINE=$(python3 - 2> /dev/null << 'EOF'
-import json, os, platform, subprocess
-m = {"cpus": os.cpu_count(), "python": platform.python_version()}
-try:
-    q = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm", "--format=csv,noheader"]
-    rows = subprocess.run(q, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
-    m["gpus"] = [dict(zip(("name", "driver", "memory", "sm_clock_idle", "sm_clock_max"), map(str.strip, r.split(","))))
-                 for r in rows]
-except Exception as err:  # noqa: BLE001 - recorded, not fatal
-    m["nvidia_smi"] = repr(err)
-try:
-    import torch
-    m.update(torch=torch.__version__, cuda=torch.version.cuda)
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        m.update(gpu=p.name, sm_count=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
-    import triton
-    m["triton"] = triton.__version__
-except Exception as err:  # noqa: BLE001
-    m["import_error"] = repr(err)
-print(json.dumps(m))
-EOF
-)
-export VW_COMMIT=$COMMIT VW_SOURCE_SHA1=$SOURCE_SHA1 VW_MACHINE=${MACHINE:-'{}'}
-echo "[$MODE] commit $COMMIT, source_sha1 $SOURCE_SHA1, machine $VW_MACHINE" | tee -a "$LOG"
+. benchmarks/meta.sh
+meta_init "bash benchmarks/gpu.sh $MODE"
+COMMIT=$VW_COMMIT
+echo "[$MODE] commit $VW_COMMIT, source_sha1 $VW_SOURCE_SHA1, machine $VW_MACHINE" | tee -a "$LOG"
 
 want() { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
@@ -108,31 +84,6 @@ step() {
   timeout -k 10 "$t" "$@" 2>&1 | tee -a "$LOG" | grep --line-buffered -E "$SHOW" | cut -c1-300
   RC=${PIPESTATUS[0]} SECS=$((SECONDS - t0))
   STATUS+=("$name: rc $RC, $SECS s$([ "$RC" = 124 ] && echo ", timed out at $t s")")
-}
-
-# stamp FILE: put "meta" (the last step's command, commit, machine, date, rc, seconds) first in a JSON.
-stamp() {
-  if [ ! -f "$1" ]; then
-    echo "[$MODE] no $1 (rc $RC)" | tee -a "$LOG"
-    return 0
-  fi
-  VW_CMD="$CMD" VW_RC=$RC VW_SECS=$SECS VW_VIA="bash benchmarks/gpu.sh $MODE" python3 - "$1" << 'EOF'
-import datetime, json, os, sys
-path = sys.argv[1]
-data = json.load(open(path))
-meta = {
-    "command": os.environ["VW_CMD"],
-    "via": os.environ["VW_VIA"],
-    "commit": os.environ["VW_COMMIT"],
-    "source_sha1": os.environ["VW_SOURCE_SHA1"],
-    "machine": json.loads(os.environ["VW_MACHINE"] or "{}"),
-    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    "rc": int(os.environ["VW_RC"]),
-    "seconds": int(os.environ["VW_SECS"]),
-}
-data = {"meta": meta, **{k: v for k, v in data.items() if k != "meta"}}
-json.dump(data, open(path, "w"), indent=1, default=str)
-EOF
 }
 
 # oracle_site: install the carried official-package wheels into /tmp/oracle_site.

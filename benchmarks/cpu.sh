@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# CPU benchmarks of the gateway with the embedded voice, on this machine: the README's CPU tables.
+#
+#   benchmarks/cpu.sh [STEP...]         # every step (~25 min on 2 cores); or name some of them:
+#     ws                   WebSocket TTFP (whole sentence, streamed words) and real-time capacity -> ws_cpu.json
+#     webrtc               wire TTFA over WebRTC at 1 and 10 aiortc peers                -> webrtc_ttfa.json
+#     probe                `voicewire probe` against `voicewire serve`, WebSocket (4 sessions) and
+#                          WebRTC (2 sessions), an LLM at 30 words/s     -> probe_{ws,webrtc}_cpu.{json,png}
+#     soak                 100 sessions for 5 min, 0.5-2 s pauses (overloads 2 cores) -> soak_cpu.json
+#     soak-conversational  the same with 3-6 s pauses                   -> soak_cpu_conversational.json
+#
+# Files go to $OUT (default benchmarks/results, where the README's rows point), each with a "meta"
+# object first (command, commit, machine, date: benchmarks/meta.sh). Each benchmark starts its own
+# server (`probe` starts one `voicewire serve` for both transports and stops it by its pid). The
+# machine should be otherwise idle: server and load generator share its cores, which is what the
+# tables report. The full output: $LOG (default artifacts/cpu.log).
+# PY and VOICEWIRE override the interpreter (.venv/bin/python) and the CLI (.venv/bin/voicewire).
+set -o pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+STEPS=("$@")
+OUT=${OUT:-benchmarks/results}
+mkdir -p "$OUT"
+LOG=${LOG:-artifacts/cpu.log}
+mkdir -p "$(dirname "$LOG")"
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+VOICEWIRE=("${VOICEWIRE:-.venv/bin/voicewire}")
+[ -x "${VOICEWIRE[0]}" ] || VOICEWIRE=("$PY" -m voicewire.realtime.cli)
+PROBE_PORT=18931
+declare -a STATUS=()
+. benchmarks/meta.sh
+meta_init "benchmarks/cpu.sh"
+: >> "$LOG"
+echo "[cpu] commit $VW_COMMIT, machine $VW_MACHINE" | tee -a "$LOG"
+
+want() { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+
+# step NAME MAX_S CMD...: CMD under `timeout MAX_S`, output to the log; sets CMD, RC, SECS.
+step() {
+  local name=$1 max=$2
+  shift 2
+  CMD="$*"
+  echo "== $name (timeout $max s): $CMD" | tee -a "$LOG"
+  local t0=$SECONDS
+  timeout -k 10 "$max" "$@" 2>&1 | tee -a "$LOG" | tail -n 12
+  RC=${PIPESTATUS[0]} SECS=$((SECONDS - t0))
+  STATUS+=("$name: rc $RC, $SECS s$([ "$RC" = 124 ] && echo ", timed out")")
+}
+
+if want ws; then
+  step ws 1500 "$PY" benchmarks/ws_bench.py --out "$OUT/ws_cpu.json" --turns 60 --sweep 25,50,75,100
+  stamp "$OUT/ws_cpu.json"
+fi
+
+if want webrtc; then
+  step webrtc 900 "$PY" benchmarks/webrtc_ttfa.py --server-log /tmp/webrtc_ttfa_server.log --out "$OUT/webrtc_ttfa.json"
+  stamp "$OUT/webrtc_ttfa.json"
+fi
+
+if want probe; then
+  "${VOICEWIRE[@]}" serve --port "$PROBE_PORT" > /tmp/probe_server.log 2>&1 &
+  server=$!
+  trap 'kill "$server" 2> /dev/null' EXIT
+  if "$PY" - "$PROBE_PORT" << 'EOF'
+import sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/readyz"
+for _ in range(240):
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        sys.exit(0)
+    except Exception:  # noqa: BLE001 - not up or not ready yet
+        time.sleep(0.5)
+sys.exit("server not ready after 120 s")
+EOF
+  then
+    for transport in ws webrtc; do
+      sessions=4
+      [ $transport = webrtc ] && sessions=2
+      step "probe-$transport" 180 "${VOICEWIRE[@]}" probe --url "http://127.0.0.1:$PROBE_PORT" --duration 30 \
+        --concurrency $sessions --tokens-per-s 30 --transport $transport \
+        --out "$OUT/probe_${transport}_cpu.json" --plot "$OUT/probe_${transport}_cpu.png"
+      stamp "$OUT/probe_${transport}_cpu.json"
+    done
+  else
+    STATUS+=("probe: not run, the server was not ready (/tmp/probe_server.log)")
+  fi
+  kill "$server" 2> /dev/null
+  wait "$server" 2> /dev/null
+  trap - EXIT
+fi
+
+if want soak; then
+  step soak 420 "$PY" benchmarks/soak.py --sessions 100 --duration 300 --out "$OUT/soak_cpu.json"
+  stamp "$OUT/soak_cpu.json"
+fi
+
+if want soak-conversational; then
+  step soak-conversational 420 "$PY" benchmarks/soak.py --sessions 100 --duration 300 --user-turn-s 3,6 \
+    --out "$OUT/soak_cpu_conversational.json"
+  stamp "$OUT/soak_cpu_conversational.json"
+fi
+
+echo "== summary: benchmarks/cpu.sh ${STEPS[*]} (commit $VW_COMMIT, $SECONDS s)" | tee -a "$LOG"
+printf '  %s\n' "${STATUS[@]}" | tee -a "$LOG"
