@@ -1,7 +1,8 @@
 """Soak: many concurrent WebSocket sessions with the embedded voice for minutes, on this machine.
 
-Each session loops: a turn streamed as word deltas (a simulated LLM), its audio read and played
-(simulated from the first byte), then a pause, then the next turn. Reports errors, lost turns
+Each session loops: a turn of the load generator (``probe.run_turn``: word deltas from the simulated
+LLM, the audio read and played by the one listener model from the first byte), then a pause, then
+the next turn. Reports errors, lost turns
 (text sent, no turn.done), underruns, TTFP/TTFA percentiles and the server's RSS at start and end.
 
     python benchmarks/soak.py --sessions 100 --duration 300 --out benchmarks/results/soak_cpu.json
@@ -12,19 +13,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import websockets
+from ws_bench import SENTENCES, start_server, summary_ms, turn_config, write_results
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ws_bench import BYTES_PER_S, SENTENCES, start_server, summary_ms
+from voicewire.realtime.client import VoicewireClient
+from voicewire.realtime.client.probe import TurnRecord, run_turn
 
 STEADY_AFTER_S = 30.0
 
@@ -57,61 +55,36 @@ async def session(
 ) -> None:
     await asyncio.sleep(rng.uniform(0, 5))
     try:
-        ws = await websockets.connect(url, max_size=None)
-        await ws.recv()
+        client = await VoicewireClient.connect(url)
     except Exception as err:
         totals.errors.append(f"connect: {err!r}")
         return
+    cfg = turn_config(url, words_per_s)
     n = 0
     try:
-        while time.monotonic() < until:
+        while time.monotonic() < until and not client.closed:
             text = " ".join(rng.sample(SENTENCES, 2))
-            turn_id = f"t{n}"
-            n += 1
             totals.turns_sent += 1
             t0 = time.perf_counter()
-
-            async def send(turn_id: str = turn_id, text: str = text) -> None:
-                words = text.split(" ")
-                for i, w in enumerate(words):
-                    delta = w + (" " if i < len(words) - 1 else "")
-                    await ws.send(json.dumps({"type": "text.delta", "turn_id": turn_id, "text": delta}))
-                    await asyncio.sleep(1 / words_per_s)
-                await ws.send(json.dumps({"type": "text.end", "turn_id": turn_id}))
-
-            sender = asyncio.create_task(send())
-            t_first = None
-            got_s = 0.0
-            underrun = False
-            while True:
-                msg = await asyncio.wait_for(ws.recv(), 60)
-                now = time.perf_counter()
-                if isinstance(msg, bytes):
-                    if t_first is None:
-                        t_first = now
-                        totals.ttfp_s.append(now - t0)
-                    elif now - t_first > got_s:
-                        underrun = True
-                    got_s += len(msg) / BYTES_PER_S
-                    continue
-                data = json.loads(msg)
-                if data["type"] == "error":
-                    totals.errors.append(f"{data.get('code')}: {data.get('message')}")
-                elif data["type"] == "turn.done" and data["turn_id"] == turn_id:
-                    totals.turns_done += 1
-                    if "ttfa_ms" in data.get("metrics", {}):
-                        totals.ttfa_ms.append(data["metrics"]["ttfa_ms"])
-                    break
-            await sender
-            totals.audio_s += got_s
-            totals.turns_with_underrun += underrun
+            rec = await run_turn(client, text, cfg, TurnRecord(0, n, 0.0, len(text.split())), t0)
+            n += 1
+            if rec.ttfb_ms is not None:
+                totals.ttfp_s.append(rec.ttfb_ms / 1000)
+            if rec.done_ms is not None:
+                totals.turns_done += 1
+                if "ttfa_ms" in rec.server:
+                    totals.ttfa_ms.append(rec.server["ttfa_ms"])
+            if rec.reason not in ("completed", "cancelled"):
+                totals.errors.append(f"{rec.reason}: {rec.error}")
+            totals.audio_s += rec.audio_ms / 1000
+            totals.turns_with_underrun += rec.underruns > 0
             # The listener hears the rest of the turn, then the user talks for a moment.
-            remaining = got_s - (time.perf_counter() - (t_first or time.perf_counter()))
-            await asyncio.sleep(max(0.0, remaining) + rng.uniform(*user_turn_s))
+            heard_s = t0 + rec.t_start_s + (rec.e2e_ms or 0.0) / 1000
+            await asyncio.sleep(max(0.0, heard_s - time.perf_counter()) + rng.uniform(*user_turn_s))
     except Exception as err:
         totals.errors.append(f"session: {err!r}")
     finally:
-        await ws.close()
+        await client.close()
 
 
 async def main_async(args: argparse.Namespace, pid: int) -> dict[str, Any]:
@@ -191,15 +164,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(30)
-    results["command"] = "python " + " ".join(sys.argv)
-    results["machine"] = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "note": "server and load generator share the same 2 cores",
-    }
-    results["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    write_results(results, args.out, note="server and load generator share the same 2 cores")
     print(json.dumps({k: v for k, v in results.items() if k != "rss_samples"}, indent=1))
 
 

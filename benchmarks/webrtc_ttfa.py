@@ -1,7 +1,8 @@
 """Wire TTFA over WebRTC with the embedded voice, at 1 and N concurrent peers, on this machine.
 
-Starts `voicewire serve` in its own process and drives it with real aiortc client peers (the test
-suite's ``ClientPeer``: recvonly Opus track + ``control`` data channel, non-trickle offer).
+Starts `voicewire serve` in its own process and drives it with real aiortc client peers (the
+client library's ``WebRtcClient``: recvonly Opus track + ``control`` data channel, non-trickle
+offer), each turn a reply of the load generator's simulated LLM.
 
 Wire TTFA = first ``text.delta`` sent on the data channel -> first audible RTP packet received
 (its Opus payload decoded; audible = a 10 ms window above -45 dBFS, the engine's onset rule). The
@@ -12,7 +13,7 @@ keeps 10 ms of quiet lead-in, and Opus's 6.5 ms look-ahead pushes the audible on
 first 20 ms frame into the second packet, so the audible time is usually 20 ms later.
 
 Two ways of sending a turn:
-  whole:  the first sentence in one delta + text.flush (the agent already has the sentence)
+  whole:  the first sentence in one delta, then text.end (the agent already has the sentence)
   stream: one word per delta at --words-per-s (an LLM streaming its reply)
 
 Peers speak turn after turn with a short random pause (closed loop); N peers start within 1 s.
@@ -26,39 +27,24 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
-import statistics
-import subprocess
-import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ws_bench import SENTENCES, start_server, summary_ms, write_results
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from voicewire.realtime.client.simulated_llm import send_reply
+from voicewire.realtime.client.webrtc import SOUND_DBFS, WebRtcClient
 
-from tests.realtime.webrtc_client import FIRST_SOUND_DBFS, ClientPeer, TurnLog  # noqa: E402
-
-SENTENCES = [
-    "Sure, I can help you with that right away.",
-    "Your appointment is confirmed for Tuesday at ten in the morning.",
-    "The package left our warehouse yesterday and should arrive soon.",
-    "Could you please repeat the last four digits of your card?",
-    "Thanks for waiting, I have found the information you asked for.",
-    "Let me check the schedule and get back to you in a moment.",
-]
 PAUSE_S = (0.2, 0.6)  # between a turn's turn.done and the peer's next turn
 
 
 @dataclass
 class TurnResult:
-    wire_ttfa_s: float | None  # to the first audible packet (a 10 ms window above -45 dBFS)
+    wire_ttfa_s: float | None  # to the first audible packet (a 10 ms window above the onset level)
     first_sound_s: float | None  # to the first packet carrying any of the turn's audio
     server_ttfp_ms: float | None  # first text -> first audio handed to the transport (turn.done)
     engine_ttfp_ms: float | None
@@ -71,50 +57,36 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def summary_ms(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50_ms": round(pct(values, 50), 1),
-        "p95_ms": round(pct(values, 95), 1),
-        "max_ms": round(max(values), 1) if values else float("nan"),
-        "mean_ms": round(statistics.fmean(values), 1) if values else float("nan"),
-    }
+def ms_summary(values_ms: list[float]) -> dict[str, float]:
+    return summary_ms([v / 1000 for v in values_ms])
 
 
-async def run_turn(peer: ClientPeer, turn: TurnLog, mode: str, words_per_s: float) -> TurnResult:
-    if mode == "whole":
-        peer.turns.append(turn)
-        turn.t_first_sent_s = time.perf_counter()
-        peer.send({"type": "text.delta", "turn_id": turn.turn_id, "text": turn.text})
-        peer.send({"type": "text.flush", "turn_id": turn.turn_id})
-        peer.send({"type": "text.end", "turn_id": turn.turn_id})
-    else:
-        await peer.speak(turn, words_per_s)
-    done = await peer.wait_done(turn, timeout_s=60)
-    ttfa = peer.wire_ttfa_s(turn)
+async def run_turn(peer: WebRtcClient, turn_id: str, text: str, mode: str, words_per_s: float) -> TurnResult:
+    turn = await peer.start_turn(turn_id)
+    await send_reply(turn, text, None if mode == "whole" else words_per_s)
+    done = await turn.done(timeout_s=60)
     gaps = peer.audible_inter_arrivals_s(turn)
-    m = done.get("metrics", {})
+    m = done.metrics
     return TurnResult(
-        ttfa,
-        peer.wire_ttfa_s(turn, FIRST_SOUND_DBFS),
+        peer.wire_ttfa_s(turn),
+        peer.wire_ttfa_s(turn, SOUND_DBFS),
         m.get("ttfp_ms"),
         m.get("engine_ttfp_ms"),
         round(pct(list(gaps), 99) * 1000, 2) if gaps.size else None,
-        done["reason"],
+        done.reason,
     )
 
 
 async def peer_loop(url: str, index: int, turns: int, mode: str, words_per_s: float) -> list[TurnResult]:
     rng = random.Random(index)
     await asyncio.sleep(rng.uniform(0, 1.0) if index else 0.0)
-    peer = ClientPeer()
-    await peer.connect(url)
+    peer = await WebRtcClient.connect(url)
     await asyncio.sleep(0.3)  # the call settles before the first turn
     out = []
     try:
         for i in range(turns):
             text = SENTENCES[(index + i) % len(SENTENCES)]
-            out.append(await run_turn(peer, TurnLog(f"{index}-{i}", text), mode, words_per_s))
+            out.append(await run_turn(peer, f"{index}-{i}", text, mode, words_per_s))
             await asyncio.sleep(rng.uniform(*PAUSE_S))
     finally:
         await peer.close()
@@ -137,11 +109,11 @@ async def scenario(
         "turns": len(flat),
         "turns_without_audio": sum(r.wire_ttfa_s is None for r in flat),
         "turns_not_completed": sum(r.reason != "completed" for r in flat),
-        "wire_ttfa": summary_ms(ttfa),
-        "wire_first_sound": summary_ms([r.first_sound_s * 1000 for r in flat if r.first_sound_s is not None]),
-        "server_ttfp": summary_ms([r.server_ttfp_ms for r in flat if r.server_ttfp_ms is not None]),
-        "engine_ttfp": summary_ms([r.engine_ttfp_ms for r in flat if r.engine_ttfp_ms is not None]),
-        "wire_minus_server_ms": summary_ms(
+        "wire_ttfa": ms_summary(ttfa),
+        "wire_first_sound": ms_summary([r.first_sound_s * 1000 for r in flat if r.first_sound_s is not None]),
+        "server_ttfp": ms_summary([r.server_ttfp_ms for r in flat if r.server_ttfp_ms is not None]),
+        "engine_ttfp": ms_summary([r.engine_ttfp_ms for r in flat if r.engine_ttfp_ms is not None]),
+        "wire_minus_server_ms": ms_summary(
             [
                 r.wire_ttfa_s * 1000 - r.server_ttfp_ms
                 for r in flat
@@ -192,26 +164,6 @@ class CpuMeter:
         }
 
 
-def start_server(port: int, log_path: str | None) -> subprocess.Popen[bytes]:
-    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the server's
-    level = "info" if log_path else "warning"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(port), "--log-level", level],
-        cwd=REPO,
-        stdout=log,
-        stderr=log,
-    )
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server did not start")
-
-
 async def main_async(args: argparse.Namespace, cpu: CpuMeter) -> list[dict[str, Any]]:
     url = f"http://127.0.0.1:{args.port}"
     await scenario(url, 2, 2, "whole", args.words_per_s, cpu)  # warm-up, not reported
@@ -240,24 +192,19 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(10)
-    results = {
+    results: dict[str, Any] = {
         "what": "wire TTFA over WebRTC: first text.delta sent -> first audible RTP packet at an aiortc peer",
         "results": rows,
-        "command": "python " + " ".join(sys.argv),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "aiortc": metadata.version("aiortc"),
-            "aioice": metadata.version("aioice"),
-            "av": metadata.version("av"),
-            "load_avg_1m_before": round(load_before[0], 2),
-            "note": "server (own process) and client peers (this process) share the same 2 cores",
-        },
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    write_results(
+        results,
+        args.out,
+        aiortc=metadata.version("aiortc"),
+        aioice=metadata.version("aioice"),
+        av=metadata.version("av"),
+        load_avg_1m_before=round(load_before[0], 2),
+        note="server (own process) and client peers (this process) share the same 2 cores",
+    )
     print(f"wrote {args.out}")
 
 

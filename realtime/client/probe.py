@@ -111,6 +111,7 @@ class TurnRecord:
     audio_ms: float = 0.0  # audio received (WebRTC: from the first to the last packet with sound)
     underruns: int = 0
     stall_ms: float = 0.0
+    max_stall_ms: float = 0.0  # the longest single stall
     jitter_buffer_ms: float | None = None
     jitter_buffer_max_ms: float | None = None
     rtp_jitter_ms: float | None = None
@@ -172,6 +173,7 @@ def _measure(rec: TurnRecord, arrivals: list[Arrival], rate: int, t_first: float
     rec.e2e_ms = round(heard.e2e_s * 1000, 2)
     rec.underruns += heard.underruns
     rec.stall_ms = round(rec.stall_ms + heard.stall_s * 1000, 2)
+    rec.max_stall_ms = round(max(rec.max_stall_ms, heard.max_stall_s * 1000), 2)
     rec.audio_ms = round(heard.audio_s * 1000, 1)
 
 
@@ -196,6 +198,7 @@ async def _measure_webrtc(
         if paced_frames and inserted_frames > 0:
             rec.underruns += 1
             rec.stall_ms += inserted_frames * 20.0
+            rec.max_stall_ms = max(rec.max_stall_ms, inserted_frames * 20.0)
         arrivals = [Arrival(p.t_arrival_s, p.samples, p.onset_sample) for p in turn_packets]
         _measure(rec, arrivals, SAMPLE_RATE_HZ, t_first, cfg)
         delays = client.jitter_buffer_delays_s(turn_packets)

@@ -22,8 +22,10 @@ import pytest
 
 from tests.asr import transcribe, wer
 from tests.realtime.gateway import gateway, wait_gone
-from tests.realtime.webrtc_client import AUDIBLE_DBFS, FRAME_SAMPLES, ClientPeer, TurnLog
-from voicewire.engine import Engine
+from voicewire.engine import ONSET_THRESHOLD_DBFS, Engine
+from voicewire.realtime.client import Turn
+from voicewire.realtime.client.simulated_llm import send_reply
+from voicewire.realtime.client.webrtc import FRAME_SAMPLES, WebRtcClient
 from voicewire.realtime.gateway import GATEWAY
 from voicewire.realtime.webrtc import filter_candidates
 
@@ -53,10 +55,33 @@ LONG_TURN = (
 MAX_WER = 0.15
 MAX_P99_INTER_ARRIVAL_S = 0.030
 CLEANUP_S = 2.0
+# A peer process that starts a turn, says "playing" once its audio arrives, then waits to be killed.
+HANGING_PEER = """
+import asyncio, sys
+from voicewire.realtime.client.simulated_llm import send_reply
+from voicewire.realtime.client.webrtc import WebRtcClient
+async def main():
+    peer = await WebRtcClient.connect(sys.argv[1])
+    turn = await peer.start_turn()
+    await send_reply(turn, sys.argv[2], 50)
+    while peer.wire_ttfa_s(turn) is None:
+        await asyncio.sleep(0.01)
+    print("playing", flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
 
 
-async def _hyp(peer: ClientPeer, turn: TurnLog) -> str:
-    pcm = peer.turn_audio(turn).astype(np.float32) / 32768.0
+async def _speak(peer: WebRtcClient, text: str, words_per_s: float, turn_id: str | int | None = None) -> Turn:
+    """One simulated LLM reply, one word per text.delta; returns once text.end is sent."""
+    turn = await peer.start_turn(turn_id)
+    await send_reply(turn, text, words_per_s)
+    return turn
+
+
+async def _hyp(turn: Turn) -> str:
+    """The turn's audio as aiortc's receive path decoded it, transcribed."""
+    pcm = (await turn.collect(timeout_s=5)).pcm()
     return await asyncio.to_thread(transcribe, pcm, 48_000)
 
 
@@ -67,47 +92,47 @@ def _write_artifact(name: str, data: dict[str, Any]) -> None:
 
 async def test_two_turns_are_intelligible_paced_and_fast(engine: Engine) -> None:
     async with gateway(engine) as gw:
-        peer = ClientPeer()
-        created = await peer.connect(gw.url)
-        assert created["audio"] == {"format": "opus", "sample_rate": 48_000, "channels": 1}
+        peer = await WebRtcClient.connect(gw.url)
+        assert peer.session["audio"] == {"format": "opus", "sample_rate": 48_000, "channels": 1}
         assert " 127.0.0.1 " in peer.answer_sdp, "the answer must offer a loopback candidate (T1)"
-        turns = [TurnLog(i, text) for i, text in enumerate(TURNS)]
-        for turn in turns:
-            await peer.speak(turn, words_per_s=25)
-            await peer.wait_done(turn)
+        turns = []
+        for i, text in enumerate(TURNS):
+            turns.append(await _speak(peer, text, 25, i))
+            await turns[-1].done(30)
         await asyncio.sleep(0.2)  # the last frames out of aiortc's jitter buffer
         await peer.close()
 
     report: dict[str, Any] = {"turns": []}
-    for turn in turns:
-        assert turn.done is not None and turn.done["reason"] == "completed"
+    for text, turn in zip(TURNS, turns, strict=True):
+        done = turn.result
+        assert done is not None and done.reason == "completed"
         pkts = peer.turn_packets(turn)
         # exact 20 ms frames, contiguous RTP clock
         assert {p.samples for p in pkts} == {FRAME_SAMPLES}
-        assert set(np.diff([p.rtp_timestamp for p in pkts]) % 2**32) == {FRAME_SAMPLES}
+        assert set(np.diff([p.pts for p in pkts])) == {FRAME_SAMPLES}
         gaps_s = peer.audible_inter_arrivals_s(turn)
         p99_s = float(np.percentile(gaps_s, 99))
         assert p99_s <= MAX_P99_INTER_ARRIVAL_S, (
             f"p99 inter-arrival {p99_s * 1000:.1f} ms: a burst or a stall"
         )
         # paced on the wall clock: the audio took as long to arrive as it lasts
-        audible = [p for p in pkts if p.level_dbfs > AUDIBLE_DBFS]
+        audible = [p for p in pkts if p.level_dbfs > ONSET_THRESHOLD_DBFS]
         span_s = audible[-1].t_arrival_s - audible[0].t_arrival_s
-        media_s = ((audible[-1].rtp_timestamp - audible[0].rtp_timestamp) % 2**32) / 48_000
+        media_s = (audible[-1].pts - audible[0].pts) / 48_000
         assert span_s == pytest.approx(media_s, abs=0.03)
         # turn.done follows the audio, and reports what was paced out
         assert turn.t_done_s is not None and turn.t_done_s >= audible[-1].t_arrival_s
-        assert turn.done["played_ms"] == pytest.approx(turn.done["audio_ms"], abs=1.0)
+        assert done.played_ms == pytest.approx(done.audio_ms, abs=1.0)
         ttfa_s = peer.wire_ttfa_s(turn)
         assert ttfa_s is not None and ttfa_s < 0.5
-        hyp = await _hyp(peer, turn)
-        assert wer(turn.text, hyp) <= MAX_WER, (turn.text, hyp)
+        hyp = await _hyp(turn)
+        assert wer(text, hyp) <= MAX_WER, (text, hyp)
         report["turns"].append(
             {
-                "text": turn.text,
+                "text": text,
                 "hypothesis": hyp,
                 "wire_ttfa_ms": round(ttfa_s * 1000, 1),
-                "server_metrics": turn.done["metrics"],
+                "server_metrics": done.metrics,
                 "inter_arrival_ms": {
                     "p50": round(float(np.percentile(gaps_s, 50)) * 1000, 2),
                     "p99": round(p99_s * 1000, 2),
@@ -123,31 +148,30 @@ async def test_two_turns_are_intelligible_paced_and_fast(engine: Engine) -> None
 
 async def test_ten_concurrent_peers_each_hear_their_own_turn(engine: Engine) -> None:
     async with gateway(engine) as gw:
-        peers = [ClientPeer() for _ in PEER_TURNS]
-        await asyncio.gather(*(p.connect(gw.url) for p in peers))
-        turns = [TurnLog(f"p{i}", text) for i, text in enumerate(PEER_TURNS)]
+        peers = list(await asyncio.gather(*(WebRtcClient.connect(gw.url) for _ in PEER_TURNS)))
 
-        async def talk(peer: ClientPeer, turn: TurnLog) -> None:
-            await peer.speak(turn, words_per_s=25)
-            await peer.wait_done(turn)
+        async def talk(peer: WebRtcClient, i: int, text: str) -> Turn:
+            turn = await _speak(peer, text, 25, f"p{i}")
+            await turn.done(30)
+            return turn
 
-        await asyncio.gather(*(talk(p, t) for p, t in zip(peers, turns, strict=True)))
+        turns = await asyncio.gather(*(talk(p, i, t) for i, (p, t) in enumerate(zip(peers, PEER_TURNS, strict=True))))
         await asyncio.sleep(0.2)
         await asyncio.gather(*(p.close() for p in peers))
         await wait_gone(engine, gw, CLEANUP_S)
 
     ttfas_ms, p99s_ms = [], []
-    for peer, turn in zip(peers, turns, strict=True):
-        assert turn.done is not None and turn.done["reason"] == "completed"
-        hyp = await _hyp(peer, turn)
-        assert wer(turn.text, hyp) <= MAX_WER, (turn.text, hyp)
+    for peer, turn, text in zip(peers, turns, PEER_TURNS, strict=True):
+        assert turn.result is not None and turn.result.reason == "completed"
+        hyp = await _hyp(turn)
+        assert wer(text, hyp) <= MAX_WER, (text, hyp)
         ttfa_s = peer.wire_ttfa_s(turn)
         assert ttfa_s is not None
         ttfas_ms.append(ttfa_s * 1000)
         p99s_ms.append(float(np.percentile(peer.audible_inter_arrivals_s(turn), 99)) * 1000)
     # The turns overlapped: every peer was hearing audio at the same time.
     starts = [
-        min(p.t_arrival_s for p in peer.turn_packets(t) if p.level_dbfs > AUDIBLE_DBFS)
+        min(p.t_arrival_s for p in peer.turn_packets(t) if p.level_dbfs > ONSET_THRESHOLD_DBFS)
         for peer, t in zip(peers, turns, strict=True)
     ]
     ends = [t.t_done_s for t in turns]
@@ -160,40 +184,37 @@ async def test_ten_concurrent_peers_each_hear_their_own_turn(engine: Engine) -> 
 
 async def test_barge_in_clears_queued_audio_within_one_frame(engine: Engine) -> None:
     async with gateway(engine) as gw:
-        peer = ClientPeer()
-        await peer.connect(gw.url)
-        turn = TurnLog("long", LONG_TURN)
-        await peer.speak(turn, words_per_s=60)  # all text in: the engine has queued seconds of audio
+        peer = await WebRtcClient.connect(gw.url)
+        turn = await _speak(peer, LONG_TURN, 60, "long")  # all text in: the engine has queued seconds of audio
         while peer.wire_ttfa_s(turn) is None:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.5)
         t_cancel = time.perf_counter()
-        peer.send({"type": "turn.cancel", "turn_id": "long"})
-        done = await peer.wait_done(turn)
+        await turn.send_cancel()
+        done = await turn.done(30)
         await asyncio.sleep(0.3)
         # One 20 ms slot to notice, one packet whose Opus lookahead still holds the cut audio,
         # a few ms of transport: nothing audible may arrive 60 ms after the cancel was sent.
-        late = [p for p in peer.packets if p.t_arrival_s > t_cancel + 0.060 and p.level_dbfs > AUDIBLE_DBFS]
+        late = [
+            p for p in peer.packets if p.t_arrival_s > t_cancel + 0.060 and p.level_dbfs > ONSET_THRESHOLD_DBFS
+        ]
         assert not late, f"audible audio {(late[0].t_arrival_s - t_cancel) * 1000:.0f} ms after the cancel"
-        assert done["reason"] == "cancelled"
-        assert 400 < done["played_ms"] < done["audio_ms"] - 1000
+        assert done.reason == "cancelled"
+        assert 400 < done.played_ms < done.audio_ms - 1000
         assert turn.t_done_s is not None and turn.t_done_s - t_cancel < 0.1
         # the session goes on: a new turn plays
-        nxt = TurnLog("next", TURNS[0])
-        await peer.speak(nxt, words_per_s=30)
-        assert (await peer.wait_done(nxt))["reason"] == "completed"
+        nxt = await _speak(peer, TURNS[0], 30, "next")
+        assert (await nxt.done(30)).reason == "completed"
         await asyncio.sleep(0.2)
         await peer.close()
         await wait_gone(engine, gw, CLEANUP_S)
-    assert wer(nxt.text, await _hyp(peer, nxt)) <= MAX_WER
+    assert wer(TURNS[0], await _hyp(nxt)) <= MAX_WER
 
 
 async def test_peer_closed_mid_turn_without_goodbye_leaves_nothing_behind(engine: Engine) -> None:
     async with gateway(engine) as gw:
-        peer = ClientPeer()
-        await peer.connect(gw.url)
-        turn = TurnLog("t", LONG_TURN)
-        await peer.speak(turn, words_per_s=60)
+        peer = await WebRtcClient.connect(gw.url)
+        turn = await _speak(peer, LONG_TURN, 60)
         while peer.wire_ttfa_s(turn) is None:
             await asyncio.sleep(0.005)
         assert gw.sessions and engine.active_streams() >= 1
@@ -207,7 +228,7 @@ async def test_killed_peer_process_is_found_by_ice_consent(engine: Engine) -> No
     interval_s, failures = 0.25, 2  # ~2 x (0.25 + 0.5 s timeout): found in ~1.5 s
     async with gateway(engine, ice_consent_interval_s=interval_s, ice_consent_failures=failures) as gw:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.realtime.webrtc_client", gw.url, LONG_TURN],
+            [sys.executable, "-c", HANGING_PEER, gw.url, LONG_TURN],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -226,11 +247,9 @@ async def test_killed_peer_process_is_found_by_ice_consent(engine: Engine) -> No
 
 
 async def test_server_shutdown_closes_connected_peers(engine: Engine) -> None:
-    peers = [ClientPeer() for _ in range(2)]
     async with gateway(engine) as gw:
-        await asyncio.gather(*(p.connect(gw.url) for p in peers))
-        turn = TurnLog("t", LONG_TURN)
-        await peers[0].speak(turn, words_per_s=60)
+        peers = list(await asyncio.gather(*(WebRtcClient.connect(gw.url) for _ in range(2))))
+        await _speak(peers[0], LONG_TURN, 60)
         app = gw.app
     # runner.cleanup() has returned: every peer and session is gone, the engine holds nothing
     assert not app[GATEWAY].peers and not app[GATEWAY].sessions and engine.active_streams() == 0
@@ -258,7 +277,7 @@ def _offer_sdp(audio: bool = True, data: bool = True) -> str:
 
 
 async def test_bad_offers_get_4xx_json_errors(engine: Engine) -> None:
-    client = ClientPeer()
+    client = WebRtcClient()
     client.pc.addTransceiver("audio", direction="recvonly")
     client.pc.createDataChannel("control")
     await client.pc.setLocalDescription(await client.pc.createOffer())
@@ -352,7 +371,7 @@ def test_only_unicast_candidates_of_the_servers_families_are_kept() -> None:
 async def test_mdns_candidates_are_dropped_and_do_not_delay_the_answer(engine: Engine) -> None:
     sdp = "v=0\r\na=candidate:1 1 udp 2122260223 3c1f9a1e-1111-4d2b-9c3e-0123456789ab.local 54321 typ host\r\na=candidate:2 1 udp 2122260223 127.0.0.1 5000 typ host\r\n"
     assert filter_candidates(sdp, {4}) == "v=0\r\na=candidate:2 1 udp 2122260223 127.0.0.1 5000 typ host\r\n"
-    client = ClientPeer()
+    client = WebRtcClient()
     client.pc.addTransceiver("audio", direction="recvonly")
     client.channel = client.pc.createDataChannel("control")
     await client.pc.setLocalDescription(await client.pc.createOffer())
