@@ -6,8 +6,8 @@ commands reach the worker through a thread-safe queue. The worker's step is thre
     schedule (which slots generate) -> run (model.generate, then model.decode of due chunks)
     -> postprocess (lead-in trim, hand chunks back to each stream's loop)
 
-Audio flows back with ``loop.call_soon_threadsafe``. Cancel frees a stream's slot on the worker's
-next pass, between two steps (a step is a few ms for the embedded voice).
+Audio flows back with ``loop.call_soon_threadsafe``. Cancel frees a stream's slot when the worker
+next drains its commands, between two steps (a step is a few ms for the embedded voice).
 """
 
 from __future__ import annotations
@@ -19,21 +19,36 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
+from .commands import Cancel, End, Flush, PushText, Stop, StreamCommand
 from .config import EngineConfig
 from .level import LeadInTrimmer
 from .model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
-from .scheduler import ChunkDue, Request, Scheduler, StepPlan
+from .scheduler import Request, Scheduler, StepPlan
 from .stream import AudioChunk, Stream, StreamError
 from .text_feeder import ClauseFeeder, WordFeeder
 
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class OpenStream:
+    """A new stream for the worker (posted by ``open_stream``; the stream posts the other commands)."""
+
+    stream: Stream
+    params: StreamParams
+
+
+Command: TypeAlias = OpenStream | StreamCommand | Stop
 
 
 class EngineBusy(Exception):
@@ -77,7 +92,7 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None, model: Model | None = None) -> None:
         self.config = config or EngineConfig()
         self._model = model
-        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._live: dict[int, _Live] = {}
@@ -101,6 +116,11 @@ class Engine:
     def info(self) -> ModelInfo:
         """The served model's description (rate, voices, limits); raises EngineNotReady before load."""
         return self.model.info
+
+    @property
+    def onset_threshold_dbfs(self) -> float:
+        """The level above which a 10 ms window counts as audible (lead-in trim, barge-in cut points)."""
+        return self.config.level.onset_threshold_dbfs
 
     @property
     def ready(self) -> bool:
@@ -128,7 +148,7 @@ class Engine:
     def close(self) -> None:
         if self._thread is None:
             return
-        self._commands.put(("stop",))
+        self._commands.put(Stop())
         self._thread.join(timeout=10)
         self._thread = None
 
@@ -151,7 +171,7 @@ class Engine:
                 raise EngineBusy(f"engine is at its limit of {self._open_count} streams")
             self._open_count += 1
         stream = Stream(next(self._ids), asyncio.get_running_loop(), self._commands.put)
-        self._commands.put(("open", stream, params))
+        self._commands.put(OpenStream(stream, params))
         return stream
 
     def active_streams(self) -> int:
@@ -216,31 +236,30 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _handle(self, cmd: tuple[Any, ...]) -> None:
-        kind = cmd[0]
-        if kind == "stop":
+    def _handle(self, cmd: Command) -> None:
+        if isinstance(cmd, Stop):
             self._stopping = True
             return
-        if kind == "open":
-            self._open(cmd[1], cmd[2])
+        if isinstance(cmd, OpenStream):
+            self._open(cmd.stream, cmd.params)
             return
-        live = self._live.get(cmd[1])
+        live = self._live.get(cmd.stream_id)
         if live is None:
             return  # finished or cancelled already
         try:
-            if kind == "text":
-                live.buffered_chars += len(cmd[2])
+            if isinstance(cmd, PushText):
+                live.buffered_chars += len(cmd.delta)
                 if (
                     live.buffered_chars - len(live.stream.metrics.text_spoken)
                     > self.config.max_buffered_text_chars
                 ):
                     raise StreamError("text_overflow", "too much text buffered for this stream")
-                self._give_text(live, live.feeder.feed(cmd[2]), final=False)
-            elif kind == "flush":
+                self._give_text(live, live.feeder.feed(cmd.delta), final=False)
+            elif isinstance(cmd, Flush):
                 self._give_text(live, live.feeder.flush(), final=False)
-            elif kind == "end":
+            elif isinstance(cmd, End):
                 self._give_text(live, live.feeder.flush(), final=True)
-            elif kind == "cancel":
+            elif isinstance(cmd, Cancel):
                 self._release(live)
         except StreamError as err:
             self._fail(live, err)
@@ -266,7 +285,7 @@ class Engine:
         lvl = self.config.level
         live = _Live(
             stream=stream,
-            loop=stream._loop,
+            loop=stream.loop,
             request=request,
             feeder=(
                 ClauseFeeder(self.config.text)
@@ -282,7 +301,7 @@ class Engine:
         except Exception as err:  # a bad request must not take the worker down
             self._free_slots.append(slot)
             self._finish_count()
-            self._to_loop(live, stream._fail, StreamError("bad_request", str(err)))
+            self._to_loop(live, stream.fail, StreamError("bad_request", str(err)))
             return
         self._live[stream.id] = live
         self._scheduler.add(request)
@@ -347,8 +366,8 @@ class Engine:
                 ),
             )
 
-    def _decode(self, due: list[ChunkDue]) -> None:
-        work = [DecodeWork(d.slot, d.frames, d.n_frames, d.final) for d in due if d.n_frames]
+    def _decode(self, due: list[DecodeWork]) -> None:
+        work = [d for d in due if d.n_frames]
         try:
             pcms = iter(self.model.decode(work) if work else [])
         except Exception as err:
@@ -379,9 +398,9 @@ class Engine:
         req.samples_emitted += out.size
         if final:
             self._release(live)  # freed before the caller can see the end of the stream
-        self._to_loop(live, live.stream._deliver, chunk)
+        self._to_loop(live, live.stream.deliver, chunk)
 
-    def _to_loop(self, live: _Live, fn: Any, arg: object) -> None:
+    def _to_loop(self, live: _Live, fn: Callable[[_T], None], arg: _T) -> None:
         """Hand a result to the stream's event loop; a caller whose loop is gone loses its stream."""
         try:
             live.loop.call_soon_threadsafe(fn, arg)
@@ -396,7 +415,7 @@ class Engine:
     def _fail(self, live: _Live, err: StreamError) -> None:
         self.stats.streams_failed += 1
         self._release(live)
-        self._to_loop(live, live.stream._fail, err)
+        self._to_loop(live, live.stream.fail, err)
 
     def _release(self, live: _Live) -> None:
         sid = live.stream.id

@@ -72,12 +72,16 @@ class GenerateResult:
     compute_s: float = 0.0  # model time this step spent on this slot (0 where a model does not measure it)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeWork:
+    """A chunk due for stage 2: a slot's frames since its last chunk (the scheduler makes these)."""
+
     slot: int
     frames: list[object]  # payloads from generate(), oldest first
     n_frames: int
     final: bool  # the last chunk of this slot: flush any held-back samples
+    text: str = ""  # text these frames speak, where the model knows it (for the emitted chunk)
+    stream_id: int = 0  # the engine's stream id (bookkeeping for the engine; a model ignores it)
 
 
 class Model(ABC):

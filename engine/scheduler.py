@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import ChunkSchedule
-from .model import GenerateResult
+from .model import DecodeWork, GenerateResult
 
 
 @dataclass
@@ -37,16 +37,6 @@ class Request:
         if self.t_first_emit is None:
             return self.t_arrival
         return self.t_first_emit + self.samples_emitted / self.sample_rate_hz
-
-
-@dataclass(frozen=True)
-class ChunkDue:
-    stream_id: int
-    slot: int
-    frames: list[object]  # payloads, oldest first
-    n_frames: int
-    final: bool  # nothing will follow: flush
-    text: str  # text these frames speak, where known
 
 
 @dataclass(frozen=True)
@@ -93,9 +83,9 @@ class Scheduler:
             if res.finished:
                 req.generation_done = True
 
-    def plan_decode(self) -> list[ChunkDue]:
+    def plan_decode(self) -> list[DecodeWork]:
         """Chunks complete now, per the chunk schedule (or flushed because generation finished)."""
-        due: list[ChunkDue] = []
+        due: list[DecodeWork] = []
         for req in sorted(self.requests.values(), key=Request.deadline):
             if req.final_sent:
                 continue
@@ -104,7 +94,7 @@ class Scheduler:
                 req.generation_done and (req.pending_frames or not req.final_sent)
             ):
                 due.append(
-                    ChunkDue(
+                    DecodeWork(
                         stream_id=req.stream_id,
                         slot=req.slot,
                         frames=req.pending,
@@ -120,6 +110,3 @@ class Scheduler:
                 if req.generation_done:
                     req.final_sent = True
         return due
-
-    def has_ready_work(self, ready: set[int]) -> bool:
-        return any(sid in ready and not r.generation_done for sid, r in self.requests.items())

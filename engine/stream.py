@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .commands import Cancel, End, Flush, PushText, StreamCommand
+
 
 @dataclass(frozen=True)
 class AudioChunk:
@@ -66,11 +68,11 @@ class Stream:
     """Handle for one utterance. Created by ``Engine.open_stream``; iterate it for audio."""
 
     def __init__(
-        self, stream_id: int, loop: asyncio.AbstractEventLoop, post: Callable[[tuple[Any, ...]], None]
+        self, stream_id: int, loop: asyncio.AbstractEventLoop, post: Callable[[StreamCommand], None]
     ):
         self.id = stream_id
         self.metrics = StreamMetrics()
-        self._loop = loop
+        self.loop = loop  # the caller's loop: the engine hands results back on it
         self._post = post
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._ended = False  # end() called: no more text
@@ -89,11 +91,11 @@ class Stream:
             return
         if self.metrics.t_first_text is None:
             self.metrics.t_first_text = time.perf_counter()
-        self._post(("text", self.id, delta))
+        self._post(PushText(self.id, delta))
 
     def flush(self) -> None:
         if not self._closed and not self._ended:
-            self._post(("flush", self.id))
+            self._post(Flush(self.id))
 
     def end(self) -> None:
         if self._ended:
@@ -102,7 +104,7 @@ class Stream:
         if self.metrics.t_first_text is None:
             self.metrics.t_first_text = time.perf_counter()
         if not self._closed:
-            self._post(("end", self.id))
+            self._post(End(self.id))
 
     def cancel(self) -> None:
         """Barge-in: stop now. Queued audio is dropped; the engine frees the slot on its next tick."""
@@ -110,7 +112,7 @@ class Stream:
             return
         self.cancelled = True
         self._closed = True
-        self._post(("cancel", self.id))
+        self._post(Cancel(self.id))
         self._drop_queued()
         self._queue.put_nowait(_END)
 
@@ -137,8 +139,9 @@ class Stream:
             self.consumed_samples += item.pcm.size
             yield item
 
-    # --- engine side (called on the loop through call_soon_threadsafe) -------------------
-    def _deliver(self, chunk: AudioChunk) -> None:
+    # --- engine side: the worker calls these on ``loop`` through call_soon_threadsafe ---------
+    def deliver(self, chunk: AudioChunk) -> None:
+        """The next chunk of audio (ignored once the stream is closed); a final chunk ends it."""
         if self._closed:
             return
         if chunk.pcm.size:
@@ -151,7 +154,8 @@ class Stream:
         if chunk.final:
             self._finish(None)
 
-    def _fail(self, error: StreamError) -> None:
+    def fail(self, error: StreamError) -> None:
+        """End the stream with ``error`` (ignored once it is closed); iteration raises it."""
         if self._closed:
             return
         self._finish(error)
