@@ -75,8 +75,8 @@ class LinearConfig:
 def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
     """Tiles for an (m x k) . (k x n) decode GEMM (n = output columns; gate|up counts its N, not 2N).
 
-    Tuned on the H200 at the 1.7B shapes, M = 1 (benchmarks/linear_bench.py; results in
-    benchmarks/results/fused_h200/linear*.json): at decode sizes the time is reading W, and what
+    Tuned on the H200 at the 1.7B shapes, M = 1 (benchmarks/linear_bench.py; the sweeps
+    are in docs/performance-history.md): at decode sizes the time is reading W, and what
     matters is bytes in flight per SM. The widest band (BLOCK_N, at most 32 for gate|up) that still
     gives >= PROGRAMS_WANTED programs; 512-deep K steps where K >= 2048 (256 for gate|up, which streams two bands per step);
     3 stages (5 for the 16-wide bands, whose stages are small); then cut to what shared memory holds.
@@ -84,7 +84,7 @@ def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
     block_m = max(MIN_DOT_DIM, min(MAX_BLOCK_M, triton.next_power_of_2(m)))
     block_n = MIN_DOT_DIM
     # gate|up streams two bands per step: 64-wide bands (6 x 64 KiB stages) leave room for only 2
-    # stages, and at M = 1 its 32-wide bands ran 18.1 us against 22.5 (talker, linear_m1_m64.json)
+    # stages, and at M = 1 its 32-wide bands ran 18.1 us against 22.5 (talker; docs/performance-history.md)
     for bn in (32,) if act == ACT_SILU_MUL else (32, 64):
         if n >= PROGRAMS_WANTED * bn:
             block_n = bn

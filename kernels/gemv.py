@@ -6,7 +6,7 @@ cdiv(N, BLOCK_N) and no tl.dot, loads the first two K chunks of its weight band 
 the wait (weights are read-only), so they stream while the previous kernel finishes; after the wait it
 reads x, multiplies and sums rows in fp32 registers while the next chunks arrive. Same prologues and
 epilogues as the tiled kernel, rounded the same way. On the H200 this took the B = 1 frame step from
-4.06 to 2.93 ms (same run; benchmarks/NOTES.md, fifth pass).
+4.06 to 2.93 ms (docs/performance-history.md, the one-/two-row GEMV path).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from voicewire.kernels.pdl import pdl_enter, prefetch_l2
 # Rows at most this many take this kernel (B = 1: the talker's row, the predictor's pair pass and its
 # single-row passes). A program owns a band of rows and walks K in chunks, two in flight, in registers.
 # Bands and chunks measured on the H200 (benchmarks/gemv_bench.py, shape by shape inside PDL chains at
-# B = 1; results/fused_h200/run19_gemv_tune.json, run20_gemv_tune.json): the talker's matrices (both
+# B = 1; the sweeps are in docs/performance-history.md): the talker's matrices (both
 # sides >= 2048) stream best in 4-row bands with 2048-wide chunks; the code predictor's in 8-row bands
 # with 1024-wide chunks (4 warps when that chunk is the whole row), but its down projection (K = 3072)
 # in 4-row bands holding the whole row; 16- and 32-row bands lost everywhere.

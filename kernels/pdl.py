@@ -2,8 +2,8 @@
 
 The frame step is a chain of ~700 dependent kernels of a few microseconds each. Without PDL the GPU
 drains one grid completely before it launches and ramps up the next: a code-predictor linear takes
-5-7 us to stream a 4-12 MB weight band that HBM delivers in 1-3 us (benchmarks/results/fused_h200/
-linear_m1_m64.json). With PDL, a kernel launched with ``launch_pdl=True`` may start as soon as every
+5-7 us to stream a 4-12 MB weight band that HBM delivers in 1-3 us (benchmarks/linear_bench.py;
+docs/performance-history.md). With PDL, a kernel launched with ``launch_pdl=True`` may start as soon as every
 program of its predecessor has released it. It then does the work that needs nothing the predecessor
 writes (``prefetch_l2`` of its read-only weights), waits (``griddepcontrol.wait``: the predecessor has
 finished and its writes are visible), releases its own successor, and runs.

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 from .cuda_graphs import bucket_for
 
-# Estimated codec call time on the H200 (bf16, graphs; measured 2026-11-29): ~2.7 ms per call plus
+# Estimated codec call time on the H200 (bf16, graphs; benchmarks/serving_bench.py's codec section,
+# docs/performance-history.md): ~2.7 ms per call plus
 # ~0.09 ms per padded frame (16 rows x 12 frames: 21 ms). Only used to choose how to split a tick.
 CODEC_CALL_MS = 2.7
 CODEC_FRAME_MS = 0.09

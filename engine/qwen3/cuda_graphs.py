@@ -109,8 +109,8 @@ class CudaGraphs:
                 f"graph {key!r} takes int64 {tuple(e.input.shape)}, got {rows.dtype} {rows.shape}"
             )
         # a plain (pageable) copy: it returns once the rows are staged, so the host may reuse them at
-        # once; a few hundred bytes, ~10 us. (A pinned non-blocking copy was tried first; see
-        # benchmarks/NOTES.md on the device-side assert seen under load.)
+        # once; a few hundred bytes, ~10 us. A pinned non-blocking copy would need its buffer kept
+        # until the copy lands; for this size the plain copy is simpler (not timed against it).
         e.input.copy_(torch.from_numpy(rows))
         if e.graph is not None:
             e.graph.replay()

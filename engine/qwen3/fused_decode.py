@@ -15,17 +15,17 @@ Sampling is one kernel per codebook (kernels/sampling.py), reading the slot tabl
 
 Above ``cublas_rows`` rows (8) the wide projections (q|k|v, gate|up, the heads) go to cuBLAS after a
 one-kernel norm, with a one-kernel SwiGLU: the fused kernel's norm prologue and epilogue re-read x for
-every band of W, which at 64 rows costs 2-2.5x cuBLAS's time (gate|up 34-40 us against 16 us;
-benchmarks/results/fused_h200/linear_m1_m64.json); at a few rows the fused kernel wins by the launches
-it saves. o and down keep the fused residual epilogue at every size (on par with cuBLAS). Measured
-both ways in benchmarks/NOTES.md (step variants fused-kernels / fused-cublas).
+every band of W, which at 64 rows costs 2-2.5x cuBLAS's time (gate|up 34-40 us against 16 us,
+benchmarks/linear_bench.py); at a few rows the fused kernel wins by the launches it saves. o and down
+keep the fused residual epilogue at every size (on par with cuBLAS). Both ways are measured by
+benchmarks/serving_bench.py's step variants fused-kernels / fused-cublas (docs/performance-history.md).
 
 On sm_90+ every Triton kernel here is launched with programmatic dependent launch (kernels/pdl.py): the
 next kernel launches while the current one runs, and a fused linear pulls the head of its weight band
 into L2 before it waits for its input, so the chain of ~700 small kernels per frame overlaps each
 kernel's ramp-up with the one before it. Linears of one or two rows (``gemv_rows``: every linear of a
-B = 1 frame) go further: they load their weights into registers before the wait. The code predictor's codebook-embedding lookup is folded into
-its projection (fused_linear's ``index``), which keeps each pass one unbroken chain of Triton kernels.
+B = 1 frame) go further: they load their weights into registers before the wait. The code predictor's
+codebook-embedding lookup is folded into its projection (fused_linear's ``index``), which keeps each pass one unbroken chain of Triton kernels.
 
 Everything is a fixed-shape device computation, like frame_step.py's eager body it replaces, and is
 captured in the same CUDA graphs. Rounding follows the unfused layers, so on the CPU interpreter (fp32)

@@ -6,7 +6,8 @@ rotation ~5; a layer runs four norms and two rotations, so the 103 layer-forward
 into one Triton kernel. Compiled with ``dynamic=True`` so one compilation serves every batch bucket;
 the result is called inside our own CUDA graphs (cuda_graphs.py), not inductor's.
 
-Measured against eager + graphs in benchmarks/NOTES.md.
+Measured against eager + graphs with benchmarks/serving_bench.py (step variant ``compile``); the
+numbers are in docs/performance-history.md.
 """
 
 from __future__ import annotations
