@@ -1,0 +1,358 @@
+"""The gateway side of one engine core: the async ``Engine`` API, served by another process.
+
+``CoreClient`` has what the gateway uses of ``Engine`` (``open_stream``, ``info``, ``ready``,
+``active_streams()``, ``stats``, ``config``, ``onset_threshold_dbfs``, async ``start``/``close`` and
+``async with``) and hands out real ``Stream`` objects: their commands go to the core as messages,
+the core's audio is delivered into them. Nothing here blocks the loop: commands are sent with
+NOBLOCK on a socket with no queue limit, audio is read by one task.
+
+Admission is decided here, synchronously, as the in-process engine does: the core announces its
+limit when it is ready, and this side counts the streams it has open (one ends when the core says
+so: final chunk, failure, or a cancel it has processed). ``open_stream`` raises ``EngineNotReady``
+while the core is starting or down and ``EngineBusy`` at the limit.
+
+A core that dies (crash, OOM, SIGKILL) ends every stream it held with ``model_error``; the client
+stays usable and ``start()`` runs a fresh core on the same sockets (``EngineGroup`` does that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import itertools
+import logging
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from voicewire.engine import (
+    EngineBusy,
+    EngineConfig,
+    EngineNotReady,
+    EngineStats,
+    ModelInfo,
+    Stream,
+    StreamError,
+    StreamParams,
+)
+from voicewire.engine.commands import StreamCommand
+
+from .messages import (
+    Audio,
+    Closed,
+    Consumed,
+    Failed,
+    OpenStream,
+    Ready,
+    Shutdown,
+    StartFailed,
+    Stats,
+    ToCore,
+    decode_from_core,
+    encode_to_core,
+)
+from .process import CoreSpec
+
+log = logging.getLogger("voicewire.engine.core")
+
+# How often consumption is reported. The bound it feeds is max_ahead_s (30 s by default), so
+# 50 ms of staleness is nothing; reporting per chunk would double the messages.
+CONSUMED_REPORT_S = 0.05
+SHUTDOWN_TIMEOUT_S = 10.0  # a core that has not exited this long after Shutdown is killed
+
+
+class CoreState(enum.Enum):
+    STOPPED = "stopped"  # not started, or closed
+    STARTING = "starting"  # the process runs, the model loads or warms up
+    READY = "ready"  # warmed up and stepping
+    DOWN = "down"  # the process died; its streams ended with model_error
+
+
+class CoreStartFailed(RuntimeError):
+    """The core's model could not load or warm up, or the process died before it was ready."""
+
+
+class CoreClient:
+    def __init__(self, config: EngineConfig | None = None, *, name: str = "core-0", device: str = "") -> None:
+        self.config = config or EngineConfig()
+        self.name = name
+        self.device = device  # replaces model_options["device"] where the model takes one
+        self.state = CoreState.STOPPED
+        self.stats = EngineStats()
+        self.restarts = 0  # starts after the first
+        self.last_exit: str | None = None  # how the last process ended, for /readyz
+        self._info: ModelInfo | None = None
+        self._max_streams = 0
+        self._ids = itertools.count(1)
+        self._streams: dict[int, Stream] = {}  # open on the core (its slot is not known free yet)
+        self._reported: dict[int, int] = {}  # consumption last sent per stream
+        self._ctx: zmq.asyncio.Context | None = None
+        self._to_core: zmq.Socket[bytes] | None = None  # plain socket: sends never wait
+        self._from_core: zmq.asyncio.Socket | None = None
+        self._ipc_dir: str | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self._exited: asyncio.Future[int] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._starts = 0
+        self._t_heard = time.monotonic()  # last message from the core
+        self._closing = False  # close() asked the core to stop: its streams end with engine_closed
+
+    # --- the Engine API ----------------------------------------------------------------------
+    @property
+    def info(self) -> ModelInfo:
+        """The served model (known once the core was ready; kept while it restarts)."""
+        if self._info is None:
+            raise EngineNotReady("the engine core is starting (loading or warming up); try again shortly")
+        return self._info
+
+    @property
+    def onset_threshold_dbfs(self) -> float:
+        return self.config.level.onset_threshold_dbfs
+
+    @property
+    def ready(self) -> bool:
+        return self.state is CoreState.READY
+
+    @property
+    def max_streams(self) -> int:
+        """The core's announced limit (0 before it was first ready)."""
+        return self._max_streams
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def active_streams(self) -> int:
+        return len(self._streams)
+
+    def silent_s(self) -> float:
+        """Seconds since the core last sent anything (it reports its stats every 0.5 s)."""
+        return time.monotonic() - self._t_heard
+
+    def open_stream(self, params: StreamParams | None = None, **kwargs: Any) -> Stream:
+        """A new stream on the running loop; ValueError for bad params, EngineBusy when full."""
+        if self.state is not CoreState.READY:
+            what = "is restarting" if self.state is CoreState.DOWN else "is starting"
+            raise EngineNotReady(f"the engine core {self.name} {what}; try again shortly")
+        params = params or StreamParams(**kwargs)
+        self._validate(params)
+        if len(self._streams) >= self._max_streams:
+            raise EngineBusy(f"engine is at its limit of {len(self._streams)} streams")
+        sid = next(self._ids)
+        self._send(OpenStream(sid, params))  # ValueError before the stream exists, if it cannot go
+        stream = Stream(sid, asyncio.get_running_loop(), self._post)
+        self._streams[sid] = stream
+        self._reported[sid] = 0
+        return stream
+
+    def _validate(self, params: StreamParams) -> None:
+        """The in-process engine's checks, so a bad request fails at open here too."""
+        info = self.info
+        if params.voice and params.voice not in info.voices:
+            raise ValueError(f"unknown voice {params.voice!r}; this model has {', '.join(info.voices)}")
+        if not 0.5 <= params.speed <= 2.0:
+            raise ValueError(f"speed must be within 0.5..2.0, got {params.speed}")
+        if params.first_chunk_frames is not None and not 1 <= params.first_chunk_frames <= 64:
+            raise ValueError("first_chunk_frames must be within 1..64")
+        if params.forced_frames is not None and params.forced_frames < 1:
+            raise ValueError("forced_frames must be >= 1")
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> CoreClient:
+        """Run a core process and wait until it is warm. Raises CoreStartFailed."""
+        if self.state in (CoreState.STARTING, CoreState.READY):
+            return self
+        loop = asyncio.get_running_loop()
+        if self._ctx is None:
+            self._bind()
+        assert self._ipc_dir is not None
+        self.state = CoreState.STARTING
+        self._ready = loop.create_future()
+        self._exited = loop.create_future()
+        spec = CoreSpec(
+            engine=self._engine_config(),
+            to_core_address=f"ipc://{self._ipc_dir}/to-core",
+            from_core_address=f"ipc://{self._ipc_dir}/from-core",
+            name=self.name,
+            parent_pid=os.getpid(),
+            sys_path=tuple(sys.path),
+        )
+        # A fresh interpreter, not a fork: the gateway has threads (executors, aiortc) a forked
+        # child would inherit. The spec (configuration, never audio) goes in on stdin.
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "voicewire.engine.core", stdin=asyncio.subprocess.PIPE
+        )
+        assert process.stdin is not None
+        process.stdin.write(pickle.dumps(spec))
+        process.stdin.close()
+        self._process = process
+        if self._starts:
+            self.restarts += 1
+        self._starts += 1
+        self._tasks.append(asyncio.create_task(self._watch(process), name=f"{self.name}-watch"))
+        ready, exited = self._ready, self._exited
+        either: list[asyncio.Future[Any]] = [ready, exited]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done() and ready.exception() is None:
+            return self
+        err = ready.exception() if ready.done() else None
+        await exited  # a core that failed its start exits on its own
+        raise err or CoreStartFailed(f"the engine core exited before it was ready ({self.last_exit})")
+
+    async def close(self) -> None:
+        """Stop the core (its streams end with ``engine_closed``) and release the sockets."""
+        process = self._process
+        self._closing = True
+        if process is not None and process.returncode is None:
+            self._send(Shutdown())
+            assert self._exited is not None
+            try:
+                await asyncio.wait_for(asyncio.shield(self._exited), SHUTDOWN_TIMEOUT_S)
+            except TimeoutError:
+                process.kill()
+                await self._exited
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        if self._to_core is not None and self._from_core is not None and self._ctx is not None:
+            self._to_core.close(linger=0)
+            self._from_core.close(linger=0)
+            self._ctx.term()
+        self._ctx = self._to_core = self._from_core = None
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None
+        self.state = CoreState.STOPPED
+        self._closing = False
+
+    def kill(self) -> None:
+        """SIGKILL the core process (a hung core; tests)."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+
+    async def wait_exit(self) -> int:
+        """Until the current core process ends; its exit code (negative: the signal)."""
+        assert self._exited is not None, "no core was started"
+        return await asyncio.shield(self._exited)
+
+    async def __aenter__(self) -> CoreClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _engine_config(self) -> EngineConfig:
+        if not self.device or "device" not in self.config.model_options:
+            return self.config
+        options = {**self.config.model_options, "device": self.device}
+        return dataclasses.replace(self.config, model_options=options)
+
+    def _bind(self) -> None:
+        self._ipc_dir = tempfile.mkdtemp(prefix=f"voicewire-{self.name}-")
+        self._ctx = zmq.asyncio.Context()
+        to_core: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PUSH)
+        from_core = self._ctx.socket(zmq.PULL)
+        for sock in (to_core, from_core):
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+        to_core.bind(f"ipc://{self._ipc_dir}/to-core")
+        from_core.bind(f"ipc://{self._ipc_dir}/from-core")
+        self._to_core, self._from_core = to_core, from_core
+        self._tasks = [
+            asyncio.create_task(self._receive(), name=f"{self.name}-receive"),
+            asyncio.create_task(self._report_consumed(), name=f"{self.name}-consumed"),
+        ]
+
+    # --- to the core ---------------------------------------------------------------------------
+    def _post(self, cmd: StreamCommand) -> None:
+        """A Stream's command (push_text, flush, end, cancel) to the core."""
+        self._send(cmd)
+
+    def _send(self, msg: ToCore) -> None:
+        frames = encode_to_core(msg)
+        if self._to_core is None:
+            return
+        try:
+            self._to_core.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # no core connected: it is down, and its streams are being ended
+
+    async def _report_consumed(self) -> None:
+        while True:
+            await asyncio.sleep(CONSUMED_REPORT_S)
+            for sid, stream in self._streams.items():
+                if not stream.closed and stream.consumed_samples != self._reported[sid]:
+                    self._reported[sid] = stream.consumed_samples
+                    self._send(Consumed(sid, stream.consumed_samples))
+
+    # --- from the core -------------------------------------------------------------------------
+    async def _receive(self) -> None:
+        assert self._from_core is not None
+        while True:
+            frames = await self._from_core.recv_multipart()
+            self._t_heard = time.monotonic()
+            try:
+                self._dispatch(decode_from_core(frames))
+            except Exception:  # one bad message must not stop audio for every stream
+                log.exception("%s: a message from the core could not be handled", self.name)
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, Audio):
+            stream = self._streams.get(msg.stream_id)
+            if stream is None:
+                return
+            if msg.chunk.final:
+                self._forget(msg.stream_id)
+            if msg.trimmed_samples:
+                stream.metrics.trimmed_samples = msg.trimmed_samples
+            stream.deliver(msg.chunk)
+        elif isinstance(msg, Failed):
+            stream = self._forget(msg.stream_id)
+            if stream is not None:
+                stream.fail(StreamError(msg.code, msg.message))
+        elif isinstance(msg, Closed):
+            self._forget(msg.stream_id)
+        elif isinstance(msg, Stats):
+            self.stats = msg.stats
+        elif isinstance(msg, Ready):
+            self._t_heard = time.monotonic()
+            self._info, self._max_streams = msg.info, msg.max_streams
+            self.state = CoreState.READY
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+        elif isinstance(msg, StartFailed) and self._ready is not None and not self._ready.done():
+            self._ready.set_exception(CoreStartFailed(msg.message))
+
+    def _forget(self, sid: int) -> Stream | None:
+        self._reported.pop(sid, None)
+        return self._streams.pop(sid, None)
+
+    async def _watch(self, process: asyncio.subprocess.Process) -> None:
+        """Until the process ends; then end what it held."""
+        code = await process.wait()
+        was_ready = self.state is CoreState.READY
+        self.last_exit = f"signal {-code}" if code < 0 else f"exit code {code}"
+        self.state = CoreState.STOPPED if self._closing else CoreState.DOWN
+        streams = list(self._streams.values())
+        self._streams.clear()
+        self._reported.clear()
+        if self._closing:
+            error = StreamError("engine_closed", "the engine is shutting down")
+        else:
+            error = StreamError("model_error", f"the engine core died ({self.last_exit})")
+            if streams or was_ready:
+                log.error("%s: the engine core died (%s); %d streams ended", self.name, self.last_exit,
+                          len(streams))
+        for stream in streams:
+            stream.fail(error)
+        if self._exited is not None and not self._exited.done():
+            self._exited.set_result(code)

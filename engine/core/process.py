@@ -1,0 +1,238 @@
+"""The engine core: one process that owns an ``Engine`` (model, scheduler, feeders, worker thread)
+and serves its streams to one gateway-side ``CoreClient`` over two ZeroMQ sockets.
+
+Inside the core, an asyncio loop stands where the gateway's loop stood for an in-process engine:
+it opens the engine's streams, posts the client's commands to them, and forwards every chunk the
+moment it arrives. Backpressure crosses the boundary as a number: the client reports how many
+samples its caller took (``Consumed``), and the forwarder sets that as the local stream's
+``consumed_samples``, so the worker stops a stream exactly ``max_ahead_s`` ahead of the *remote*
+caller, as it would in process.
+
+Launched by ``CoreClient`` as ``python -m voicewire.engine.core`` (``main``) with a pickled
+``CoreSpec`` on stdin (configuration only: audio and commands use the sockets). It exits on
+``Shutdown``, and also when the process that started it is gone (a gateway killed with SIGKILL
+must not leave cores holding a GPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from voicewire.engine import Engine, EngineBusy, EngineConfig, EngineNotReady, Stream, StreamError
+from voicewire.engine.commands import Cancel, End, Flush, PushText
+
+from .messages import (
+    Audio,
+    Closed,
+    Consumed,
+    Failed,
+    FromCore,
+    OpenStream,
+    Ready,
+    Shutdown,
+    StartFailed,
+    Stats,
+    decode_to_core,
+    encode_from_core,
+)
+
+log = logging.getLogger("voicewire.engine.core")
+
+STATS_INTERVAL_S = 0.5  # counters (and the heartbeat) this often
+PARENT_CHECK_S = 1.0  # how often the core looks for the process that started it
+# A cancelled stream's slot is freed on the worker's next pass, a few ms after the client was
+# told so; an open in that window waits for it rather than failing with server_busy.
+OPEN_RETRY_S = 0.005
+OPEN_RETRY_LIMIT_S = 0.5
+
+
+@dataclass(frozen=True)
+class CoreSpec:
+    """What a core needs to start: its engine and the client's two addresses."""
+
+    engine: EngineConfig
+    to_core_address: str  # the client binds; the core's PULL connects
+    from_core_address: str  # the client binds; the core's PUSH connects
+    name: str = "core"
+    parent_pid: int = 0  # 0: do not watch the parent
+    sys_path: tuple[str, ...] = ()  # the gateway's import path (models given as package.module:factory)
+
+
+def main() -> None:
+    spec = pickle.loads(sys.stdin.buffer.read())
+    assert isinstance(spec, CoreSpec)
+    sys.path[:0] = [p for p in spec.sys_path if p not in sys.path]
+    run_core(spec)
+
+
+def run_core(spec: CoreSpec) -> None:
+    # Ctrl-C reaches the whole process group; the gateway decides when its cores stop (after drain).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {spec.name} %(message)s")
+    asyncio.run(_serve(spec))
+
+
+async def _serve(spec: CoreSpec) -> None:
+    ctx = zmq.asyncio.Context()
+    to_core = ctx.socket(zmq.PULL)
+    from_core = ctx.socket(zmq.PUSH)
+    for sock in (to_core, from_core):
+        # Unbounded queues: flow control is per stream (max_ahead_s), a full socket would only
+        # stall every stream behind one.
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 1000)
+    to_core.connect(spec.to_core_address)
+    from_core.connect(spec.from_core_address)
+    engine = Engine(spec.engine)
+    try:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, engine.start)
+        except Exception as err:
+            log.exception("the engine failed to start")
+            await from_core.send_multipart(encode_from_core(StartFailed(f"{type(err).__name__}: {err}")))
+            return
+        core = _Core(engine, from_core)
+        max_streams = min(engine.config.max_streams, engine.info.max_slots)
+        await core.send(Ready(engine.info, max_streams, os.getpid()))
+        log.info("engine core ready (pid %d, %d streams)", os.getpid(), max_streams)
+        tasks = [asyncio.create_task(core.report_stats())]
+        if spec.parent_pid:
+            tasks.append(asyncio.create_task(_watch_parent(spec.parent_pid)))
+        receive = asyncio.create_task(core.receive(to_core))
+        await asyncio.wait([receive, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in [receive, *tasks]:
+            task.cancel()
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, engine.close)
+        to_core.close(linger=0)
+        from_core.close()
+        ctx.term()
+
+
+async def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(PARENT_CHECK_S)
+    log.warning("the gateway process %d is gone; the engine core exits", parent_pid)
+
+
+class _Core:
+    """Streams of one core, keyed by the client's stream ids."""
+
+    def __init__(self, engine: Engine, out: zmq.asyncio.Socket) -> None:
+        self.engine = engine
+        self._out = out
+        self._streams: dict[int, Stream] = {}
+        self._consumed: dict[int, int] = {}  # client stream id -> samples its caller took
+        self._waiting: dict[int, list[PushText | Flush | End]] = {}  # opens waiting for a slot
+        self._tasks: set[asyncio.Task[None]] = set()  # forwarders and sends not awaited by anyone
+
+    async def send(self, msg: FromCore) -> None:
+        await self._out.send_multipart(encode_from_core(msg), copy=False)
+
+    async def receive(self, sock: zmq.asyncio.Socket) -> None:
+        """Until ``Shutdown``: one command at a time, in the order the client sent them."""
+        while True:
+            msg = decode_to_core(await sock.recv_multipart())
+            if isinstance(msg, Shutdown):
+                return
+            if isinstance(msg, OpenStream):
+                self._open(msg, asyncio.get_running_loop().time() + OPEN_RETRY_LIMIT_S)
+            elif isinstance(msg, Consumed):
+                self._consume(msg)
+            elif msg.stream_id in self._waiting:
+                if isinstance(msg, Cancel):
+                    del self._waiting[msg.stream_id]
+                    await self.send(Closed(msg.stream_id))
+                else:
+                    self._waiting[msg.stream_id].append(msg)
+            else:
+                self._command(msg)
+
+    def _open(self, msg: OpenStream, deadline_s: float) -> None:
+        sid = msg.stream_id
+        try:
+            stream = self.engine.open_stream(msg.params)
+        except EngineBusy as err:
+            loop = asyncio.get_running_loop()
+            if loop.time() < deadline_s:
+                self._waiting.setdefault(sid, [])
+                loop.call_later(OPEN_RETRY_S, self._retry_open, msg, deadline_s)
+                return
+            self._end_waiting(sid, Failed(sid, "server_busy", str(err)))
+            return
+        except (ValueError, EngineNotReady) as err:
+            code = "bad_request" if isinstance(err, ValueError) else "not_ready"
+            self._end_waiting(sid, Failed(sid, code, str(err)))
+            return
+        self._streams[sid] = stream
+        for cmd in self._waiting.pop(sid, []):
+            self._command(cmd)
+        self._spawn(self._forward(sid, stream))
+
+    def _retry_open(self, msg: OpenStream, deadline_s: float) -> None:
+        if msg.stream_id in self._waiting:  # not cancelled meanwhile
+            self._open(msg, deadline_s)
+
+    def _end_waiting(self, sid: int, msg: Failed) -> None:
+        self._waiting.pop(sid, None)
+        self._spawn(self.send(msg))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _command(self, msg: PushText | Flush | End | Cancel) -> None:
+        stream = self._streams.get(msg.stream_id)
+        if stream is None:
+            return  # finished already (a cancel racing the final chunk)
+        try:
+            if isinstance(msg, PushText):
+                stream.push_text(msg.delta)
+            elif isinstance(msg, Flush):
+                stream.flush()
+            elif isinstance(msg, End):
+                stream.end()
+            else:
+                stream.cancel()
+        except StreamError as err:  # text after end: the client checks this too, so it is rare
+            stream.fail(err)
+
+    def _consume(self, msg: Consumed) -> None:
+        stream = self._streams.get(msg.stream_id)
+        if stream is not None:
+            self._consumed[msg.stream_id] = msg.samples
+            stream.consumed_samples = msg.samples
+
+    async def _forward(self, sid: int, stream: Stream) -> None:
+        """Every chunk to the client as it comes; exactly one ending message per stream."""
+        try:
+            async for chunk in stream:
+                # The local iterator counts what it forwarded as consumed; what bounds generation
+                # is what the remote caller consumed.
+                stream.consumed_samples = self._consumed.get(sid, 0)
+                await self.send(Audio(sid, chunk, stream.metrics.trimmed_samples))
+            if stream.cancelled:
+                await self.send(Closed(sid))
+        except StreamError as err:
+            await self.send(Failed(sid, err.code, str(err)))
+        finally:
+            self._streams.pop(sid, None)
+            self._consumed.pop(sid, None)
+
+    async def report_stats(self) -> None:
+        while True:
+            await self.send(Stats(self.engine.stats, self.engine.active_streams()))
+            await asyncio.sleep(STATS_INTERVAL_S)
