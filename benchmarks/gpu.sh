@@ -45,7 +45,7 @@ DEADLINE=${BUDGET_S:-585}
 SHOW='^\[|^== |Error|error|passed|failed|Traceback'
 declare -a STATUS=()
 
-usage() { sed -n '2,24p' "$0"; exit 2; }
+usage() { sed -n '2,/^set -o pipefail/p' "$0" | grep '^#'; exit 2; }
 case "$MODE" in headline | kernels | side-by-side | parity | profile) ;; *) usage ;; esac
 : > "$LOG"
 
