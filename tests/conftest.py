@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pytest
 
 from voicewire.engine import Engine, EngineConfig
+from voicewire.realtime.client import ProtocolClient, Turn, TurnAudio, TurnId
+from voicewire.realtime.client.simulated_llm import send_reply
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,47 +67,20 @@ async def gateway(engine: Engine) -> AsyncIterator[str]:
         yield base
 
 
-@dataclass
-class TurnResult:
-    turn_id: Any
-    audio: bytearray = field(default_factory=bytearray)
-    audio_times: list[float] = field(default_factory=list)  # perf_counter per binary message
-    audio_sizes: list[int] = field(default_factory=list)  # bytes per binary message
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    done: dict[str, Any] | None = None
-    t_first_sent: float = 0.0
-    t_last_sent: float = 0.0
-
-    def pcm(self) -> np.ndarray:
-        return np.frombuffer(bytes(self.audio), "<i2").astype(np.float32) / 32768.0
-
-
-async def read_turn(ws: Any, result: TurnResult, timeout_s: float = 30.0) -> TurnResult:
-    """Collect binary audio and JSON until turn.done for ``result.turn_id``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        msg = await asyncio.wait_for(ws.recv(), timeout=max(0.1, deadline - time.monotonic()))
-        if isinstance(msg, bytes):
-            result.audio += msg
-            result.audio_times.append(time.perf_counter())
-            result.audio_sizes.append(len(msg))
-            continue
-        data = json.loads(msg)
-        result.messages.append(data)
-        if data.get("type") == "turn.done" and data.get("turn_id") == result.turn_id:
-            result.done = data
-            return result
-
-
-async def send_words(ws: Any, turn_id: Any, text: str, words_per_s: float, result: TurnResult | None = None) -> None:
-    """A simulated LLM: one word (with its trailing space) per delta at ``words_per_s``."""
-    words = text.split(" ")
-    for i, w in enumerate(words):
-        delta = w if i == len(words) - 1 else w + " "
-        await ws.send(json.dumps({"type": "text.delta", "turn_id": turn_id, "text": delta}))
-        now = time.perf_counter()
-        if result is not None:
-            result.t_first_sent = result.t_first_sent or now
-            result.t_last_sent = now
-        await asyncio.sleep(1.0 / words_per_s)
-    await ws.send(json.dumps({"type": "text.end", "turn_id": turn_id}))
+async def speak_turn(
+    client: ProtocolClient,
+    text: str,
+    words_per_s: float | None,
+    turn_id: TurnId | None = None,
+    timeout_s: float = 30.0,
+) -> tuple[Turn, TurnAudio]:
+    """One simulated LLM reply (a word per ``text.delta`` at ``words_per_s``, or whole) through the
+    client; returns the turn and all it received."""
+    turn = await client.start_turn(turn_id)
+    reader = asyncio.create_task(turn.collect(timeout_s))
+    try:
+        await send_reply(turn, text, words_per_s)
+    except BaseException:
+        reader.cancel()
+        raise
+    return turn, await reader

@@ -137,7 +137,7 @@ class WebRtcClient(ProtocolClient):
     async def _send(self, msg: dict[str, Any]) -> None:
         if self._closed or self.channel is None or self.channel.readyState != "open":
             raise VoicewireError("connection_closed", "the control channel is not open")
-        self.channel.send(json.dumps(msg, separators=(",", ":")))
+        self.channel.send(json.dumps(msg, separators=(",", ":"), ensure_ascii=False))
 
     def _on_channel_message(self, raw: str | bytes) -> None:
         msg = json.loads(raw)

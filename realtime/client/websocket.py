@@ -63,7 +63,7 @@ class VoicewireClient(ProtocolClient):
     async def _send(self, msg: dict[str, Any]) -> None:
         if self._closed:
             raise VoicewireError("connection_closed", "the connection is closed")
-        await self._ws.send(json.dumps(msg, separators=(",", ":")))
+        await self._ws.send(json.dumps(msg, separators=(",", ":"), ensure_ascii=False))
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send one WebSocket message exactly as given: for tests of malformed input."""

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import websockets
 
-from tests.conftest import TurnResult, free_port, read_turn, send_words
+from tests.conftest import free_port, speak_turn
+from voicewire.realtime.client import TurnAudio, VoicewireClient
+from voicewire.realtime.client.listener import playout, ws_arrivals
 
 STALL_S = 30.0  # how long the slow clients stop reading
 STALLED_CLIENTS = 10
@@ -67,25 +69,18 @@ async def test_slow_consumers_are_closed_and_do_not_hurt_others() -> None:
                 break
             except OSError:
                 await asyncio.sleep(0.1)
-        normal = await websockets.connect(f"ws://{base}/v1/stream", max_size=None)
-        await normal.recv()
-        warm = TurnResult(turn_id="warm")
-        reader = asyncio.create_task(read_turn(normal, warm))
-        await send_words(normal, "warm", NORMAL_TEXT, 30)
-        await reader
+        normal = await VoicewireClient.connect(f"ws://{base}")
+        await speak_turn(normal, NORMAL_TEXT, 30, "warm")
         rss0 = _rss_mb(proc.pid)
 
         stalled = [await _stalled_client(base) for _ in range(STALLED_CLIENTS)]
         t0 = time.monotonic()
         rss_max = rss0
-        turns: list[TurnResult] = []
+        turns: list[TurnAudio] = []
         i = 0
         while time.monotonic() - t0 < STALL_S:
-            res = TurnResult(turn_id=f"n{i}")
-            reader = asyncio.create_task(read_turn(normal, res))
-            await send_words(normal, res.turn_id, NORMAL_TEXT, 30)
-            await reader
-            turns.append(res)
+            _, heard = await speak_turn(normal, NORMAL_TEXT, 30, f"n{i}")
+            turns.append(heard)
             rss_max = max(rss_max, _rss_mb(proc.pid))
             i += 1
         codes = await asyncio.gather(*(_drain_until_closed(ws) for ws in stalled))
@@ -93,15 +88,12 @@ async def test_slow_consumers_are_closed_and_do_not_hurt_others() -> None:
         assert codes == [4008] * STALLED_CLIENTS, codes
         assert rss_max - rss0 <= RSS_GROWTH_BOUND_MB, f"RSS grew {rss_max - rss0:.0f} MB"
         assert len(turns) >= 5
-        for res in turns:
-            assert res.done is not None and res.done["reason"] == "completed"
-            assert res.done["metrics"]["underruns"] == 0
-            # client side: playback from the first byte never ran dry
-            t_first = res.audio_times[0]
-            got_s = 0.0
-            for t, n in zip(res.audio_times, res.audio_sizes, strict=True):
-                assert t - t_first <= got_s + 0.02, "the normal client's playback ran dry"
-                got_s += n / 2 / 24_000
+        for heard in turns:
+            assert heard.done.reason == "completed"
+            assert heard.done.metrics["underruns"] == 0
+            # client side: playback from the first byte (20 ms of slack) never ran dry
+            played = playout(ws_arrivals(heard.chunks), 24_000, buffer_s=0.02)
+            assert played.underruns == 0, "the normal client's playback ran dry"
         with urllib.request.urlopen(f"http://{base}/healthz") as r:
             assert json.loads(r.read())["sessions"] == 1  # only the normal client is left
         await normal.close()

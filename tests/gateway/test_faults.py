@@ -16,10 +16,12 @@ import aiohttp
 import websockets
 
 from tests.asr import transcribe, wer
-from tests.conftest import TurnResult, free_port, read_turn, running_gateway, send_words
+from tests.conftest import free_port, running_gateway, speak_turn
 from voicewire.engine import Engine, EngineConfig
 from voicewire.engine.model import GenerateResult
 from voicewire.engine.models.hibari_voice import HibariModel
+from voicewire.realtime.client import VoicewireClient
+from voicewire.realtime.client.simulated_llm import send_reply
 
 LONG = (
     "This turn goes on and on, sentence after sentence, so that it is still playing when the client vanishes. "
@@ -27,14 +29,14 @@ LONG = (
 )
 
 
-async def _connect(base: str):  # type: ignore[no-untyped-def]
-    ws = await websockets.connect(f"ws://{base}/v1/stream", max_size=None)
-    await ws.recv()
-    return ws
+async def _connect(base: str) -> VoicewireClient:
+    return await VoicewireClient.connect(f"ws://{base}")
 
 
 async def test_client_vanishing_mid_turn_frees_its_stream_within_1s(gateway: str, engine: Engine) -> None:
-    ws = await _connect(gateway)
+    # A raw socket: the fault is in the transport, below the protocol client.
+    ws = await websockets.connect(f"ws://{gateway}/v1/stream", max_size=None)
+    await ws.recv()
     await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": LONG}))
     while not isinstance(await ws.recv(), bytes):
         pass
@@ -65,41 +67,30 @@ async def test_a_stream_failing_in_model_work_leaves_the_others_playing() -> Non
     try:
         async with running_gateway(eng) as base:
             bad, goods = await _connect(base), [await _connect(base) for _ in texts]
-            results = [TurnResult(turn_id="g") for _ in texts]
-            readers = [asyncio.create_task(read_turn(ws, r)) for ws, r in zip(goods, results, strict=True)]
-            senders = [
-                asyncio.create_task(send_words(ws, "g", t, 25)) for ws, t in zip(goods, texts, strict=True)
+            good_turns = [
+                asyncio.create_task(speak_turn(c, t, 25, "g")) for c, t in zip(goods, texts, strict=True)
             ]
-            failed = TurnResult(turn_id="b")
-            bad_reader = asyncio.create_task(read_turn(bad, failed))
-            await send_words(bad, "b", "Now, kaboom goes the model.", 25)
-            await bad_reader
-            assert failed.done is not None and failed.done["reason"] == "error"
-            assert any(m.get("code") == "model_error" for m in failed.messages)
-            await asyncio.gather(*senders, *readers)
-            for text, res in zip(texts, results, strict=True):
-                assert res.done is not None and res.done["reason"] == "completed"
+            failed, heard = await speak_turn(bad, "Now, kaboom goes the model.", 25, "b")
+            assert heard.done.reason == "error"
+            assert any(e.code == "model_error" for e in failed.errors)
+            for text, (_, res) in zip(texts, await asyncio.gather(*good_turns), strict=True):
+                assert res.done.reason == "completed"
                 assert wer(text, transcribe(res.pcm(), 24_000)) <= 0.15
             # the failed session is still usable
-            again = TurnResult(turn_id="again")
-            reader = asyncio.create_task(read_turn(bad, again))
-            await send_words(bad, "again", "All good now.", 25)
-            await reader
-            assert again.done is not None and again.done["reason"] == "completed"
-            for ws in (bad, *goods):
-                await ws.close()
+            _, again = await speak_turn(bad, "All good now.", 25, "again")
+            assert again.done.reason == "completed"
+            for c in (bad, *goods):
+                await c.close()
     finally:
         eng.close()
 
 
 async def test_metrics_and_readyz(gateway: str) -> None:
-    ws = await _connect(gateway)
-    res = TurnResult(turn_id=1)
-    reader = asyncio.create_task(read_turn(ws, res))
-    await send_words(ws, 1, "Counting this turn.", 30)
-    await reader
-    await ws.send("{broken")
-    await ws.recv()
+    client = await _connect(gateway)
+    await speak_turn(client, "Counting this turn.", 30, 1)
+    answer = client.expect("error")
+    await client.send_raw("{broken")
+    await asyncio.wait_for(answer, 5)
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://{gateway}/metrics") as r:
             text = await r.text()
@@ -110,7 +101,7 @@ async def test_metrics_and_readyz(gateway: str) -> None:
     assert 'voicewire_turns_total{reason="completed",transport="websocket"} 1.0' in text
     assert 'voicewire_errors_total{code="invalid_json"} 1.0' in text
     assert "voicewire_engine_streams_active" in text and "voicewire_engine_batches_total" in text
-    await ws.close()
+    await client.close()
 
 
 async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
@@ -140,13 +131,11 @@ async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
             except OSError:
                 await asyncio.sleep(0.1)
         base = f"127.0.0.1:{port}"
-        ws = await _connect(base)
-        res = TurnResult(turn_id="last")
-        reader = asyncio.create_task(read_turn(ws, res))
+        client = await _connect(base)
+        turn = await client.start_turn("last")
+        reader = asyncio.create_task(turn.collect(30))
         # A turn whose text is still arriving when SIGTERM comes.
-        sender = asyncio.create_task(
-            send_words(ws, "last", "Please let me finish this sentence before you go.", 10)
-        )
+        sender = asyncio.create_task(send_reply(turn, "Please let me finish this sentence before you go.", 10))
         await asyncio.sleep(0.3)
         os.kill(proc.pid, signal.SIGTERM)
         await asyncio.sleep(0.2)
@@ -156,8 +145,7 @@ async def test_sigterm_drains_then_exits_0(tmp_path: Path) -> None:
             async with http.get(f"http://{base}/v1/stream") as r:
                 assert r.status == 503 and (await r.json())["error"]["code"] == "draining"
         await sender
-        await reader
-        assert res.done is not None and res.done["reason"] == "completed"
+        assert (await reader).done.reason == "completed"
         try:
             assert proc.wait(timeout=20) == 0
         except subprocess.TimeoutExpired:

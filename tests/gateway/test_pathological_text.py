@@ -14,16 +14,15 @@ test should listen: for those the offender must be speaking within 10 s, and a c
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
 import aiohttp
 import pytest
-import websockets
 
-from tests.conftest import TurnResult, read_turn, running_gateway, send_words, wait_engine_idle
+from tests.conftest import running_gateway, speak_turn, wait_engine_idle
 from voicewire.engine import Engine
+from voicewire.realtime.client import Turn, TurnAudio, VoicewireClient
 
 VICTIM_TTFP_LIMIT_S = 0.5
 OFFENDER_END_LIMIT_S = 10.0
@@ -47,65 +46,52 @@ CORPUS: dict[str, tuple[str, bool]] = {
 }
 
 
-async def _connect(base: str) -> Any:
-    ws = await websockets.connect(f"ws://{base}/v1/stream", max_size=None)
-    await ws.recv()  # session.created
-    return ws
+async def _victim_turn(base: str) -> tuple[Turn, TurnAudio]:
+    async with await VoicewireClient.connect(f"ws://{base}") as client:
+        return await speak_turn(client, VICTIM_TEXT, 25, "victim", timeout_s=20)
 
 
-async def _victim_turn(base: str) -> TurnResult:
-    ws = await _connect(base)
-    try:
-        res = TurnResult(turn_id="victim")
-        reader = asyncio.create_task(read_turn(ws, res, timeout_s=20))
-        await send_words(ws, "victim", VICTIM_TEXT, 25, res)
-        await reader
-        return res
-    finally:
-        await ws.close()
-
-
-def _victim_ttfp_s(res: TurnResult) -> float:
-    assert res.done is not None and res.done["reason"] == "completed", res.messages
-    assert res.audio_times, "the victim got no audio"
-    return res.audio_times[0] - res.t_first_sent
+def _victim_ttfp_s(victim: tuple[Turn, TurnAudio]) -> float:
+    turn, heard = victim
+    assert heard.done.reason == "completed", turn.errors
+    assert heard.chunks and turn.t_first_text_s is not None, "the victim got no audio"
+    return heard.arrival_times_s[0] - turn.t_first_text_s
 
 
 @pytest.mark.parametrize("name", list(CORPUS))
 async def test_an_offending_delta_neither_stalls_others_nor_hangs(engine: Engine, name: str) -> None:
     text, ends = CORPUS[name]
     async with running_gateway(engine) as base:
-        offender = await _connect(base)
-        off = TurnResult(turn_id="offender")
+        offender = await VoicewireClient.connect(f"ws://{base}")
+        off_turn = await offender.start_turn("offender")
         t0 = time.perf_counter()
-        # As UTF-8 (8,000 emoji: 32 KB), not as \u escapes (96 KB, over the message limit).
-        delta = {"type": "text.delta", "turn_id": "offender", "text": text}
-        await offender.send(json.dumps(delta, ensure_ascii=False))
-        await offender.send(json.dumps({"type": "text.end", "turn_id": "offender"}))
-        off_reader = asyncio.create_task(read_turn(offender, off, timeout_s=OFFENDER_END_LIMIT_S))
+        # The client sends UTF-8 (8,000 emoji: 32 KB), not \u escapes (96 KB, over the message limit).
+        await off_turn.send(text)
+        await off_turn.end()
+        off_reader = asyncio.create_task(off_turn.collect(OFFENDER_END_LIMIT_S))
         await asyncio.sleep(VICTIM_DELAY_S)
         victim = await _victim_turn(base)
         ttfp_s = _victim_ttfp_s(victim)
         assert ttfp_s < VICTIM_TTFP_LIMIT_S, f"{name}: victim TTFP {ttfp_s * 1000:.0f} ms"
         if ends:
-            await off_reader
+            off = await off_reader
             end_s = time.perf_counter() - t0
-            assert off.done is not None and end_s < OFFENDER_END_LIMIT_S
-            if off.done["reason"] == "error":
-                assert any(m.get("type") == "error" and m.get("code") for m in off.messages)
+            assert end_s < OFFENDER_END_LIMIT_S
+            if off.done.reason == "error":
+                assert any(e.code for e in off_turn.errors)
             else:
-                assert off.done["reason"] == "completed"
+                assert off.done.reason == "completed"
         else:
-            while not off.audio_times and time.perf_counter() - t0 < OFFENDER_END_LIMIT_S:
+            while off_turn.t_first_audio_s is None and time.perf_counter() - t0 < OFFENDER_END_LIMIT_S:
                 await asyncio.sleep(0.05)
-            assert off.audio_times, f"{name}: the offender is not speaking after {OFFENDER_END_LIMIT_S} s"
-            assert not any(m.get("type") == "error" for m in off.messages), off.messages
-            await offender.send(json.dumps({"type": "turn.cancel", "turn_id": "offender"}))
-            await asyncio.wait_for(off_reader, 5)
-            assert off.done is not None and off.done["reason"] == "cancelled"
+            assert off_turn.t_first_audio_s, f"{name}: the offender is not speaking after {OFFENDER_END_LIMIT_S} s"
+            assert not off_turn.errors and not offender.errors, (off_turn.errors, offender.errors)
+            await off_turn.send_cancel()
+            off = await asyncio.wait_for(off_reader, 5)
+            assert off.done.reason == "cancelled"
         print(
-            f"{name}: victim TTFP {ttfp_s * 1000:.0f} ms, offender {off.done['reason']} after "
-            f"{(time.perf_counter() - t0):.2f} s with {off.done['audio_ms'] / 1000:.1f} s of audio"
+            f"{name}: victim TTFP {ttfp_s * 1000:.0f} ms, offender {off.done.reason} after "
+            f"{(time.perf_counter() - t0):.2f} s with {off.done.audio_ms / 1000:.1f} s of audio"
         )
         await offender.close()
     await wait_engine_idle(engine, timeout_s=5)

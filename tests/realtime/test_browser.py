@@ -17,6 +17,7 @@ import pytest
 
 from tests.realtime.cdp import CHROMIUM, Page, chromium
 from tests.realtime.gateway import gateway, wait_gone
+from voicewire.engine import ONSET_THRESHOLD_DBFS as AUDIBLE_DBFS
 from voicewire.engine import Engine
 
 pytestmark = [
@@ -30,7 +31,6 @@ TURN = (
     "First, open the settings page and find the section called account details. "
     "Then choose the option to update your address, and save the changes when you are done."
 )
-AUDIBLE_DBFS = -45.0
 BARGE_IN_SILENT_WITHIN_MS = 300.0
 
 # Runs inside the page: sample getStats every 50 ms (its cache period, T7) for ``ms``.

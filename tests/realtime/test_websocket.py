@@ -1,19 +1,20 @@
-"""Protocol v1 over a real WebSocket (the `websockets` client) against the real gateway and voice."""
+"""Protocol v1 over a real WebSocket (the protocol-v1 client) against the real gateway and voice."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from typing import Any
 
 import av
 import numpy as np
 import pytest
-import websockets
 
 from tests.asr import transcribe, wer
-from tests.conftest import TurnResult, read_turn, send_words, wait_engine_idle
+from tests.conftest import speak_turn, wait_engine_idle
 from voicewire.engine import Engine
+from voicewire.realtime.client import VoicewireClient
+from voicewire.realtime.client.simulated_llm import send_reply
 
 TURNS = [
     "Hello, thanks for calling. How can I help you today?",
@@ -27,65 +28,47 @@ LONG_TURN = (
 )
 
 
-async def _connect(base: str):  # type: ignore[no-untyped-def]
-    ws = await websockets.connect(f"ws://{base}/v1/stream", max_size=None)
-    created = json.loads(await ws.recv())
-    assert created["type"] == "session.created" and created["audio"]["sample_rate"] == 24000
-    return ws
+async def _connect(base: str, **options: Any) -> VoicewireClient:
+    client = await VoicewireClient.connect(f"ws://{base}", **options)
+    assert client.session["type"] == "session.created" and client.session["audio"]["sample_rate"] == 24000
+    return client
 
 
 async def test_three_streamed_turns_are_intelligible_and_really_stream(gateway: str, engine: Engine) -> None:
-    ws = await _connect(gateway)
-    try:
-        results = []
-        for i, text in enumerate([*TURNS, LONG_TURN]):
-            res = TurnResult(turn_id=f"t{i}")
-            reader = asyncio.create_task(read_turn(ws, res))
-            await send_words(ws, res.turn_id, text, words_per_s=25, result=res)
-            await reader
-            results.append((text, res))
-        for text, res in results:
-            assert res.done is not None and res.done["reason"] == "completed"
-            assert next(m["type"] for m in res.messages) == "turn.started"
-            hyp = transcribe(res.pcm(), 24_000)
-            assert wer(text, hyp) <= 0.15, (text, hyp)
-            assert res.done["audio_ms"] == pytest.approx(len(res.audio) / 2 / 24, abs=1)
-        long = results[-1][1]
-        assert long.audio_times[0] < long.t_last_sent, "first audio must arrive before the last delta is sent"
-    finally:
-        await ws.close()
+    async with await _connect(gateway) as client:
+        results = [(text, *await speak_turn(client, text, 25)) for text in [*TURNS, LONG_TURN]]
+    for text, turn, heard in results:
+        assert heard.done.reason == "completed"
+        assert turn.started and heard.chunks  # audio came between turn.started and turn.done
+        hyp = transcribe(heard.pcm(), 24_000)
+        assert wer(text, hyp) <= 0.15, (text, hyp)
+        assert heard.done.audio_ms == pytest.approx(len(heard.data) / 2 / 24, abs=1)
+    _, long_turn, long = results[-1]
+    assert long_turn.t_last_text_s is not None
+    assert long.arrival_times_s[0] < long_turn.t_last_text_s, "first audio must arrive before the last delta is sent"
     await wait_engine_idle(engine)
 
 
 async def test_cancel_stops_audio_within_100ms_and_next_turn_works(gateway: str, engine: Engine) -> None:
-    ws = await _connect(gateway)
-    try:
-        res = TurnResult(turn_id="long")
-        sender = asyncio.create_task(send_words(ws, "long", LONG_TURN, words_per_s=20))
-        while not res.audio:
-            msg = await asyncio.wait_for(ws.recv(), 10)
-            if isinstance(msg, bytes):
-                res.audio += msg
+    async with await _connect(gateway) as client:
+        turn = await client.start_turn("long")
+        sender = asyncio.create_task(send_reply(turn, LONG_TURN, 20))
+        audio = turn.audio()
+        await anext(audio)
         sender.cancel()
         t_cancel = time.perf_counter()
-        await ws.send(json.dumps({"type": "turn.cancel", "turn_id": "long"}))
-        await read_turn(ws, res)
-        late = [t - t_cancel for t in res.audio_times if t - t_cancel > 0.100]
+        await turn.send_cancel()
+        late = [c.t_received_s - t_cancel async for c in audio if c.t_received_s - t_cancel > 0.100]
         assert not late, f"audio arrived {late[0] * 1000:.0f} ms after the cancel"
-        assert res.done is not None and res.done["reason"] == "cancelled"
+        assert (await turn.done(10)).reason == "cancelled"
         await wait_engine_idle(engine)
         # text for the cancelled turn is refused; a new turn plays
-        await ws.send(json.dumps({"type": "text.delta", "turn_id": "long", "text": "more"}))
-        err = json.loads(await ws.recv())
-        assert err["type"] == "error" and err["code"] == "turn_ended"
-        nxt = TurnResult(turn_id="next")
-        reader = asyncio.create_task(read_turn(ws, nxt))
-        await send_words(ws, "next", TURNS[2], words_per_s=30)
-        await reader
-        assert nxt.done is not None and nxt.done["reason"] == "completed"
+        refused = client.expect("error")
+        await client.send_message({"type": "text.delta", "turn_id": "long", "text": "more"})
+        assert (await asyncio.wait_for(refused, 5))["code"] == "turn_ended"
+        _, nxt = await speak_turn(client, TURNS[2], 30, "next")
+        assert nxt.done.reason == "completed"
         assert wer(TURNS[2], transcribe(nxt.pcm(), 24_000)) <= 0.15
-    finally:
-        await ws.close()
     await wait_engine_idle(engine)
 
 
@@ -103,39 +86,29 @@ async def test_bad_inputs_get_error_codes_and_leave_sessions_usable(gateway: str
     bad = await _connect(gateway)
     good = await _connect(gateway)
     try:
-        good_turn = TurnResult(turn_id=1)
-        good_reader = asyncio.create_task(read_turn(good, good_turn))
-        good_sender = asyncio.create_task(send_words(good, 1, TURNS[0], words_per_s=30))
+        good_turn = asyncio.create_task(speak_turn(good, TURNS[0], 30, 1))
         for raw, code in BAD_INPUTS:
-            await bad.send(raw)
-            err = json.loads(await asyncio.wait_for(bad.recv(), 5))
-            assert err["type"] == "error" and err["code"] == code, (raw, err)
+            answer = bad.expect("error")
+            await bad.send_raw(raw)
+            err = await asyncio.wait_for(answer, 5)
+            assert err["code"] == code, (raw, err)
         # text for a turn that already ended
-        ended = TurnResult(turn_id="e")
-        reader = asyncio.create_task(read_turn(bad, ended))
-        await bad.send(json.dumps({"type": "text.delta", "turn_id": "e", "text": "Fine."}))
-        await bad.send(json.dumps({"type": "text.end", "turn_id": "e"}))
-        await reader
-        await bad.send(json.dumps({"type": "text.delta", "turn_id": "e", "text": "late"}))
-        err = json.loads(await bad.recv())
+        await speak_turn(bad, "Fine.", None, "e")
+        answer = bad.expect("error")
+        await bad.send_message({"type": "text.delta", "turn_id": "e", "text": "late"})
+        err = await asyncio.wait_for(answer, 5)
         assert err["code"] == "turn_ended" and err["turn_id"] == "e"
         # the bad session is still usable
-        again = TurnResult(turn_id="again")
-        reader = asyncio.create_task(read_turn(bad, again))
-        await send_words(bad, "again", TURNS[1], words_per_s=40)
-        await reader
-        assert again.done is not None and again.done["reason"] == "completed"
+        _, again = await speak_turn(bad, TURNS[1], 40, "again")
+        assert again.done.reason == "completed"
         # over the size limit: closed with 1009, documented
-        await bad.send(json.dumps({"type": "text.delta", "turn_id": "big", "text": "x" * 70_000}))
-        with pytest.raises(websockets.ConnectionClosed) as closed:
-            while True:
-                await asyncio.wait_for(bad.recv(), 5)
-        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        await bad.send_message({"type": "text.delta", "turn_id": "big", "text": "x" * 70_000})
+        await bad.wait_closed(5)
+        assert bad.close_code == 1009
         # the other session never noticed
-        await good_sender
-        await good_reader
-        assert good_turn.done is not None and good_turn.done["reason"] == "completed"
-        assert wer(TURNS[0], transcribe(good_turn.pcm(), 24_000)) <= 0.15
+        _, heard = await good_turn
+        assert heard.done.reason == "completed"
+        assert wer(TURNS[0], transcribe(heard.pcm(), 24_000)) <= 0.15
     finally:
         await bad.close()
         await good.close()
@@ -143,35 +116,21 @@ async def test_bad_inputs_get_error_codes_and_leave_sessions_usable(gateway: str
 
 
 async def test_opus_format_at_48k_decodes_to_intelligible_speech(gateway: str) -> None:
-    ws = await _connect(gateway)
-    try:
-        await ws.send(json.dumps({"type": "session.update", "format": "opus", "sample_rate": 48000}))
-        updated = json.loads(await ws.recv())
+    async with await _connect(gateway) as client:
+        answer = client.expect("session.updated")
+        await client.send_message({"type": "session.update", "format": "opus", "sample_rate": 48000})
+        updated = await asyncio.wait_for(answer, 5)
         assert updated["audio"] == {"format": "opus", "sample_rate": 48000, "channels": 1}
-        res = TurnResult(turn_id=1)
-        reader = asyncio.create_task(read_turn_packets(ws, res))
-        await send_words(ws, 1, TURNS[1], words_per_s=40)
-        packets = await reader
-        decoder = av.CodecContext.create("opus", "r")
-        decoder.sample_rate = 48000
-        pcm = []
-        for p in packets:
-            for frame in decoder.decode(av.Packet(p)):
-                pcm.append(frame.to_ndarray().reshape(-1) if frame.format.name != "fltp" else frame.to_ndarray()[0])
-                assert frame.samples == 960  # 20 ms at 48 kHz
-        audio = np.concatenate(pcm).astype(np.float32)
-        if audio.dtype != np.float32 or np.abs(audio).max() > 1.5:
-            audio = audio / 32768.0
-        assert wer(TURNS[1], transcribe(audio, 48_000)) <= 0.15
-    finally:
-        await ws.close()
-
-
-async def read_turn_packets(ws, res: TurnResult) -> list[bytes]:  # type: ignore[no-untyped-def]
-    packets: list[bytes] = []
-    while True:
-        msg = await asyncio.wait_for(ws.recv(), 20)
-        if isinstance(msg, bytes):
-            packets.append(msg)
-        elif json.loads(msg).get("type") == "turn.done":
-            return packets
+        _, heard = await speak_turn(client, TURNS[1], 40, 1)
+    assert heard.chunks and all(c.format == "opus" for c in heard.chunks)
+    decoder = av.CodecContext.create("opus", "r")
+    decoder.sample_rate = 48000
+    pcm = []
+    for c in heard.chunks:
+        for frame in decoder.decode(av.Packet(c.data)):
+            pcm.append(frame.to_ndarray().reshape(-1) if frame.format.name != "fltp" else frame.to_ndarray()[0])
+            assert frame.samples == 960  # 20 ms at 48 kHz
+    audio = np.concatenate(pcm).astype(np.float32)
+    if audio.dtype != np.float32 or np.abs(audio).max() > 1.5:
+        audio = audio / 32768.0
+    assert wer(TURNS[1], transcribe(audio, 48_000)) <= 0.15
