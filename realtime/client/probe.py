@@ -7,7 +7,9 @@ Each turn is one simulated LLM reply: after ``--first-token-ms`` (the LLM's own 
 token, not ours) its words come at ``--tokens-per-s`` (a token is a word here), or the whole reply
 at once (``--whole``), then ``text.end``. Turns run closed loop (``--concurrency`` sessions, each
 speaking turns back to back, ``--gap-s`` apart) or open loop (``--rate`` Poisson arrivals per
-second, each on an idle session of a pool). Per turn, all times from the first text sent:
+second, each on an idle session of a pool that grows as the arrivals need, up to
+``--max-sessions``; or on a session of its own with ``--session-per-turn``). Per turn, all times
+from the first text sent:
 
 - ``ttfb_ms``: the first audio byte (WebSocket) or the first packet with any sound (WebRTC: the
   server sends digital silence between turns);
@@ -65,7 +67,10 @@ class ProbeConfig:
     # A browser's WebRTC jitter buffer holds at least ~40 ms; ws_bench's zero-buffer convention
     # would count every packet 1 ms late as a stall.
     buffer_ms: float = 40.0
-    max_sessions: int = 32  # open loop: the pool never grows past this (arrivals then count as refused)
+    # Open loop: sessions are opened as arrivals need them, up to this many (then an arrival counts
+    # as refused); None: no cap.
+    max_sessions: int | None = None
+    session_per_turn: bool = False  # open loop: each arrival opens its own session, closed after the turn
     turn_timeout_s: float = 60.0
     texts: tuple[str, ...] = TEXTS
     seed: int = 0
@@ -74,7 +79,7 @@ class ProbeConfig:
     def __post_init__(self) -> None:
         if self.transport not in ("ws", "webrtc"):
             raise ValueError(f"transport must be ws or webrtc, got {self.transport!r}")
-        if self.duration_s <= 0 or self.concurrency < 1 or self.max_sessions < 1:
+        if self.duration_s <= 0 or self.concurrency < 1 or (self.max_sessions is not None and self.max_sessions < 1):
             raise ValueError("duration, concurrency and max sessions must be positive")
         if self.rate_per_s is not None and self.rate_per_s <= 0:
             raise ValueError("rate must be positive")
@@ -241,8 +246,8 @@ class Probe:
     def _text(self) -> str:
         return self._rng.choice(self.cfg.texts)
 
-    async def _turn(self, client: ProtocolClient, session: int, n: int) -> TurnRecord:
-        text = self._text()
+    async def _turn(self, client: ProtocolClient, session: int, n: int, text: str | None = None) -> TurnRecord:
+        text = text if text is not None else self._text()
         rec = TurnRecord(session, n, round(time.perf_counter() - self._t0, 3), len(text.split()))
         self.records.append(rec)
         return await run_turn(client, text, self.cfg, rec, self._t0)
@@ -261,42 +266,60 @@ class Probe:
             await asyncio.sleep(max(0.0, heard_s - time.perf_counter()) + self.cfg.gap_s)
 
     async def _open_loop(self) -> None:
-        assert self.cfg.rate_per_s is not None
+        cfg = self.cfg
+        assert cfg.rate_per_s is not None
         idle: list[tuple[int, ProtocolClient]] = []
-        # Enough sessions for the expected overlap (a turn lasts ~3-5 s), opened before the clock.
-        for i in range(min(self.cfg.max_sessions, max(1, math.ceil(self.cfg.rate_per_s * 5)))):
-            idle.append((i, await self.connect()))
+        opened = 0  # sessions opened or opening (connects run inside the arrivals' tasks)
+        if not cfg.session_per_turn:
+            # Enough sessions for the expected overlap (a turn lasts ~3-5 s), opened before the clock.
+            for _ in range(min(cfg.max_sessions or 1 << 30, max(1, math.ceil(cfg.rate_per_s * 5)))):
+                idle.append((opened, await self.connect()))
+                opened += 1
         self._t0 = time.perf_counter()
         tasks: set[asyncio.Task[None]] = set()
         n = 0
 
-        async def one(session: int, client: ProtocolClient, k: int) -> None:
-            rec = await self._turn(client, session, k)
-            if not (rec.reason in ("failed", "timeout") and client.closed):
+        async def one(k: int, t_arrival_s: float, text: str) -> None:
+            nonlocal opened
+            if idle and not cfg.session_per_turn:
+                session, client = idle.pop()
+            elif cfg.max_sessions is not None and opened >= cfg.max_sessions:
+                self.records.append(TurnRecord(-1, k, t_arrival_s, 0, "refused", "no free session"))
+                return
+            else:
+                session, opened = opened, opened + 1
+                try:
+                    client = await self.connect()
+                except (VoicewireError, OSError, TimeoutError) as err:
+                    self.records.append(TurnRecord(session, k, t_arrival_s, 0, "refused", f"connect: {err}"))
+                    return
+            rec = await self._turn(client, session, k, text)
+            if cfg.session_per_turn:
+                await self._retire(client)
+            elif not (rec.reason in ("failed", "timeout") and client.closed):
                 idle.append((session, client))
 
         t_next = self._t0
         while True:
-            t_next += self._rng.expovariate(self.cfg.rate_per_s)
-            if t_next - self._t0 >= self.cfg.duration_s:
+            t_next += self._rng.expovariate(cfg.rate_per_s)
+            if t_next - self._t0 >= cfg.duration_s:
                 break
             await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
-            if idle:
-                session, client = idle.pop()
-            elif self.sessions_opened < self.cfg.max_sessions:
-                session, client = self.sessions_opened, await self.connect()
-            else:
-                self.records.append(
-                    TurnRecord(-1, n, round(t_next - self._t0, 3), 0, "refused", "no free session")
-                )
-                n += 1
-                continue
-            task = asyncio.create_task(one(session, client, n))
+            task = asyncio.create_task(one(n, round(t_next - self._t0, 3), self._text()))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             n += 1
         if tasks:
             await asyncio.gather(*tasks)
+
+    async def _retire(self, client: ProtocolClient) -> None:
+        """Close a session now, keeping its receiver figures (WebRTC) for the summary."""
+        self._clients.remove(client)
+        with contextlib.suppress(Exception):
+            stats = getattr(client, "receiver_stats", None)  # WebRTC only
+            if stats is not None:
+                self._receiver_stats.append(await stats())
+            await client.close()
 
     async def run(self) -> None:
         self._server = await _server_info(self.cfg.url)
@@ -312,12 +335,8 @@ class Probe:
             with contextlib.suppress(asyncio.CancelledError):
                 await progress
             self._draw_progress(final=True)
-            for client in self._clients:
-                with contextlib.suppress(Exception):
-                    stats = getattr(client, "receiver_stats", None)  # WebRTC only
-                    if stats is not None:
-                        self._receiver_stats.append(await stats())
-                    await client.close()
+            for client in list(self._clients):
+                await self._retire(client)
 
     async def _progress(self) -> None:
         tty = self._out is not None and self._out.isatty()

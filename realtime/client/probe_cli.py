@@ -34,6 +34,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--buffer-ms", type=float, default=40.0, help="client playout buffer for the underrun count"
     )
     p.add_argument("--gap-s", type=float, default=0.2, help="closed loop: pause between a session's turns")
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        help="open loop: open sessions as arrivals need them, at most this many (default: no cap)",
+    )
+    p.add_argument(
+        "--session-per-turn",
+        action="store_true",
+        help="open loop: each arrival opens its own session and closes it after its turn",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--api-key",
@@ -52,6 +62,8 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
         concurrency=args.concurrency,
         rate_per_s=args.rate,
         gap_s=args.gap_s,
+        max_sessions=args.max_sessions,
+        session_per_turn=args.session_per_turn,
         first_token_delay_ms=args.first_token_ms,
         tokens_per_s=None if args.whole else args.tokens_per_s,
         buffer_ms=args.buffer_ms,

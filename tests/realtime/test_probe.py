@@ -90,3 +90,19 @@ async def test_probe_over_webrtc_reports_jitter_buffer_figures(engine: Engine) -
     s = result["summary"]
     assert s["packets_received"] > 100 and s["packets_lost"] == 0
     assert result["probe"]["server"]["model"] == "hibari"  # /healthz, for the record
+
+
+async def test_open_loop_opens_sessions_as_arrivals_need_them(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        per_turn = ProbeConfig(
+            url=f"http://{base}", rate_per_s=4.0, duration_s=2.0, session_per_turn=True, tokens_per_s=None
+        )
+        result = await probe(per_turn, out=None)
+        capped = ProbeConfig(url=f"http://{base}", rate_per_s=20.0, duration_s=1.0, max_sessions=1, tokens_per_s=None)
+        refused = await probe(capped, out=None)
+    turns = result["turns"]
+    assert turns and all(t["reason"] == "completed" for t in turns)
+    assert result["summary"]["sessions"] == len(turns)  # one session per turn
+    assert len({t["session"] for t in turns}) == len(turns)
+    s = refused["summary"]
+    assert s["sessions"] == 1 and s["errors"]["refused"] >= 1  # the cap holds; arrivals beyond it refused
