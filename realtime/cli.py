@@ -14,6 +14,7 @@ import wave
 import numpy as np
 
 from voicewire.engine import MODEL_NAMES, Engine, EngineConfig
+from voicewire.engine.core import EngineGroup, GroupConfig
 
 from .audio import pcm16_bytes
 from .auth import AuthConfig
@@ -27,6 +28,23 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     elif args.checkpoint:
         raise SystemExit("--checkpoint applies to --model qwen3-tts only")
     return EngineConfig(model=args.model, model_options=options)
+
+
+# Engine cores when neither --replicas nor --devices is given: 0 = the engine in the gateway's process.
+DEFAULT_REPLICAS = 0
+
+
+def _engine_group(args: argparse.Namespace, engine: EngineConfig) -> EngineGroup | None:
+    """The engine cores ``serve`` runs (None: the engine runs in the gateway's process)."""
+    devices = tuple(d.strip() for d in (args.devices or args.device).split(",") if d.strip())
+    replicas = args.replicas
+    if replicas is None:
+        replicas = len(devices) if args.devices else DEFAULT_REPLICAS
+    if replicas == 0:
+        if args.devices:
+            raise SystemExit("--devices needs engine cores: --replicas 1 or more")
+        return None
+    return EngineGroup(engine, GroupConfig(replicas=replicas, devices=devices))
 
 
 def _model_name(name: str) -> str:
@@ -140,6 +158,19 @@ def main(argv: list[str] | None = None) -> int:
         help="on SIGTERM, seconds current turns may take to finish",
     )
     _add_model_args(serve)
+    serve.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="engine cores, one process each, spread over --devices (0: the engine runs in the "
+        f"gateway's process; default {DEFAULT_REPLICAS}, or one per device when --devices is given)",
+    )
+    serve.add_argument(
+        "--devices",
+        default=None,
+        help="comma-separated devices for the engine cores, round-robin (cuda:0,cuda:1; a device "
+        "may repeat; default: --device)",
+    )
     say = sub.add_parser("say", help="synthesize text to a WAV file")
     say.add_argument("text")
     say.add_argument("-o", "--output", default="out.wav")
@@ -177,8 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             write_stall_timeout_s=args.write_stall_timeout,
             drain_timeout_s=args.drain_timeout,
         )
+        if args.replicas is not None and args.replicas < 0:
+            parser.error("--replicas must be 0 or more")
+        group = _engine_group(args, config.engine)
         try:
-            asyncio.run(run_server(config))
+            asyncio.run(run_server(config, group))
         except KeyboardInterrupt:
             pass
         except EngineStartFailed as err:

@@ -1,20 +1,27 @@
 """The state one gateway shares between its handlers, and the admission check every session passes.
 
-One ``Gateway`` per aiohttp app (``app[GATEWAY]``): configuration, the engine, auth, metrics and
-the run-time state (open sessions, WebRTC peers, draining). Run-time state lives in this object,
-not in the app mapping, which aiohttp freezes once the app has started.
+One ``Gateway`` per aiohttp app (``app[GATEWAY]``): configuration, the engine replicas, auth,
+metrics and the run-time state (open sessions, WebRTC peers, draining). Run-time state lives in
+this object, not in the app mapping, which aiohttp freezes once the app has started.
+
+Replicas: an in-process ``Engine`` (one), or the ``CoreClient`` of each engine core of an
+``EngineGroup``. A session is given one replica when it is created and every turn of it goes
+there; a speech request picks one per request. The pick is the ready replica with the most free
+streams, then the fewest sessions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from aiohttp import web
 
-from voicewire.engine import Engine
+from voicewire.engine import Engine, EngineNotReady
+from voicewire.engine.core import CoreClient, EngineGroup
 
 from .auth import Authenticator, AuthError, api_key_from_headers, token_from_request
 from .config import GatewayConfig
@@ -26,23 +33,49 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("voicewire.gateway")
 
+Replica: TypeAlias = Engine | CoreClient
+
 
 @dataclass
 class Gateway:
     config: GatewayConfig
-    engine: Engine
+    engines: list[Replica]  # one in-process engine, or one client per engine core
     auth: Authenticator
     metrics: GatewayMetrics
     sessions: set[Session] = field(default_factory=set)  # WebSocket and WebRTC sessions
     peers: set[Any] = field(default_factory=set)  # WebRTC peer connections (realtime.webrtc.WebRtcPeer)
     draining: bool = False  # SIGTERM: no new sessions, current turns finish
     speech_requests: int = 0  # POST /v1/audio/speech requests streaming now
-    engine_start: asyncio.Future[Engine] | None = None  # the background start of an engine the app owns
+    engine_start: asyncio.Future[Any] | None = None  # the background start of the engine(s) the app owns
     log_limiter: LogLimiter = field(default_factory=LogLimiter)  # refusals and client errors
+    group: EngineGroup | None = None  # the engine cores, when the engine runs out of process
 
     @classmethod
-    def create(cls, config: GatewayConfig, engine: Engine) -> Gateway:
-        return cls(config, engine, Authenticator(config.auth), GatewayMetrics(engine))
+    def create(cls, config: GatewayConfig, engine: Engine | EngineGroup) -> Gateway:
+        engines: list[Replica] = list(engine.replicas) if isinstance(engine, EngineGroup) else [engine]
+        group = engine if isinstance(engine, EngineGroup) else None
+        return cls(config, engines, Authenticator(config.auth), GatewayMetrics(engines), group=group)
+
+    @property
+    def engine(self) -> Replica:
+        """The first replica: what every replica shares (the model's info, its config)."""
+        return self.engines[0]
+
+    @property
+    def ready(self) -> bool:
+        """Every replica is warm and stepping (what /readyz says)."""
+        return all(e.ready for e in self.engines)
+
+    def pick_engine(self) -> Engine:
+        """The replica a new session or speech request goes to: ready first, then the most free
+        streams, then the fewest sessions."""
+        engine = self.engines[0]
+        if len(self.engines) > 1:
+            sessions = Counter(id(s.engine) for s in self.sessions)
+            engine = max(self.engines, key=lambda e: (e.ready, _free_streams(e), -sessions[id(e)]))
+        # Session and the speech handler are typed against Engine; a CoreClient has every part of
+        # it they use (open_stream, info, ready, onset_threshold_dbfs).
+        return cast(Engine, engine)
 
     def refuse(self, request: web.Request, status: int, code: str, message: str) -> web.Response:
         """Refuse a request before anything is allocated for it."""
@@ -66,7 +99,7 @@ class Gateway:
             return self.refuse(request, err.status, err.code, err.message)
         if self.draining:
             return self.refuse(request, 503, "draining", "the server is shutting down")
-        if not self.engine.ready:
+        if not any(e.ready for e in self.engines):
             return self.refuse(request, 503, "not_ready", "the engine is starting; retry shortly")
         if opens_session and len(self.sessions) >= self.config.max_sessions:
             return self.refuse(request, 503, "too_many_sessions", "the server is at its session limit")
@@ -92,6 +125,16 @@ class Gateway:
         except AuthError as err:
             return self.refuse(request, err.status, err.code, err.message)
         return None
+
+
+def _free_streams(engine: Replica) -> int:
+    if not engine.ready:
+        return 0
+    try:
+        limit = engine.max_streams if isinstance(engine, CoreClient) else engine.config.max_streams
+        return min(limit, engine.info.max_slots) - engine.active_streams()
+    except EngineNotReady:
+        return 0
 
 
 def error_body(status: int, code: str, message: str) -> dict[str, Any]:

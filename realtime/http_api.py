@@ -119,7 +119,7 @@ def _parse_speech(body: Any, engine: Engine, max_chars: int) -> tuple[str, str, 
 
 async def speech_handler(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    engine, cfg = gw.engine, gw.config
+    engine, cfg = gw.pick_engine(), gw.config
     refused = gw.admit(request, opens_session=False, json_body=True)
     if refused is not None:
         return refused

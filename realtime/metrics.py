@@ -2,47 +2,57 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from voicewire.engine import Engine
+from voicewire.engine.core import CoreClient
 
 TTFP_BUCKETS_S = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 
 
 class _EngineCollector(Collector):
-    """Engine counters read at scrape time (the worker thread writes them; reads are plain ints)."""
+    """Engine counters read at scrape time, one series per replica (label ``replica``): an
+    in-process engine's worker writes them, a core's arrive with its heartbeat (every 0.5 s).
+    A restarted core counts from zero again, which Prometheus reads as a counter reset."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, engines: Sequence[Engine | CoreClient]) -> None:
+        self._engines = engines
 
     def collect(self) -> Iterator[Metric]:
-        st = self._engine.stats
-        yield GaugeMetricFamily(
-            "voicewire_engine_streams_active", "Streams the engine holds", self._engine.active_streams()
-        )
-        yield CounterMetricFamily("voicewire_engine_steps", "Engine steps run", st.steps)
-        yield CounterMetricFamily(
-            "voicewire_engine_generate_seconds", "Time in model.generate", st.generate_s
-        )
-        yield CounterMetricFamily("voicewire_engine_decode_seconds", "Time in model.decode", st.decode_s)
-        yield CounterMetricFamily("voicewire_engine_frames", "Frames generated", st.frames_generated)
-        yield GaugeMetricFamily(
-            "voicewire_engine_last_step_seconds", "Duration of the last step", st.last_step_s
-        )
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["replica"])
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=["replica"])
+
+        series: list[tuple[GaugeMetricFamily | CounterMetricFamily, Callable[[Engine | CoreClient], float]]] = [
+            (gauge("voicewire_engine_streams_active", "Streams the engine holds"), lambda e: e.active_streams()),
+            (counter("voicewire_engine_steps", "Engine steps run"), lambda e: e.stats.steps),
+            (counter("voicewire_engine_generate_seconds", "Time in model.generate"), lambda e: e.stats.generate_s),
+            (counter("voicewire_engine_decode_seconds", "Time in model.decode"), lambda e: e.stats.decode_s),
+            (counter("voicewire_engine_frames", "Frames generated"), lambda e: e.stats.frames_generated),
+            (gauge("voicewire_engine_last_step_seconds", "Duration of the last step"), lambda e: e.stats.last_step_s),
+            (gauge("voicewire_engine_ready", "1 while the replica is warm and stepping"), lambda e: float(e.ready)),
+        ]
         batches = CounterMetricFamily(
-            "voicewire_engine_batches", "Generate steps by batch size", labels=["size"]
+            "voicewire_engine_batches", "Generate steps by batch size", labels=["replica", "size"]
         )
-        for size, n in sorted(dict(st.batch_sizes).items()):
-            batches.add_metric([str(size)], n)
+        for i, engine in enumerate(self._engines):
+            for family, value in series:
+                family.add_metric([str(i)], value(engine))
+            for size, n in sorted(dict(engine.stats.batch_sizes).items()):
+                batches.add_metric([str(i), str(size)], n)
+        for family, _ in series:
+            yield family
         yield batches
 
 
 class GatewayMetrics:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engines: Sequence[Engine | CoreClient]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttfp = Histogram(
@@ -63,7 +73,7 @@ class GatewayMetrics:
         self.errors = Counter(
             "voicewire_errors", "Errors sent to clients or requests refused", ["code"], registry=r
         )
-        r.register(_EngineCollector(engine))
+        r.register(_EngineCollector(engines))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,6 +4,10 @@ Start-up an orchestrator can trust: the port opens at once and ``/healthz`` answ
 engine loads and warms up (tens of seconds for Qwen3-TTS graph capture) in the background;
 ``/readyz`` is 503 until the engine's worker runs, and requests that need the engine get 503
 ``not_ready`` until then.
+
+The engine runs in the gateway's process (an ``Engine``) or out of it, as a supervised group of
+engine-core processes (an ``EngineGroup``, one per replica); then ``/readyz`` is 200 only while
+every replica is warm and running, and it says each replica's state.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from voicewire.engine import Engine
+from voicewire.engine.core import CoreState, EngineGroup
 
 from .config import GatewayConfig
 from .gateway import GATEWAY, Gateway
@@ -30,18 +35,27 @@ log = logging.getLogger("voicewire.server")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
-def create_app(config: GatewayConfig | None = None, engine: Engine | None = None) -> web.Application:
-    """The app. If ``engine`` is given the caller owns it; otherwise the app starts and stops one."""
+def create_app(
+    config: GatewayConfig | None = None, engine: Engine | None = None, group: EngineGroup | None = None
+) -> web.Application:
+    """The app. If ``engine`` is given the caller owns it; otherwise the app starts and stops
+    ``group`` (engine cores) if given, or an in-process engine of ``config.engine``."""
     config = config or GatewayConfig()
     app = web.Application(client_max_size=config.max_http_body_bytes)
     owns_engine = engine is None
-    gw = Gateway.create(config, engine or Engine(config.engine))
+    gw = Gateway.create(config, engine or group or Engine(config.engine))
     app[GATEWAY] = gw
 
     async def on_startup(app: web.Application) -> None:
         if owns_engine:
             # In the background: the port must answer health probes while the model loads.
-            start = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(None, gw.engine.start))
+            start: asyncio.Future[object]
+            if gw.group is not None:
+                start = asyncio.ensure_future(gw.group.start())
+            else:
+                start = asyncio.ensure_future(
+                    asyncio.get_running_loop().run_in_executor(None, gw.engines[0].start)
+                )
             start.add_done_callback(_log_engine_start)
             gw.engine_start = start
 
@@ -53,7 +67,10 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
         if owns_engine:
             if gw.engine_start is not None and not gw.engine_start.done():
                 await asyncio.gather(gw.engine_start, return_exceptions=True)  # close after start
-            await asyncio.get_running_loop().run_in_executor(None, gw.engine.close)
+            if gw.group is not None:
+                await gw.group.close()
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, gw.engines[0].close)
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
@@ -77,22 +94,26 @@ def create_app(config: GatewayConfig | None = None, engine: Engine | None = None
     return app
 
 
-def _log_engine_start(task: asyncio.Future[Engine]) -> None:
+def _log_engine_start(task: asyncio.Future[object]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("the engine failed to start: %s", task.exception())
 
 
 async def readyz_handler(request: web.Request) -> web.Response:
-    """Ready to take sessions: the engine is warm, its worker runs, and the server is not draining."""
+    """Ready to take sessions: every replica is warm and its worker runs, and the server is not
+    draining. With engine cores, ``replicas`` says each one's state (a restarting replica makes
+    the gateway not ready until it is back)."""
     gw = request.app[GATEWAY]
+    extra = {"replicas": gw.group.describe()} if gw.group is not None else {}
     if gw.draining:
-        return web.json_response({"status": "draining"}, status=503)
+        return web.json_response({"status": "draining", **extra}, status=503)
     start = gw.engine_start
     if start is not None and start.done() and not start.cancelled() and start.exception() is not None:
-        return web.json_response({"status": "failed", "error": str(start.exception())}, status=503)
-    if not gw.engine.ready:
-        return web.json_response({"status": "starting"}, status=503)
-    return web.json_response({"status": "ready"})
+        return web.json_response({"status": "failed", "error": str(start.exception()), **extra}, status=503)
+    if not gw.ready:
+        down = gw.group is not None and any(r.state is CoreState.DOWN for r in gw.group.replicas)
+        return web.json_response({"status": "degraded" if down else "starting", **extra}, status=503)
+    return web.json_response({"status": "ready", **extra})
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
@@ -163,11 +184,12 @@ class EngineStartFailed(Exception):
     """The engine could not load or warm up; ``serve`` exits with this message."""
 
 
-async def serve(config: GatewayConfig) -> None:
+async def serve(config: GatewayConfig, group: EngineGroup | None = None) -> None:
     """Run until SIGTERM or SIGINT; then drain (no new sessions, current turns finish) and exit.
+    ``group``: serve from these engine cores; None: an in-process engine of ``config.engine``.
 
     Raises EngineStartFailed if the model cannot load or warm up (after the port was opened)."""
-    app = create_app(config)
+    app = create_app(config, group=group)
     gw = app[GATEWAY]
     runner = make_runner(app)
     await runner.setup()

@@ -87,7 +87,7 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
     refused = gw.admit(request, opens_session=True)
     if refused is not None:
         return refused
-    engine, cfg = gw.engine, gw.config
+    engine, cfg = gw.pick_engine(), gw.config
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     ws = web.WebSocketResponse(
         max_msg_size=MAX_MESSAGE_BYTES,  # larger: aiohttp closes with 1009 (message too big)
