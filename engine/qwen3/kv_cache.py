@@ -10,11 +10,10 @@ size: both talkers have 8x128 KV heads); 1,536 positions (about 2 minutes of aud
 = 2.8 GiB; 512 positions (30 s of audio) x 257 slots = 14.7 GiB. A paged cache can replace this when
 slots x max_len no longer fits.
 
-Two decode paths: ``decode`` gathers the batch's rows up to a host-known length and runs SDPA (the
-eager reference); ``decode_in_place`` attends over the cache where it lies with the Triton
-decode-attention kernel on CUDA (kernels/decode_attention.py: lengths read on the device, a plan made
-once per step for all layers, so it can be captured in a CUDA graph), and elsewhere with SDPA over
-all ``max_len`` positions under a per-row mask (static shapes: the same graph-shaped code on the CPU).
+Decode (``decode_in_place``) attends over the cache where it lies: with the Triton decode-attention
+kernel on CUDA (kernels/decode_attention.py: lengths read on the device, a plan made once per step
+for all layers, so it can be captured in a CUDA graph), and elsewhere with SDPA over all ``max_len``
+positions under a per-row mask (static shapes: the same graph-shaped code on the CPU).
 """
 
 from __future__ import annotations
@@ -47,10 +46,6 @@ class SlotKVCache:
         """Write positions [0, length) of these slots; attention sees only the new entries."""
         return _PrefillView(self, slots, length)
 
-    def decode(self, slots: Tensor, positions: Tensor, read_len: int) -> _DecodeView:
-        """Write one entry per slot at ``positions`` (B,); attend over [0, read_len), masked per slot."""
-        return _DecodeView(self, slots, positions, read_len)
-
     def decode_in_place(self, slots: Tensor, positions: Tensor, use_kernel: bool) -> InPlaceDecodeView:
         """Write one entry per slot at ``positions`` (B,) and attend over each slot's [0, position]
         without gathering: no host-known lengths, static shapes (CUDA-graph safe)."""
@@ -67,22 +62,6 @@ class _PrefillView:
         self.cache.k[layer, :, :, : self.length].index_copy_(0, self.slots, k)
         self.cache.v[layer, :, :, : self.length].index_copy_(0, self.slots, v)
         return k, v
-
-
-class _DecodeView:
-    def __init__(self, cache: SlotKVCache, slots: Tensor, positions: Tensor, read_len: int) -> None:
-        self.cache, self.slots, self.positions, self.read_len = cache, slots, positions, read_len
-
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        # k, v: (B, Hkv, 1, hd) -> row (slot, :, position)
-        kc, vc = self.cache.k[layer], self.cache.v[layer]
-        idx = (self.slots[:, None], self.cache._kv_heads[None, :], self.positions[:, None])
-        kc.index_put_(idx, k[:, :, 0])
-        vc.index_put_(idx, v[:, :, 0])
-        # NOTE: this gathers the batch's rows (B x Hkv x read_len x hd per layer); a slot-indexed
-        # decode-attention kernel reads them in place (kernels/, issue 5).
-        n = self.read_len
-        return kc[:, :, :n].index_select(0, self.slots), vc[:, :, :n].index_select(0, self.slots)
 
 
 class InPlaceDecodeView(SelfAttendingKV):
