@@ -336,7 +336,8 @@ def bench_decode(
 
 
 def bench_window(streams: int, chunk: int, copy_gb_s: float) -> dict[str, Any]:
-    from voicewire.kernels.sliding_window_attention import sliding_window_attention
+    # not in the served tree: the codec does not use it yet (benchmarks/sliding_window/)
+    from benchmarks.sliding_window.sliding_window_attention import sliding_window_attention
 
     history = CODEC_WINDOW - 1  # frames of the past a full window needs
     position = 10 * CODEC_WINDOW  # well past the start: every stream has a full window

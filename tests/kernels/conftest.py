@@ -1,8 +1,8 @@
 """Kernel tests: on a machine without CUDA the kernels run in Triton's CPU interpreter.
 
-TRITON_INTERPRET is read when a `@triton.jit` function is decorated, i.e. when `kernels.decode_attention`
-or `kernels.sliding_window_attention` is first imported; this conftest runs before the test modules import
-them. With CUDA present it stays unset: the CUDA cases then run compiled and the CPU cases skip.
+TRITON_INTERPRET is read when a `@triton.jit` function is decorated, i.e. when a kernel module (here or
+the benchmarks' sliding-window kernel) is first imported; this conftest runs before the test modules
+import them. With CUDA present it stays unset: the CUDA cases then run compiled and the CPU cases skip.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Streaming sliding-window attention against its references: one chunk against the chunk reference (output
 and ring), many chunks against the whole-sequence offline attention, the 72/73 window edge, padding,
-ring capacities, strided layouts, bad inputs; big batches and CUDA graphs on the GPU."""
+ring capacities, strided layouts, bad inputs; big batches and CUDA graphs on the GPU.
+
+The kernel lives in benchmarks/sliding_window/: measured, not yet wired into the codec decoder."""
 
 from __future__ import annotations
 
@@ -9,16 +11,16 @@ import torch
 
 pytest.importorskip("triton")
 
-from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
-from voicewire.kernels.reference import (
+from benchmarks.sliding_window.reference import (
     sliding_window_attention_offline_ref,
     sliding_window_attention_ref,
 )
-from voicewire.kernels.sliding_window_attention import (
+from benchmarks.sliding_window.sliding_window_attention import (
     CODEC_WINDOW,
     MAX_CHUNK_FRAMES,
     sliding_window_attention,
 )
+from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
 
 # The codec decoder's attention: 16 heads x 64, MHA. Tests that loop over many chunks use 2 heads to keep
 # the CPU interpreter fast; the heads are independent programs.

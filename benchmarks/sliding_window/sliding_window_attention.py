@@ -1,6 +1,11 @@
 """Streaming causal sliding-window attention for the Qwen3-TTS codec decoder (8 layers, window 72 frames,
 16 heads x head_dim 64, MHA), batched across streams, with the per-stream K/V window kept in a ring.
 
+Not in the served tree: the codec decoder (engine/qwen3/codec_decoder.py) runs its windowed attention
+as SDPA over its state's K/V tail and the chunk, and this kernel waits here until a GPU measurement inside the codec shows it pays off there.
+benchmarks/kernels_bench.py measures it alone; tests/kernels/test_sliding_window_attention.py checks it
+against reference.py beside it.
+
 Window (Hugging Face's definition, `sliding_window` = 72): the query at absolute frame i sees keys
 i - 72 < j <= i, itself and the 71 frames before it. A stream therefore needs at most window - 1 = 71 past
 frames of K/V per layer; the ring keeps C >= window - 1 of them (C = 72 by default, DESIGN's "last 72").
