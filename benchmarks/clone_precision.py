@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from voicewire.engine.qwen3.config import preset
+from voicewire.engine.qwen3.presets import preset
 from voicewire.engine.qwen3.voice_clone import VoiceCloner
 
 REF_RATE_HZ = 24_000

@@ -35,7 +35,7 @@ from kernels_bench import copy_rate_gb_s, device_info, time_per_call_us
 from voicewire.kernels.fused_linear import ACT_SILU_MUL, fused_linear
 from voicewire.kernels.gemv import GemvConfig, gemv_config
 
-PREFETCH = 128 << 10  # the served fused_prefetch_kib
+PREFETCH = 128 << 10  # the served FusedSettings.prefetch_kib
 # (hidden, q columns, q|k|v rows, intermediate, layers, passes, vocab of the head or 0)
 CHAINS = {"predictor": (1024, 2048, 4096, 3072, 5, 15, 2048), "talker": (2048, 2048, 4096, 6144, 28, 1, 0)}
 # per-shape candidates: (band rows, K chunk, warps)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from voicewire.engine.config import ChunkSchedule  # noqa: E402
 from voicewire.engine.model import DecodeWork, StreamParams  # noqa: E402
 from voicewire.engine.qwen3 import load_qwen3  # noqa: E402
-from voicewire.engine.qwen3.config import preset  # noqa: E402
+from voicewire.engine.qwen3.presets import preset  # noqa: E402
 from voicewire.engine.qwen3.testing import streaming_deviation  # noqa: E402
 from voicewire.engine.qwen3.weights import build_modules, randomize  # noqa: E402
 
@@ -211,7 +211,7 @@ def speed(device: str) -> dict[str, Any]:
                     t0 = time.perf_counter()
                     if mode.startswith("stateful"):
                         n = 1 if "1-frame" in mode else 12
-                        model.decode([DecodeWork(0, [codes[k : k + n]], n, False)])
+                        model.decode([DecodeWork(slot=0, frames=[codes[k : k + n]], n_frames=n, final=False)])
                     else:
                         t = torch.from_numpy(codes[: k + 1]).T[None].to(device)
                         codec.decode_windowed(t, 1, 72)

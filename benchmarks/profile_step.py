@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serving_bench import FUSED_VARIANTS, build, close_streams, env, gpu_ms, open_streams
 
+from voicewire.engine.qwen3 import ExperimentalOptions, FusedSettings
 from voicewire.engine.qwen3.cuda_graphs import bucket_for
 
 TOP = 25  # kernel names kept per table
@@ -81,7 +82,8 @@ def main() -> None:
     res: dict[str, Any] = {"command": " ".join(sys.argv), "env": env(dev), "size": args.size, "variants": {}}
     batches = [int(x) for x in args.batches.split(",") if x]
     for variant in args.variants.split(","):
-        model = build(args, codec_mode="windowed", **FUSED_VARIANTS.get(variant, {}))
+        fused = FUSED_VARIANTS.get(variant, FusedSettings())
+        model = build(args, ExperimentalOptions(fused=fused), codec_mode="windowed")
         res["variants"][variant] = {}
         for b in batches:
             r = profile_batch(model, b, args.context, args.steps)

@@ -81,7 +81,13 @@ from kernels_bench import copy_rate_gb_s  # noqa: E402
 from voicewire.engine.config import EngineConfig, LevelConfig  # noqa: E402
 from voicewire.engine.engine import Engine  # noqa: E402
 from voicewire.engine.model import StreamParams  # noqa: E402
-from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3  # noqa: E402
+from voicewire.engine.qwen3 import (  # noqa: E402
+    ExperimentalOptions,
+    FusedSettings,
+    Qwen3TTSModel,
+    ServeOptions,
+    load_qwen3,
+)
 from voicewire.engine.qwen3.cuda_graphs import bucket_for  # noqa: E402
 
 
@@ -151,8 +157,12 @@ def weight_bytes_per_step(model: Qwen3TTSModel) -> dict[str, float]:
     }
 
 
-def build(args: argparse.Namespace, **serve: Any) -> Qwen3TTSModel:
+def build(
+    args: argparse.Namespace, experimental: ExperimentalOptions | None = None, **serve: Any
+) -> Qwen3TTSModel:
+    """The model under test: ``serve`` overrides ServeOptions fields, ``experimental`` picks a variant."""
     opts = ServeOptions(
+        experimental=experimental or ExperimentalOptions(),
         max_slots=serve.pop("max_slots", args.max_slots),
         max_batch_size=serve.pop("max_batch_size", args.max_batch),
         max_seq_len=args.max_seq_len,
@@ -178,15 +188,15 @@ def close_streams(model: Qwen3TTSModel, slots: list[int]) -> None:
 
 
 # --- section: step ---------------------------------------------------------------------------------
-# ServeOptions of the fused variants that differ from the served defaults
-FUSED_VARIANTS: dict[str, dict[str, Any]] = {
-    "fused-kernels": {"fused_cublas_rows": 1 << 20},  # wide projections never on cuBLAS
-    "fused-cublas": {"fused_cublas_rows": 0},  # always norm + cuBLAS + SwiGLU
-    "fused-nopdl": {"fused_pdl": False},  # every kernel launched plainly (kernels/pdl.py)
-    "fused-noprefetch": {"fused_prefetch_kib": 0},  # PDL without the L2 weight prefetch
-    "fused-prefetch-all": {"fused_prefetch_kib": 1 << 16},  # whole weight bands prefetched
-    "fused-nogemv": {"fused_gemv_rows": 0},  # one and two rows on the tiled kernel too
-    "fused-gemv1": {"fused_gemv_rows": 1},  # two rows on the tiled kernel
+# FusedSettings of the fused variants that differ from the served defaults
+FUSED_VARIANTS: dict[str, FusedSettings] = {
+    "fused-kernels": FusedSettings(cublas_rows=1 << 20),  # wide projections never on cuBLAS
+    "fused-cublas": FusedSettings(cublas_rows=0),  # always norm + cuBLAS + SwiGLU
+    "fused-nopdl": FusedSettings(pdl=False),  # every kernel launched plainly (kernels/pdl.py)
+    "fused-noprefetch": FusedSettings(prefetch_kib=0),  # PDL without the L2 weight prefetch
+    "fused-prefetch-all": FusedSettings(prefetch_kib=1 << 16),  # whole weight bands prefetched
+    "fused-nogemv": FusedSettings(gemv_rows=0),  # one and two rows on the tiled kernel too
+    "fused-gemv1": FusedSettings(gemv_rows=1),  # two rows on the tiled kernel
 }
 
 
@@ -200,11 +210,13 @@ def section_step(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
         try:
             model = build(
                 args,
+                ExperimentalOptions(
+                    compile_elementwise=variant == "compile",
+                    fused_kernels=variant.startswith("fused"),
+                    fused=FUSED_VARIANTS.get(variant, FusedSettings()),
+                ),
                 cuda_graphs=variant not in ("eager", "fused-eager"),
-                compile_elementwise=variant == "compile",
-                fused_kernels=variant.startswith("fused"),
                 codec_mode="windowed",  # no codec graphs needed here
-                **FUSED_VARIANTS.get(variant, {}),
             )
         except Exception as err:
             out["variants"][variant] = {"error": repr(err), "traceback": traceback.format_exc()[-2000:]}
@@ -500,9 +512,11 @@ def main() -> None:
         t0 = time.perf_counter()
         model = build(
             args,
-            compile_elementwise=args.compile,
-            fused_kernels=not args.no_fused,
-            codec_snake_kernel=False if args.torch_snake else None,
+            ExperimentalOptions(
+                compile_elementwise=args.compile,
+                fused_kernels=not args.no_fused,
+                codec_snake_kernel=False if args.torch_snake else None,
+            ),
             codec_cudnn_benchmark=not args.cudnn_heuristics,
         )
         res["serve_model"] = {

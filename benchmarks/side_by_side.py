@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--ours-timeout-s", type=float, default=420)
     args = ap.parse_args(argv)
 
-    from voicewire.engine.qwen3.config import preset
+    from voicewire.engine.qwen3.presets import preset
     from voicewire.engine.qwen3.testing import write_config_files
 
     work = Path(args.workdir)

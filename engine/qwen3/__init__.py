@@ -13,20 +13,25 @@ import os
 
 import torch
 
-from .config import SIZES, Qwen3TTSConfig, preset
+from .config import Qwen3TTSConfig
 from .errors import CheckpointError
-from .model import Qwen3TTSModel, ServeOptions
+from .model import Qwen3TTSModel
+from .options import ExperimentalOptions, FusedSettings, ServeOptions
+from .presets import SIZES, preset
 from .tokenizer import Qwen2Tokenizer, StandInTokenizer
 from .weights import build_modules, load_into, randomize, read_config
 
 __all__ = [
     "SIZES",
     "CheckpointError",
+    "ExperimentalOptions",
+    "FusedSettings",
     "Qwen3TTSConfig",
     "Qwen3TTSModel",
     "ServeOptions",
     "load_qwen3",
     "parse_dtype",
+    "preset",
 ]
 
 _DTYPES = {

@@ -7,13 +7,12 @@
     windowed                the stateless reference: each chunk re-decodes ``windowed_left_context``
                             earlier frames of its slot and keeps the new samples
 
-Split out of model.py, which owns the slots and the frame step; this owns what a slot's codec needs.
+The model (model.py) owns the slots and the frame step; this owns what a slot's codec needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,9 +23,7 @@ from .codec_decoder import CodecDecoder
 from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
 from .cuda_graphs import CudaGraphs, bucket_for, powers_of_two
-
-if TYPE_CHECKING:
-    from .model import ServeOptions
+from .options import ServeOptions
 
 
 class CodecRunner:

@@ -14,7 +14,6 @@ no stream uses carry the padding slot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -23,6 +22,7 @@ from torch import Tensor, nn
 from .code_predictor import CodePredictor
 from .config import Qwen3TTSConfig
 from .kv_cache import SlotKVCache
+from .options import FusedSettings
 from .sampler import RowParams, apply_repetition_penalty, sample
 from .slot_state import SlotState
 from .talker import Talker
@@ -39,16 +39,6 @@ def pack_prefill_row(text_ids: list[int], codec_ids: list[int | None], slot: int
     pad_text = [0] * (width - n)
     codec = [NO_CODEC if c is None else c for c in codec_ids]
     return [*text_ids, *pad_text, *codec, *([NO_CODEC] * (width - n)), n, slot]
-
-
-@dataclass(frozen=True)
-class FusedSettings:
-    """How the fused decode path runs (from ServeOptions.fused_*; see fused_decode.py)."""
-
-    cublas_rows: int  # above this many rows the wide projections run on norm + cuBLAS + SwiGLU
-    pdl: bool  # programmatic dependent launch on sm_90+ (kernels/pdl.py)
-    prefetch_bytes: int  # of each program's weight band, pulled into L2 before a fused linear waits
-    gemv_rows: int  # linears of at most this many rows run on the one-/two-row kernel
 
 
 class FrameStep:

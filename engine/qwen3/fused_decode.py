@@ -48,9 +48,9 @@ from voicewire.kernels.sampling import sample_rows
 
 from .code_predictor import CodePredictor
 from .config import Qwen3TTSConfig
-from .frame_step import FusedSettings
 from .kv_cache import SlotKVCache
 from .layers import DecoderLayer
+from .options import FusedSettings
 from .slot_state import SlotState
 from .talker import Talker
 

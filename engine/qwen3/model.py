@@ -2,8 +2,9 @@
 
 Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by slot):
 
-    open_slot   sampling parameters -> device rows; codec state row reset; a Base checkpoint's cloned
-                voice from ``extra["voice_profile"]`` (voice_clone.py, clone_prefill.py)
+    open_slot   the request checked (slot_request.py); sampling parameters -> device rows; codec state
+                row reset; a Base checkpoint's cloned voice from ``extra["voice_profile"]``
+                (voice_clone.py, clone_prefill.py)
     add_text    complete words -> token ids (tokenizer.TextStream)
     generate    NEW:     prefill the prompt (needs the first text token, or the end of the text;
                          with ``extra["whole_text"]`` all of the text, as the package's default
@@ -26,7 +27,6 @@ never waits on the host except for the one copy of the sampled codes.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -40,68 +40,17 @@ from .clone_prefill import SlotVoice, prefill_embedded, slot_voice
 from .codec_runner import CodecRunner
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, powers_of_two
-from .frame_step import NO_CODEC, FrameStep, FusedSettings, pack_prefill_row
+from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
 from .kv_cache import SlotKVCache
 from .layers import DecoderLayer
+from .options import ServeOptions
 from .prompt import Prompt, build_prompt
-from .slot_state import SamplingRow, SlotState
+from .slot_request import parse_request
+from .slot_state import SlotState
 from .tokenizer import TextStream, TextTokenizer
-from .voice_clone import PROFILE_KEY, VoiceProfile
 from .weights import Modules
 
-CODEC_MODES = ("stateful", "windowed")
 log = logging.getLogger("voicewire.qwen3")
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """Serving knobs of one model instance (not part of the checkpoint)."""
-
-    max_slots: int = 16  # streams held at once (KV + codec state rows)
-    max_batch_size: int = 16  # slots per generate() call
-    max_seq_len: int = 1536  # talker positions per slot: prompt (~10) + one per frame (~2 min of audio)
-    codec_mode: str = "stateful"  # "stateful" | "windowed" (stateless re-decode, the reference path)
-    windowed_left_context: int = 72  # frames re-decoded before each chunk in windowed mode
-    random_frames_per_token: float = 3.0  # random weights: frames per text token when not forced
-    cuda_graphs: bool = True  # capture the frame step and the codec per bucket (CUDA only)
-    attention_kernel: bool = True  # talker decode attention through the Triton kernel (CUDA only)
-    compile_elementwise: bool = False  # torch.compile the norms / RoPE / SwiGLU act (fused_ops.py)
-    # decode work on the fused Triton kernels (fused_decode.py): None = on CUDA; True also on the CPU
-    # (needs TRITON_INTERPRET=1: tests); False = the unfused layers
-    fused_kernels: bool | None = None
-    # fused path: batches above this many rows run the wide projections on cuBLAS (fused_decode.py)
-    fused_cublas_rows: int = 8
-    # fused path: programmatic dependent launch on sm_90+ (kernels/pdl.py), and how much of each
-    # program's weight band a fused linear prefetches into L2 while the kernel before it runs
-    fused_pdl: bool = True
-    fused_prefetch_kib: int = 128
-    # fused path: linears of at most this many rows (<= 2) on the one-/two-row kernel, which loads its
-    # weights into registers before the wait (kernels/gemv.py); 0 = always the tiled kernel
-    fused_gemv_rows: int = 2
-    decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
-    max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
-    prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
-    codec_batch_buckets: tuple[int, ...] = ()  # () = powers of 2 up to max_batch_size
-    # codec graphs for 1, 2, 4, 8 ... up to this many frames; a tick's chunks are padded to the
-    # smallest that fits the longest; a longer chunk runs eagerly at its own length
-    codec_graph_frames: int = 12
-    # codec SnakeBeta activations on the one-pass Triton kernel (kernels/snake.py): None = on CUDA
-    codec_snake_kernel: bool | None = None
-    # cuDNN times its conv algorithms while the codec graphs are captured (CUDA graphs only): 1.5-1.9x
-    # faster codec calls, for ~30-40 s more start-up on the H200 (benchmarks/NOTES.md, third pass)
-    codec_cudnn_benchmark: bool = True
-
-    def __post_init__(self) -> None:
-        if self.codec_mode not in CODEC_MODES:
-            raise ValueError(f"codec_mode must be one of {CODEC_MODES}, got {self.codec_mode!r}")
-        if not 1 <= self.max_batch_size <= self.max_slots:
-            raise ValueError("need 1 <= max_batch_size <= max_slots")
-        if self.max_seq_len < 16:
-            raise ValueError("max_seq_len must be >= 16 (a prompt is about 12 positions)")
-        if self.max_seq_len < 32:
-            raise ValueError("max_seq_len must be >= 32")
-        if not 0 <= self.fused_gemv_rows <= 2:  # kernels/gemv.py's GEMV_MAX_ROWS
-            raise ValueError(f"fused_gemv_rows must be 0, 1 or 2, got {self.fused_gemv_rows}")
 
 
 @dataclass
@@ -136,7 +85,8 @@ class Qwen3TTSModel(Model):
         self.speaker_encoder_weights = speaker_encoder_weights or {}  # Base: for the cloning path
         for m in (self.talker, self.code_predictor, self.codec):
             m.eval().requires_grad_(False)
-        self.codec.prepare(options.codec_snake_kernel)
+        experimental = options.experimental
+        self.codec.prepare(experimental.codec_snake_kernel)
         p = next(self.talker.parameters())
         self.device, self.dtype = p.device, p.dtype
         t = cfg.talker
@@ -159,24 +109,17 @@ class Qwen3TTSModel(Model):
         self.state = SlotState(n, t.num_code_groups, t.vocab_size, options.max_seq_len, dev)
         for layer in (*self.talker.layers, *self.code_predictor.layers):
             cast(DecoderLayer, layer).fuse()  # q|k|v and gate|up: 3 fewer GEMM launches per layer
-        fused_on = dev.type == "cuda" if options.fused_kernels is None else options.fused_kernels
+        fused_on = dev.type == "cuda" if experimental.fused_kernels is None else experimental.fused_kernels
         self.step = FrameStep(
             cfg,
             self.talker,
             self.code_predictor,
             self.kv,
             self.state,
-            use_attention_kernel=options.attention_kernel and dev.type == "cuda",
-            fused=FusedSettings(
-                options.fused_cublas_rows,
-                options.fused_pdl,
-                options.fused_prefetch_kib << 10,
-                options.fused_gemv_rows,
-            )
-            if fused_on
-            else None,
+            use_attention_kernel=experimental.attention_kernel and dev.type == "cuda",
+            fused=experimental.fused if fused_on else None,
         )
-        if options.compile_elementwise and dev.type == "cuda":
+        if experimental.compile_elementwise and dev.type == "cuda":
             from .fused_ops import compile_elementwise, compile_sampler
 
             compile_elementwise((self.talker, self.code_predictor))
@@ -196,98 +139,19 @@ class Qwen3TTSModel(Model):
     def open_slot(self, slot: int, params: StreamParams) -> None:
         if not 0 <= slot < self.options.max_slots:
             raise ModelError(slot, f"slot {slot} outside 0..{self.options.max_slots - 1}")
-        t, g = self.cfg.talker, self.cfg.generation
-        speaker_id: int | None = None
-        voice = params.voice or self.info.voices[0]
-        profile = params.extra.get(PROFILE_KEY)
-        if profile is not None and not isinstance(profile, VoiceProfile):
-            raise ModelError(slot, f"extra[{PROFILE_KEY!r}] must be a VoiceProfile")
-        if profile is not None and self.cfg.model_type != "base":
-            raise ModelError(
-                slot, f"voice cloning needs a Base checkpoint, this one is {self.cfg.model_type}"
-            )
-        if profile is not None and profile.speaker_embedding.shape[0] != t.hidden_size:
-            raise ModelError(slot, f"the voice profile's x-vector is not {t.hidden_size} wide")
-        if self.cfg.model_type == "custom_voice":
-            try:
-                speaker_id = t.speaker_id(voice)
-            except KeyError:
-                raise ModelError(
-                    slot, f"unknown voice {voice!r}; voices: {', '.join(self.info.voices)}"
-                ) from None
-        elif voice != "default" and profile is None:
-            raise ModelError(
-                slot,
-                f"this {self.cfg.model_type} checkpoint has no named voices "
-                f"(clone one: extra[{PROFILE_KEY!r}], voice_clone.py)",
-            )
-        language = params.language or "auto"
-        try:
-            language_id = t.language_id(language)
-        except KeyError:
-            names = ", ".join(["auto", *(name for name, _ in t.languages)])
-            raise ModelError(slot, f"unknown language {language!r}; languages: {names}") from None
-        dialect = t.speaker_dialect(voice) if speaker_id is not None else ""
-        if dialect and language.lower() in ("chinese", "auto"):
-            language_id = t.language_id(dialect)
-        instruct = str(params.extra.get("instruct", "") or "")
-        # the package drops instructions for the 0.6B model
-        instruct_ids = (
-            self.tokenizer.instruct_ids(instruct) if instruct and self.cfg.model_size != "0b6" else []
-        )
-        extra = params.extra
-        greedy = params.greedy or not bool(extra.get("do_sample", g.do_sample))
-        cp_greedy = params.greedy or not bool(extra.get("subtalker_do_sample", g.subtalker_do_sample))
-        vocab = (t.vocab_size, self.cfg.code_predictor.vocab_size)
-        rows = []  # (temperature, top_k, top_p) of codebook 0 and of codebooks 1..15
-        for prefix, (temp, top_k, top_p) in (
-            ("", (g.temperature, g.top_k, g.top_p)),
-            ("subtalker_", (g.subtalker_temperature, g.subtalker_top_k, g.subtalker_top_p)),
-        ):
-            try:
-                row = (
-                    float(extra.get(prefix + "temperature", temp)),  # type: ignore[arg-type]
-                    int(extra.get(prefix + "top_k", top_k)),  # type: ignore[call-overload]
-                    float(extra.get(prefix + "top_p", top_p)),  # type: ignore[arg-type]
-                )
-            except (TypeError, ValueError):
-                raise ModelError(slot, f"bad {prefix}temperature / top_k / top_p") from None
-            if row[0] <= 0 or not 0 < row[2] <= 1:
-                raise ModelError(slot, f"{prefix}temperature must be > 0 and {prefix}top_p in (0, 1]")
-            rows.append(row)
-        penalty = float(extra.get("repetition_penalty", g.repetition_penalty))  # type: ignore[arg-type]
-        if penalty <= 0:
-            raise ModelError(slot, "repetition_penalty must be > 0")
-        # validated on the host; the device rows are written once per stream
-        whole_text = bool(extra.get("whole_text", False))
-        self.state.open(
-            slot,
-            SamplingRow(
-                greedy=(greedy, cp_greedy),
-                temperature=(rows[0][0], rows[1][0]),
-                # 0 disables top-k (HF)
-                top_k=(
-                    rows[0][1] if rows[0][1] > 0 else vocab[0],
-                    rows[1][1] if rows[1][1] > 0 else vocab[1],
-                ),
-                top_p=(rows[0][2], rows[1][2]),
-                repetition_penalty=penalty,
-                seed=(params.seed if params.seed is not None else random.getrandbits(32)) & 0xFFFFFFFF,
-                eos_always_masked=self.random_weights or params.forced_frames is not None,
-            ),
-            whole_text,
-        )
+        req = parse_request(self.cfg, self.tokenizer, self.info.voices, slot, params, self.random_weights)
+        self.state.open(slot, req.sampling, req.whole_text)
         self.codec_runner.open(slot)
         self._slots[slot] = _Slot(
             text=TextStream(self.tokenizer),
-            language_id=language_id,
-            speaker_id=speaker_id,
-            instruct_ids=instruct_ids,
+            language_id=req.language_id,
+            speaker_id=req.speaker_id,
+            instruct_ids=req.instruct_ids,
             forced_frames=params.forced_frames,
-            greedy=(greedy, cp_greedy),
-            whole_text=whole_text,
+            greedy=req.sampling.greedy,
+            whole_text=req.whole_text,
             voice=None
-            if profile is None
+            if (profile := req.profile) is None
             else slot_voice(
                 profile, self.step, self.tokenizer.encode(profile.ref_text) if profile.ref_text else ()
             ),
@@ -497,7 +361,7 @@ class Qwen3TTSModel(Model):
         if self._slots:
             return
         # the captured codec graphs keep the conv algorithms cuDNN times for their shapes (1.5-1.9x
-        # faster codec calls at 16-64 rows x 2-12 frames than its heuristics: benchmarks/NOTES.md);
+        # faster codec calls at 16-64 rows x 2-12 frames than its heuristics: docs/performance-history.md);
         # the flag is restored after, so a rare eager call of another length pays no timing run
         cudnn, before = torch.backends.cudnn, torch.backends.cudnn.benchmark
         cudnn.benchmark = before or self.options.codec_cudnn_benchmark
@@ -515,7 +379,7 @@ class Qwen3TTSModel(Model):
             if r.finished:
                 break
         if frames:
-            self.decode([DecodeWork(0, frames, len(frames), True)])
+            self.decode([DecodeWork(slot=0, frames=frames, n_frames=len(frames), final=True)])
         self.close_slot(0)
 
     def _slot(self, slot: int) -> _Slot:

@@ -20,7 +20,9 @@ from tokenizers import pre_tokenizers
 
 from ..config import ChunkSchedule
 from .codec_decoder import CodecDecoder
-from .config import Qwen3TTSConfig, preset
+from .config import Qwen3TTSConfig
+from .hf_config import config_to_json
+from .presets import preset
 from .weights import build_modules, randomize, save_checkpoint
 
 QWEN2_ORDINARY_TOKENS = 151_643
@@ -166,7 +168,7 @@ def write_config_files(
     official loader's tokenizer regex, see tokenizer.py).
     """
     os.makedirs(os.path.join(directory, "speech_tokenizer"), exist_ok=True)
-    config, speech, generation = dataclasses.replace(cfg, transformers_version=transformers_version).to_json()
+    config, speech, generation = config_to_json(dataclasses.replace(cfg, transformers_version=transformers_version))
     if mimi_encoder is not None:  # else the config's own (the tiny presets carry a small one)
         speech["encoder_config"] = dict(mimi_encoder)
     files = {

@@ -35,6 +35,7 @@ from .codec_decoder import CodecDecoder
 from .codec_encoder import CodecEncoder
 from .config import Qwen3TTSConfig
 from .errors import CheckpointError
+from .hf_config import config_from_json, config_to_json
 from .rope import inv_freq
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
@@ -97,7 +98,7 @@ def read_config(directory: str) -> Qwen3TTSConfig:
     speech = _read_json(os.path.join(directory, "speech_tokenizer", "config.json"))
     gen_path = os.path.join(directory, "generation_config.json")
     gen = _read_json(gen_path) if os.path.isfile(gen_path) else None
-    return Qwen3TTSConfig.from_json(main, speech, gen)
+    return config_from_json(main, speech, gen)
 
 
 def load_into(mods: Modules, directory: str) -> dict[str, Tensor]:
@@ -317,7 +318,7 @@ def save_checkpoint(
 ) -> None:
     """Write config + weights in the official layout (no tokenizer files: see testing.py)."""
     os.makedirs(os.path.join(directory, "speech_tokenizer"), exist_ok=True)
-    config, speech, generation = cfg.to_json()
+    config, speech, generation = config_to_json(cfg)
     for path, data in (
         ("config.json", config),
         ("generation_config.json", generation),

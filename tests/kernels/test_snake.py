@@ -7,7 +7,7 @@ import torch
 
 from tests.kernels.common import needs_interpreter, rel_err
 from voicewire.engine.qwen3.codec_decoder import CodecDecoder, SnakeBeta
-from voicewire.engine.qwen3.config import preset
+from voicewire.engine.qwen3.presets import preset
 from voicewire.kernels.snake import snake
 
 

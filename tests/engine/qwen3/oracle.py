@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from voicewire.engine.model import StreamParams
-from voicewire.engine.qwen3.config import preset
+from voicewire.engine.qwen3.presets import preset
 from voicewire.engine.qwen3.testing import write_config_files
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from voicewire.engine.model import StreamParams
-from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
+from voicewire.engine.qwen3 import ExperimentalOptions, FusedSettings, Qwen3TTSModel, ServeOptions, load_qwen3
 
 from .conftest import run_joining
 
@@ -36,9 +36,8 @@ def _model(fused: bool, cublas_rows: int = 8) -> Qwen3TTSModel:
         max_slots=4,
         max_batch_size=4,
         max_seq_len=64,
-        fused_kernels=fused,
-        fused_cublas_rows=cublas_rows,
         cuda_graphs=False,
+        experimental=ExperimentalOptions(fused_kernels=fused, fused=FusedSettings(cublas_rows=cublas_rows)),
     )
     return load_qwen3(None, "tiny", device="cpu", seed=5, options=opts)
 
@@ -58,9 +57,13 @@ def test_fused_step_gives_the_unfused_codes_and_cache(cublas_rows: int) -> None:
     assert torch.equal(fused.state.seen, plain.state.seen)
 
 
-def test_serve_options_take_only_the_row_counts_the_gemv_kernel_has() -> None:
+def test_fused_settings_take_only_the_row_counts_the_gemv_kernel_has() -> None:
+    from voicewire.engine.qwen3.options import GEMV_MAX_ROWS as OPTIONS_GEMV_MAX_ROWS
+    from voicewire.kernels.gemv import GEMV_MAX_ROWS
+
+    assert OPTIONS_GEMV_MAX_ROWS == GEMV_MAX_ROWS
     for rows in (0, 1, 2):
-        assert ServeOptions(fused_gemv_rows=rows).fused_gemv_rows == rows
+        assert FusedSettings(gemv_rows=rows).gemv_rows == rows
     for rows in (-1, 3):
-        with pytest.raises(ValueError, match="fused_gemv_rows"):
-            ServeOptions(fused_gemv_rows=rows)
+        with pytest.raises(ValueError, match="gemv_rows"):
+            FusedSettings(gemv_rows=rows)

@@ -17,7 +17,7 @@ import torch
 from voicewire.engine.config import ChunkSchedule
 from voicewire.engine.model import StreamParams
 from voicewire.engine.qwen3 import load_qwen3
-from voicewire.engine.qwen3.config import preset
+from voicewire.engine.qwen3.presets import preset
 from voicewire.engine.qwen3.testing import streaming_deviation, write_random_checkpoint
 from voicewire.engine.qwen3.weights import build_modules, randomize
 
@@ -180,11 +180,15 @@ def test_fused_step_graph_replay_gives_its_eager_codes_at_real_size() -> None:
     two streams alone (B = 1: every linear on the one-/two-row kernel, which loads its weights before the
     PDL wait), then ten joining one batch (16-row bucket: the wide projections on norm + cuBLAS +
     SwiGLU, PDL chains broken around cuBLAS)."""
-    from voicewire.engine.qwen3 import ServeOptions
+    from voicewire.engine.qwen3 import ExperimentalOptions, FusedSettings, ServeOptions
 
     def run(graphs: bool, pdl: bool) -> list[np.ndarray]:
         opts = ServeOptions(
-            max_slots=10, max_batch_size=10, max_seq_len=64, cuda_graphs=graphs, fused_pdl=pdl
+            max_slots=10,
+            max_batch_size=10,
+            max_seq_len=64,
+            cuda_graphs=graphs,
+            experimental=ExperimentalOptions(fused=FusedSettings(pdl=pdl)),
         )
         model = load_qwen3(None, "1.7b", device="cuda", dtype="bf16", seed=1, options=opts)
         model.warmup()

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from voicewire.engine.model import StreamParams
 from voicewire.engine.qwen3 import CheckpointError, load_qwen3
-from voicewire.engine.qwen3.config import preset
+from voicewire.engine.qwen3.presets import preset
 from voicewire.engine.qwen3.testing import write_random_checkpoint
 from voicewire.engine.qwen3.weights import build_modules, official_state_dicts, randomize
 
