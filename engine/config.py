@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .level import ONSET_THRESHOLD_DBFS
+
 
 @dataclass(frozen=True)
 class ChunkSchedule:
@@ -57,7 +59,7 @@ class TextConfig:
 class LevelConfig:
     """Output level and lead-in handling."""
 
-    onset_threshold_dbfs: float = -45.0  # a 10 ms window above this is audible
+    onset_threshold_dbfs: float = ONSET_THRESHOLD_DBFS  # a 10 ms window above this is audible
     first_preroll_ms: float = 10.0  # kept before the first audible window of a turn
     max_trim_ms: float = 1000.0  # never hold back more than this waiting for the first audible sound
 

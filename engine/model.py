@@ -107,7 +107,7 @@ class Model(ABC):
 
     @abstractmethod
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
-        """Stage 2: frames -> float32 mono PCM at ``info.sample_rate_hz``, one array per work item."""
+        """Stage 2: frames -> float32 mono PCM at ``info.sample_rate_hz``, one array per DecodeWork, same order."""
 
     @abstractmethod
     def close_slot(self, slot: int) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..level import apply_gain, first_audible_sample
+from ..level import ONSET_THRESHOLD_DBFS, apply_gain, first_audible_sample
 from ..model import DecodeWork, GenerateResult, Model, ModelInfo, StreamParams, TextGranularity
 from ..text_guard import cut_to_length
 
@@ -44,7 +44,6 @@ GAIN_DB = 8.0  # raw output sits near -27 dBFS RMS, peaks near -9 dBFS
 # the clauses of one turn that would be a 0.6-0.8 s gap; keep a pause that fits the punctuation.
 LEAD_MS = 20.0  # before a later clause (the first one's lead-in is the engine's to trim)
 TAIL_MS = {"strong": 250.0, "weak": 120.0, "none": 30.0}  # after ". ! ?", after ", ; :", after a bare phrase
-ONSET_DBFS = -45.0
 DEFAULT_VOICE = "heart"
 
 # Front-end limits (see the module docstring for the costs they bound).
@@ -285,9 +284,9 @@ def _ending(clause: str) -> str:
 
 def _trim_pauses(pcm: np.ndarray, lead_ms: float | None, tail_ms: float) -> np.ndarray:
     """Keep ``lead_ms`` before the first audible window (None: keep it all) and ``tail_ms`` after the last."""
-    onset = first_audible_sample(pcm, SAMPLE_RATE_HZ, ONSET_DBFS)
+    onset = first_audible_sample(pcm, SAMPLE_RATE_HZ, ONSET_THRESHOLD_DBFS)
     if onset is None:
         return pcm
-    end = pcm.size - (first_audible_sample(pcm[::-1], SAMPLE_RATE_HZ, ONSET_DBFS) or 0)
+    end = pcm.size - (first_audible_sample(pcm[::-1], SAMPLE_RATE_HZ, ONSET_THRESHOLD_DBFS) or 0)
     start = 0 if lead_ms is None else max(0, onset - int(SAMPLE_RATE_HZ * lead_ms / 1000))
     return pcm[start : min(pcm.size, end + int(SAMPLE_RATE_HZ * tail_ms / 1000))]
