@@ -198,6 +198,7 @@ class CoreClient:
         if self._starts:
             self.restarts += 1
         self._starts += 1
+        self._tasks = [t for t in self._tasks if not t.done()]  # earlier processes' watchers
         self._tasks.append(asyncio.create_task(self._watch(process), name=f"{self.name}-watch"))
         ready, exited = self._ready, self._exited
         either: list[asyncio.Future[Any]] = [ready, exited]

@@ -77,8 +77,11 @@ def main() -> None:
 
 
 def run_core(spec: CoreSpec) -> None:
-    # Ctrl-C reaches the whole process group; the gateway decides when its cores stop (after drain).
+    # Ctrl-C reaches the whole process group, and a service manager's SIGTERM may reach the whole
+    # control group: the gateway decides when its cores stop (after it drained), and a core whose
+    # gateway is gone stops by itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {spec.name} %(message)s")
     asyncio.run(_serve(spec))
 
