@@ -30,8 +30,11 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, model_options=options)
 
 
-# Engine cores when neither --replicas nor --devices is given: 0 = the engine in the gateway's process.
-DEFAULT_REPLICAS = 0
+# Engine cores when neither --replicas nor --devices is given (0 = the engine in the gateway's
+# process). One core on 2 CPU cores: engine TTFP is the same either way (the boundary costs ~0.1 ms
+# a chunk), and with the engine's worker out of the gateway's GIL, 10 WebRTC peers' packet gaps
+# are tighter (benchmarks/core_ipc_bench.py).
+DEFAULT_REPLICAS = 1
 
 
 def _engine_group(args: argparse.Namespace, engine: EngineConfig) -> EngineGroup | None:

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +24,7 @@ import pytest
 from aiohttp import web
 
 from tests.asr import transcribe, wer
+from tests.conftest import free_port
 from voicewire.engine import EngineConfig
 from voicewire.engine.core import CoreClient, EngineGroup, GroupConfig
 from voicewire.realtime.client import VoicewireClient, VoicewireError
@@ -161,3 +167,33 @@ async def test_a_killed_core_ends_only_its_turns_and_comes_back() -> None:
         finally:
             await victim.close()
             await survivor.close()
+
+
+def test_serve_with_replicas_starts_its_cores_and_leaves_none_behind() -> None:
+    """``voicewire serve --replicas 2`` as a user runs it: ready with two cores; SIGTERM drains,
+    stops both cores and exits 0."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(port), "--replicas", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        body: dict[str, Any] = {}
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and body.get("status") != "ready":
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                    body = json.loads(r.read())
+            except urllib.error.HTTPError as err:
+                body = json.loads(err.read())
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert body.get("status") == "ready", body
+        pids = [r["pid"] for r in body["replicas"]]
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
