@@ -19,6 +19,9 @@
 #                                                            -> side_by_side_h200.json, .png, official.log, ours.log
 #   COMMIT=<sha> bash benchmarks/gpu.sh parity               # fp32 parity with qwen-tts on CUDA, bf16 deviations,
 #                                                            # streaming == offline on CUDA -> parity_h200.json
+#   COMMIT=<sha> bash benchmarks/gpu.sh clone                # voice cloning (Base): fp32 parity with qwen-tts on
+#                                                            # CUDA, bf16 against fp32 at 1.7B shapes
+#                                                            -> clone_parity_h200.json, clone_precision_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh profile              # per-kernel profile of the captured frame step
 #                                                            -> profile_h200.json
 #
@@ -46,7 +49,7 @@ SHOW='^\[|^== |Error|error|passed|failed|Traceback'
 declare -a STATUS=()
 
 usage() { sed -n '2,/^set -o pipefail/p' "$0" | grep '^#'; exit 2; }
-case "$MODE" in headline | kernels | side-by-side | parity | profile) ;; *) usage ;; esac
+case "$MODE" in headline | kernels | side-by-side | parity | clone | profile) ;; *) usage ;; esac
 : > "$LOG"
 
 # voicewire.* is not installed on the device: a link tree makes the folders importable under that name.
@@ -99,16 +102,11 @@ oracle_site() {
     | tee -a "$LOG" | tail -3
 }
 
-# gpu_tests JSON: every GPU test, the summary line and failures of each suite.
-gpu_tests() {
-  local out=$1 logs=()
-  step tests 300 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py
-  local c1=$CMD r1=$RC s1=$SECS
-  step tests-codec-cuda 90 env VOICEWIRE_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-    tests/engine/qwen3/test_codec_ragged.py
-  local c2=$CMD r2=$RC s2=$SECS
-  VW_SUITES="$c1|$r1|$s1
-$c2|$r2|$s2" python3 - "$LOG" "$out" << 'EOF'
+# suites_json OUT WHAT "CMD|RC|SECS"...: the summary line and failures of each pytest run, from the log.
+suites_json() {
+  local out=$1 what=$2
+  shift 2
+  VW_WHAT=$what VW_SUITES=$(printf '%s\n' "$@") python3 - "$LOG" "$out" << 'EOF'
 import json, os, re, sys
 log = open(sys.argv[1]).read()
 suites = []
@@ -121,8 +119,19 @@ for line in os.environ["VW_SUITES"].splitlines():
         "summary": summary[-1].strip("= ") if summary else None,
         "failed": [l for l in part.splitlines() if l.startswith(("FAILED", "ERROR"))][:50],
     })
-json.dump({"what": "every GPU test of the tree on the lent GPU", "suites": suites}, open(sys.argv[2], "w"), indent=1)
+json.dump({"what": os.environ["VW_WHAT"], "suites": suites}, open(sys.argv[2], "w"), indent=1)
 EOF
+}
+
+# gpu_tests JSON: every GPU test, the summary line and failures of each suite.
+gpu_tests() {
+  local out=$1
+  step tests 300 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py
+  local c1=$CMD r1=$RC s1=$SECS
+  step tests-codec-cuda 90 env VOICEWIRE_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    tests/engine/qwen3/test_codec_ragged.py
+  local c2=$CMD r2=$RC s2=$SECS
+  suites_json "$out" "every GPU test of the tree on the lent GPU" "$c1|$r1|$s1" "$c2|$r2|$s2"
   CMD="$c1; $c2" RC=$((r1 > r2 ? r1 : r2)) SECS=$((s1 + s2))
   stamp "$out"
 }
@@ -205,6 +214,28 @@ if [ "$MODE" = parity ]; then
     step parity 500 python3 benchmarks/gpu_qwen3_check.py --oracle-site /tmp/oracle_site --out /tmp/parity
     cp /tmp/parity/results.json "$OUT/parity_h200.json" 2> /dev/null
     stamp "$OUT/parity_h200.json"
+  fi
+fi
+
+if [ "$MODE" = clone ]; then
+  if oracle_site; then
+    # The tests find the oracle through VOICEWIRE_ORACLE_DIR/site and a READY stamp (oracle_setup.sh's
+    # layout; the device has torchaudio, so no stub). Our side needs soxr alone (the 16 kHz reference),
+    # not the oracle's older transformers.
+    mkdir -p /tmp/oracle_dir /tmp/ours_site && ln -sfn /tmp/oracle_site /tmp/oracle_dir/site
+    touch /tmp/oracle_dir/READY-device && cp -r /tmp/oracle_site/soxr* /tmp/ours_site/
+    if want clone-parity; then
+      step clone-parity 300 env VOICEWIRE_TEST_DEVICE=cuda VOICEWIRE_ORACLE_DIR=/tmp/oracle_dir \
+        PYTHONPATH="$PYTHONPATH:/tmp/ours_site" python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/engine/qwen3/test_clone_parity.py
+      suites_json "$OUT/clone_parity_h200.json" "voice cloning parity with qwen-tts 0.1.1, fp32 on CUDA" "$CMD|$RC|$SECS"
+      stamp "$OUT/clone_parity_h200.json"
+    fi
+    if want clone-precision; then
+      step clone-precision 150 env PYTHONPATH="$PYTHONPATH:/tmp/ours_site" python3 benchmarks/clone_precision.py \
+        --size 1.7b --device cuda --out "$OUT/clone_precision_h200.json"
+      stamp "$OUT/clone_precision_h200.json"
+    fi
   fi
 fi
 
