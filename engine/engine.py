@@ -165,7 +165,7 @@ class Engine:
         if not self.ready:
             raise EngineNotReady("the engine is starting (loading or warming up); try again shortly")
         params = params or StreamParams(**kwargs)
-        self._validate(params)
+        params.check(self.model.info)
         with self._open_lock:
             if self._open_count >= min(self.config.max_streams, self.model.info.max_slots):
                 raise EngineBusy(f"engine is at its limit of {self._open_count} streams")
@@ -177,17 +177,6 @@ class Engine:
     def active_streams(self) -> int:
         """Streams the engine still holds (opened, not yet finished or freed)."""
         return self._open_count
-
-    def _validate(self, params: StreamParams) -> None:
-        info = self.model.info
-        if params.voice and params.voice not in info.voices:
-            raise ValueError(f"unknown voice {params.voice!r}; this model has {', '.join(info.voices)}")
-        if not 0.5 <= params.speed <= 2.0:
-            raise ValueError(f"speed must be within 0.5..2.0, got {params.speed}")
-        if params.first_chunk_frames is not None and not 1 <= params.first_chunk_frames <= 64:
-            raise ValueError("first_chunk_frames must be within 1..64")
-        if params.forced_frames is not None and params.forced_frames < 1:
-            raise ValueError("forced_frames must be >= 1")
 
     # --- worker ----------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -58,6 +58,17 @@ class StreamParams:
     language: str = ""  # models with languages; "" = auto/default
     extra: dict[str, object] = field(default_factory=dict)  # model-specific options
 
+    def check(self, info: ModelInfo) -> None:
+        """Raises ValueError for options this model cannot take (checked before a slot opens)."""
+        if self.voice and self.voice not in info.voices:
+            raise ValueError(f"unknown voice {self.voice!r}; this model has {', '.join(info.voices)}")
+        if not 0.5 <= self.speed <= 2.0:
+            raise ValueError(f"speed must be within 0.5..2.0, got {self.speed}")
+        if self.first_chunk_frames is not None and not 1 <= self.first_chunk_frames <= 64:
+            raise ValueError("first_chunk_frames must be within 1..64")
+        if self.forced_frames is not None and self.forced_frames < 1:
+            raise ValueError("forced_frames must be >= 1")
+
 
 @dataclass
 class GenerateResult:

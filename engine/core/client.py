@@ -144,7 +144,7 @@ class CoreClient:
             what = "is restarting" if self.state is CoreState.DOWN else "is starting"
             raise EngineNotReady(f"the engine core {self.name} {what}; try again shortly")
         params = params or StreamParams(**kwargs)
-        self._validate(params)
+        params.check(self.info)
         if len(self._streams) >= self._max_streams:
             raise EngineBusy(f"engine is at its limit of {len(self._streams)} streams")
         sid = next(self._ids)
@@ -153,18 +153,6 @@ class CoreClient:
         self._streams[sid] = stream
         self._reported[sid] = 0
         return stream
-
-    def _validate(self, params: StreamParams) -> None:
-        """The in-process engine's checks, so a bad request fails at open here too."""
-        info = self.info
-        if params.voice and params.voice not in info.voices:
-            raise ValueError(f"unknown voice {params.voice!r}; this model has {', '.join(info.voices)}")
-        if not 0.5 <= params.speed <= 2.0:
-            raise ValueError(f"speed must be within 0.5..2.0, got {params.speed}")
-        if params.first_chunk_frames is not None and not 1 <= params.first_chunk_frames <= 64:
-            raise ValueError("first_chunk_frames must be within 1..64")
-        if params.forced_frames is not None and params.forced_frames < 1:
-            raise ValueError("forced_frames must be >= 1")
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> CoreClient:
@@ -351,8 +339,9 @@ class CoreClient:
         else:
             error = StreamError("model_error", f"the engine core died ({self.last_exit})")
             if streams or was_ready:
-                log.error("%s: the engine core died (%s); %d streams ended", self.name, self.last_exit,
-                          len(streams))
+                log.error(
+                    "%s: the engine core died (%s); %d streams ended", self.name, self.last_exit, len(streams)
+                )
         for stream in streams:
             stream.fail(error)
         if self._exited is not None and not self._exited.done():
