@@ -1,15 +1,18 @@
-"""HTTP API: ``POST /v1/audio/speech`` (OpenAI-compatible, streamed) and ``GET /healthz``."""
+"""HTTP API, OpenAI-compatible: ``POST /v1/audio/speech`` (streamed as raw audio or as SSE speech
+events), ``GET /v1/models``, ``GET /v1/audio/voices``; and ``GET /healthz`` (alias ``/health``)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from voicewire.engine import Engine, EngineBusy, EngineNotReady, Stream, StreamError
+from voicewire.engine import EngineBusy, EngineNotReady, ModelInfo, Stream, StreamError, StreamParams
 
 from .audio import pcm16_bytes
 from .gateway import GATEWAY, error_body
@@ -33,7 +36,14 @@ OPENAI_VOICES = frozenset(
         "cedar",
     ]
 )
+# Qwen3-TTS CustomVoice's speaker names, which benchmark harnesses send (Nari Labs tts_bench:
+# "Ryan"). On a model that has them they pick that speaker; on one without, they map to its
+# default voice like the OpenAI names, so a harness written for Qwen3-TTS runs against any model.
+QWEN3_SPEAKERS = frozenset(
+    ["vivian", "serena", "uncle_fu", "dylan", "eric", "ryan", "aiden", "ono_anna", "sohee"]
+)
 FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+STREAM_FORMATS = ("audio", "sse")  # raw audio bytes (default) | OpenAI's speech.audio.* SSE events
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -87,7 +97,45 @@ def streaming_wav_header(sample_rate_hz: int) -> bytes:
     )
 
 
-def _parse_speech(body: Any, engine: Engine, max_chars: int) -> tuple[str, str, str, float]:
+@dataclass(frozen=True)
+class SpeechRequest:
+    """A checked ``POST /v1/audio/speech`` body."""
+
+    text: str
+    params: StreamParams  # voice, speed, language and the model options (instructions, whole text)
+    fmt: str  # a key of FORMATS
+    sse: bool  # stream_format "sse": the audio as base64 speech.audio.delta events
+
+
+def resolve_voice(voice: str, voices: tuple[str, ...]) -> str:
+    """The model's spelling of ``voice`` ("" = its default); ValueError for an unknown name.
+
+    Names match case-insensitively; OpenAI voice names, and Qwen3-TTS speaker names on a model
+    without them, map to the default voice."""
+    if not voice:
+        return ""
+    key = voice.lower()
+    for name in voices:
+        if name.lower() == key:
+            return name
+    if key in OPENAI_VOICES or key in QWEN3_SPEAKERS:
+        return ""
+    raise ValueError(
+        f"invalid_voice:unknown voice {voice!r}; use one of {', '.join(voices)} or an OpenAI name"
+    )
+
+
+def _optional(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise ValueError(f"invalid_{name}:{name} must be a {kind.__name__}")
+    return value
+
+
+def parse_speech(body: Any, voices: tuple[str, ...], max_chars: int) -> SpeechRequest:
+    """Raises ValueError("code:message") for a body this server cannot take."""
     if not isinstance(body, dict):
         raise ValueError("invalid_body:the body must be a JSON object")
     text = body.get("input")
@@ -95,26 +143,30 @@ def _parse_speech(body: Any, engine: Engine, max_chars: int) -> tuple[str, str, 
         raise ValueError("invalid_input:input must be a non-empty string")
     if len(text) > max_chars:
         raise ValueError(f"input_too_long:input is limited to {max_chars} characters")
-    model = body.get("model", "")
-    if not isinstance(model, str):
-        raise ValueError("invalid_model:model must be a string")
-    voice = body.get("voice", "")
-    if not isinstance(voice, str):
-        raise ValueError("invalid_voice:voice must be a string")
-    voices = engine.info.voices
-    if voice in OPENAI_VOICES:
-        voice = ""
-    elif voice and voice not in voices:
-        raise ValueError(
-            f"invalid_voice:unknown voice {voice!r}; use one of {', '.join(voices)} or an OpenAI name"
-        )
+    _optional(body, "model", str, "")  # any name: the server serves one model
+    voice = resolve_voice(_optional(body, "voice", str, ""), voices)
     fmt = body.get("response_format", "wav")
     if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ValueError(f"unsupported_format:response_format must be one of {', '.join(FORMATS)}")
+    stream_format = body.get("stream_format", "audio")
+    if not isinstance(stream_format, str) or stream_format not in STREAM_FORMATS:
+        raise ValueError(
+            f"unsupported_stream_format:stream_format must be one of {', '.join(STREAM_FORMATS)}"
+        )
     speed = body.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.5 <= speed <= 2.0:
         raise ValueError("invalid_speed:speed must be a number within 0.5..2.0")
-    return text, voice, fmt, float(speed)
+    # The answer always streams; harnesses send ``stream: true`` and get what they asked for.
+    _optional(body, "stream", bool, True)
+    language = _optional(body, "language", str, "")
+    instructions = _optional(body, "instructions", str, "")
+    extra: dict[str, object] = {}
+    if instructions:
+        extra["instruct"] = instructions  # Qwen3-TTS 1.7B; other models ignore it
+    if _optional(body, "non_streaming_mode", bool, False):
+        extra["whole_text"] = True  # Qwen3-TTS: the whole input in the prompt; others ignore it
+    params = StreamParams(voice=voice, speed=float(speed), language=language, extra=extra)
+    return SpeechRequest(text, params, fmt, stream_format == "sse")
 
 
 async def speech_handler(request: web.Request) -> web.StreamResponse:
@@ -127,7 +179,7 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         return _error(413, "body_too_large", f"bodies are limited to {cfg.max_http_body_bytes} bytes")
     try:
         body = await read_json_body(request, cfg.http_body_timeout_s)
-        text, voice, fmt, speed = _parse_speech(body, engine, cfg.max_speech_input_chars)
+        speech = parse_speech(body, engine.info.voices, cfg.max_speech_input_chars)
     except BodyError as err:
         return err.response()
     except ValueError as err:
@@ -138,14 +190,16 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
             request, 503, "too_many_requests", f"at most {cfg.max_speech_requests} speech requests at once"
         )
     try:
-        stream = engine.open_stream(voice=voice, speed=speed)
+        stream = engine.open_stream(speech.params)
+    except ValueError as err:  # an option the model refuses (StreamParams.check)
+        return _error(400, "invalid_request", str(err))
     except EngineBusy as err:
         return _error(503, "server_busy", str(err))
     except EngineNotReady as err:
         return _error(503, "not_ready", str(err))
     gw.speech_requests += 1
     try:
-        return await _stream_speech(request, stream, text, fmt, engine.info.sample_rate_hz)
+        return await _stream_speech(request, stream, speech, engine.info)
     finally:
         gw.speech_requests -= 1
 
@@ -155,10 +209,11 @@ _INPUT_STREAM_ERRORS = frozenset({"text_budget_exceeded", "text_overflow", "bad_
 
 
 async def _stream_speech(
-    request: web.Request, stream: Stream, text: str, fmt: str, rate: int
+    request: web.Request, stream: Stream, speech: SpeechRequest, info: ModelInfo
 ) -> web.StreamResponse:
     stall_s = request.app[GATEWAY].config.write_stall_timeout_s
-    stream.push_text(text)
+    rate = info.sample_rate_hz
+    stream.push_text(speech.text)
     stream.end()
     chunks = aiter(stream)
     first = None
@@ -175,18 +230,31 @@ async def _stream_speech(
     if first is None:
         stream.cancel()
         return _error(400, "no_speech", "the input has nothing this voice can speak")
-    resp = web.StreamResponse(headers={"Content-Type": FORMATS[fmt], "X-Sample-Rate": str(rate)})
+    content_type = "text/event-stream" if speech.sse else FORMATS[speech.fmt]
+    resp = web.StreamResponse(headers={"Content-Type": content_type, "X-Sample-Rate": str(rate)})
+    if speech.sse:
+        resp.headers["Cache-Control"] = "no-cache"
     resp.enable_chunked_encoding()
+    samples = 0
+
+    async def send(data: bytes) -> None:
+        # A client that stops reading must not hold its engine stream: a write blocks only while
+        # the socket's buffers are full.
+        if speech.sse:
+            data = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        await asyncio.wait_for(resp.write(data), stall_s)
+
     try:
         await resp.prepare(request)
-        if fmt == "wav":
-            await resp.write(streaming_wav_header(rate))
-        await asyncio.wait_for(resp.write(pcm16_bytes(first.pcm)), stall_s)
+        head = streaming_wav_header(rate) if speech.fmt == "wav" else b""
+        await send(head + pcm16_bytes(first.pcm))
+        samples += first.pcm.size
         async for chunk in chunks:
             if chunk.pcm.size:
-                # A client that stops reading must not hold its engine stream: a write blocks
-                # only while the socket's buffers are full.
-                await asyncio.wait_for(resp.write(pcm16_bytes(chunk.pcm)), stall_s)
+                await send(pcm16_bytes(chunk.pcm))
+                samples += chunk.pcm.size
+        if speech.sse:
+            await resp.write(sse_event({"type": "speech.audio.done", "usage": _usage(speech, samples, info)}))
         await resp.write_eof()
     except TimeoutError:
         if request.transport is not None:
@@ -200,6 +268,47 @@ async def _stream_speech(
     finally:
         stream.cancel()  # no-op when finished; frees the engine slot if the client left early
     return resp
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _usage(speech: SpeechRequest, samples: int, info: ModelInfo) -> dict[str, int]:
+    """The done event's ``usage``: the gateway does not see the model's tokenizer, so input tokens
+    are the input's characters; output tokens are the model's frames (Qwen3-TTS: 80 ms codec
+    frames; the embedded voice: 12.5 ms spectral frames)."""
+    inp = len(speech.text)
+    out = -(-samples // info.frame_samples)
+    return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}
+
+
+async def models_handler(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the one model this server serves (the API key when auth is on)."""
+    gw = request.app[GATEWAY]
+    refused = gw.check_key(request)
+    if refused is not None:
+        return refused
+    try:
+        name = gw.engine.info.name
+    except EngineNotReady:
+        name = gw.config.engine.model  # still loading: the name it was asked to serve
+    model = {"id": name, "object": "model", "created": 0, "owned_by": "voicewire"}
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def voices_handler(request: web.Request) -> web.Response:
+    """``GET /v1/audio/voices``: the model's voices, the default first (the API key when auth is on)."""
+    gw = request.app[GATEWAY]
+    refused = gw.check_key(request)
+    if refused is not None:
+        return refused
+    try:
+        voices = gw.engine.info.voices
+    except EngineNotReady as err:
+        return _error(503, "not_ready", str(err))
+    data = [{"id": v, "name": v, "object": "voice", "default": i == 0} for i, v in enumerate(voices)]
+    return web.json_response({"object": "list", "data": data})
 
 
 async def healthz_handler(request: web.Request) -> web.Response:
