@@ -43,6 +43,7 @@ class ModelInfo:
     max_batch_size: int  # most slots one generate() call takes
     max_slots: int  # most streams the model holds at once
     voices: tuple[str, ...]  # accepted voice names; the first is the default
+    random_weights: bool = False  # untrained weights (benchmarks, tests): the audio is noise
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -21,13 +22,126 @@ from .auth import AuthConfig
 from .config import GatewayConfig
 
 
+class _UsageError(Exception):
+    """A flag combination that cannot serve: one line, exit 2."""
+
+
+# Defaults of the qwen3-tts flags. On CUDA: the configuration benchmarks/serving_bench.py measures
+# (bf16, CUDA graphs captured at start, batch 128, codec buckets up to 64, as many slots as fit).
+CUDA_MAX_BATCH = 128
+CPU_MAX_STREAMS = 16  # and the CPU's batch: a CPU runs a few real-time Qwen3 streams, not hundreds
+DEFAULT_MAX_SEQ_LEN = 1536  # talker positions per stream: ~2 minutes of audio
+# engine/qwen3/options.py AUTO_MAX_SLOTS (that package imports torch, the gateway need not): with
+# --max-streams auto the model's slots decide, so the engine-wide limit must not be below them.
+AUTO_MAX_STREAMS = 512
+
+
+def _streams(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'auto', got {value!r}")
+    return n
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value!r}")
+    return n
+
+
+def _devices(args: argparse.Namespace) -> tuple[str, ...]:
+    devices = getattr(args, "devices", None) or args.device
+    return tuple(d.strip() for d in devices.split(",") if d.strip())
+
+
+def _replicas(args: argparse.Namespace) -> int:
+    replicas = getattr(args, "replicas", 0)
+    if replicas is None:
+        return len(_devices(args)) if args.devices else DEFAULT_REPLICAS
+    if replicas < 0:
+        raise _UsageError("--replicas must be 0 or more")
+    return int(replicas)
+
+
+def _memory_share(devices: tuple[str, ...], replicas: int) -> float:
+    """The part of its GPU each engine core may size its slots from: 1 / the most cores on one
+    device (``--replicas 2`` on one GPU: half each; round-robin as EngineGroup places them)."""
+    if replicas <= 1:
+        return 1.0
+    placed = [devices[i % len(devices)] for i in range(replicas)]
+    return 1.0 / max(placed.count(d) for d in set(placed))
+
+
+def _qwen3_options(args: argparse.Namespace) -> dict[str, object]:
+    """``load_qwen3``'s options from the flags; the defaults follow the device kind."""
+    if args.checkpoint is None and not args.random_weights:
+        raise _UsageError(
+            "--model qwen3-tts needs --checkpoint DIR (a Qwen3-TTS-12Hz checkpoint) "
+            "or --random-weights (untrained: noise, for benchmarks and tests)"
+        )
+    if args.checkpoint is not None and args.random_weights:
+        raise _UsageError("--checkpoint and --random-weights exclude each other")
+    devices = _devices(args)
+    kinds = {d.split(":")[0] for d in devices}
+    if len(kinds) > 1:
+        raise _UsageError(f"the devices mix kinds ({', '.join(devices)}): give one kind")
+    cuda = kinds == {"cuda"}
+    return {
+        "checkpoint": args.checkpoint,
+        "size": args.qwen_size,
+        "device": devices[0],
+        "dtype": args.dtype or ("bf16" if cuda else "float32"),
+        "max_slots": args.max_streams or ("auto" if cuda else CPU_MAX_STREAMS),
+        "max_batch_size": args.max_batch or (CUDA_MAX_BATCH if cuda else CPU_MAX_STREAMS),
+        "max_seq_len": args.max_seq_len or DEFAULT_MAX_SEQ_LEN,
+        "memory_share": _memory_share(devices, _replicas(args)),
+    }
+
+
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
-    options: dict[str, object] = {}
     if args.model == "qwen3-tts":
-        options = {"checkpoint": args.checkpoint, "size": args.qwen_size, "device": args.device}
-    elif args.checkpoint:
-        raise SystemExit("--checkpoint applies to --model qwen3-tts only")
-    return EngineConfig(model=args.model, model_options=options)
+        options = _qwen3_options(args)
+        slots = options["max_slots"]
+        return EngineConfig(
+            model=args.model,
+            model_options=options,
+            max_streams=AUTO_MAX_STREAMS if slots == "auto" else int(slots),  # type: ignore[call-overload]
+        )
+    given = [
+        flag
+        for flag, value in (
+            ("--checkpoint", args.checkpoint),
+            ("--random-weights", args.random_weights),
+            ("--dtype", args.dtype),
+            ("--max-batch", args.max_batch),
+            ("--max-seq-len", args.max_seq_len),
+        )
+        if value
+    ]
+    if given:
+        raise _UsageError(f"{given[0]} applies to --model qwen3-tts only")
+    if isinstance(args.max_streams, int):
+        return EngineConfig(model=args.model, max_streams=args.max_streams)
+    return EngineConfig(model=args.model)
+
+
+def _needs_torch(args: argparse.Namespace) -> str | None:
+    """Why this model cannot run here (PyTorch missing), or None."""
+    if args.model == "qwen3-tts" and importlib.util.find_spec("torch") is None:
+        return (
+            "qwen3-tts needs PyTorch, which is not installed here: install the torch build for "
+            "your machine, then pip install -e '.[qwen,kernels]' (README: Serving Qwen3-TTS on a GPU)"
+        )
+    return None
 
 
 # Engine cores when neither --replicas nor --devices is given (0 = the engine in the gateway's
@@ -39,15 +153,12 @@ DEFAULT_REPLICAS = 1
 
 def _engine_group(args: argparse.Namespace, engine: EngineConfig) -> EngineGroup | None:
     """The engine cores ``serve`` runs (None: the engine runs in the gateway's process)."""
-    devices = tuple(d.strip() for d in (args.devices or args.device).split(",") if d.strip())
-    replicas = args.replicas
-    if replicas is None:
-        replicas = len(devices) if args.devices else DEFAULT_REPLICAS
+    replicas = _replicas(args)
     if replicas == 0:
         if args.devices:
-            raise SystemExit("--devices needs engine cores: --replicas 1 or more")
+            raise _UsageError("--devices needs engine cores: --replicas 1 or more")
         return None
-    return EngineGroup(engine, GroupConfig(replicas=replicas, devices=devices))
+    return EngineGroup(engine, GroupConfig(replicas=replicas, devices=_devices(args)))
 
 
 def _model_name(name: str) -> str:
@@ -68,16 +179,51 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--checkpoint", help="qwen3-tts: a local checkpoint directory in the Hugging Face layout")
     p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="qwen3-tts without a checkpoint: untrained weights of --qwen-size (noise; benchmarks, tests)",
+    )
+    p.add_argument(
         "--qwen-size",
         default="tiny",
         choices=("tiny", "0.6b", "1.7b"),
-        help="qwen3-tts without --checkpoint: random weights of this shape",
+        help="qwen3-tts --random-weights: the shape of the random weights",
     )
     p.add_argument("--device", default="cpu", help="qwen3-tts: torch device (cpu, cuda)")
+    p.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "float32"),
+        help="qwen3-tts: weights and activations (default bf16 on cuda, float32 on cpu)",
+    )
+    p.add_argument(
+        "--max-streams",
+        type=_streams,
+        help="streams held at once; qwen3-tts: a number, or auto (default on cuda): as many as fit in "
+        f"free GPU memory at --max-seq-len, at most {AUTO_MAX_STREAMS}; {CPU_MAX_STREAMS} on cpu",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=_positive,
+        help=f"qwen3-tts: streams per frame step (default {CUDA_MAX_BATCH} on cuda, {CPU_MAX_STREAMS} on cpu)",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=_positive,
+        help=f"qwen3-tts: talker positions per stream, 12.5 a second of audio (default {DEFAULT_MAX_SEQ_LEN})",
+    )
+
+
+class _StartFailed(Exception):
+    """The model could not load or warm up (in this process)."""
 
 
 async def _say(engine_config: EngineConfig, text: str, out_path: str, speed: float) -> float:
-    async with Engine(engine_config) as engine:
+    engine = Engine(engine_config)
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, engine.start)
+    except Exception as err:  # one line for the user (a bad checkpoint, no CUDA), not a traceback
+        raise _StartFailed(f"{type(err).__name__}: {err}") from err
+    async with engine:
         stream = engine.open_stream(speed=speed)
         stream.push_text(text)
         stream.end()
@@ -120,7 +266,7 @@ def _setup_logging(level: str, fmt: str) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voicewire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway (WebSocket, HTTP, WebRTC, demo page)")
@@ -186,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
         prefix_chars="\0",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "probe":
@@ -195,41 +346,62 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
+    try:
+        engine_config = _engine_config(args)
+        group = _engine_group(args, engine_config) if args.command == "serve" else None
+    except _UsageError as err:
+        print(f"voicewire {args.command}: {err}", file=sys.stderr)
+        return 2
+    unmet = _needs_torch(args)
+    if unmet is not None:
+        print(f"voicewire {args.command}: {unmet}", file=sys.stderr)
+        return 1
     if args.command == "serve":
-        _setup_logging(args.log_level, args.log_format)
-        from .server import EngineStartFailed
-        from .server import serve as run_server
-
-        keys = [*args.api_key, *filter(None, os.environ.get("VOICEWIRE_API_KEYS", "").split(","))]
-        config = GatewayConfig(
-            host=args.host,
-            port=args.port,
-            engine=_engine_config(args),
-            auth=AuthConfig(api_keys=tuple(keys), allowed_origins=tuple(args.allow_origin)),
-            max_sessions=args.max_sessions,
-            public_metrics=args.public_metrics,
-            write_stall_timeout_s=args.write_stall_timeout,
-            drain_timeout_s=args.drain_timeout,
-        )
-        if args.replicas is not None and args.replicas < 0:
-            parser.error("--replicas must be 0 or more")
-        group = _engine_group(args, config.engine)
-        try:
-            asyncio.run(run_server(config, group))
-        except KeyboardInterrupt:
-            pass
-        except EngineStartFailed as err:
-            print(f"voicewire serve: the model failed to start: {err}", file=sys.stderr)
-            return 1
-        except OSError as err:  # the port is taken, or the address is not this machine's
-            print(f"voicewire serve: cannot listen on {config.host}:{config.port}: {err.strerror}", file=sys.stderr)
-            return 1
-        return 0
+        return _serve(args, engine_config, group)
     if not args.text.strip():
         print("voicewire say: text is empty", file=sys.stderr)
         return 2
-    seconds = asyncio.run(_say(_engine_config(args), args.text, args.output, args.speed))
+    try:
+        seconds = asyncio.run(_say(engine_config, args.text, args.output, args.speed))
+    except _StartFailed as err:
+        print(f"voicewire say: the model failed to start: {err}", file=sys.stderr)
+        return 1
     print(f"wrote {args.output} ({seconds:.2f} s of audio)")
+    return 0
+
+
+def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | None) -> int:
+    _setup_logging(args.log_level, args.log_format)
+    from .server import EngineStartFailed
+    from .server import serve as run_server
+
+    if engine.model == "qwen3-tts" and args.random_weights:
+        logging.getLogger("voicewire").warning(
+            "serving qwen3-tts with random weights (%s shapes): the audio is noise", args.qwen_size
+        )
+    keys = [*args.api_key, *filter(None, os.environ.get("VOICEWIRE_API_KEYS", "").split(","))]
+    config = GatewayConfig(
+        host=args.host,
+        port=args.port,
+        engine=engine,
+        auth=AuthConfig(api_keys=tuple(keys), allowed_origins=tuple(args.allow_origin)),
+        max_sessions=args.max_sessions,
+        public_metrics=args.public_metrics,
+        write_stall_timeout_s=args.write_stall_timeout,
+        drain_timeout_s=args.drain_timeout,
+    )
+    try:
+        asyncio.run(run_server(config, group))
+    except KeyboardInterrupt:
+        pass
+    except EngineStartFailed as err:
+        print(f"voicewire serve: the model failed to start: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # the port is taken, or the address is not this machine's
+        print(
+            f"voicewire serve: cannot listen on {config.host}:{config.port}: {err.strerror}", file=sys.stderr
+        )
+        return 1
     return 0
 
 

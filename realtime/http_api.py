@@ -322,7 +322,8 @@ async def healthz_handler(request: web.Request) -> web.Response:
     }
     try:
         info = engine.info
-        body.update(model=info.name, sample_rate=info.sample_rate_hz)
+        # random weights speak noise: say so where an operator looks first
+        body.update(model=info.name, sample_rate=info.sample_rate_hz, random_weights=info.random_weights)
     except EngineNotReady:
         body["model"] = gw.config.engine.model  # still loading: the name it was asked to serve
     return web.json_response(body)

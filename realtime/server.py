@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from voicewire.engine import Engine
-from voicewire.engine.core import CoreState, EngineGroup
+from voicewire.engine.core import CoreStartFailed, CoreState, EngineGroup
 
 from .config import GatewayConfig
 from .gateway import GATEWAY, Gateway
@@ -187,6 +187,11 @@ class EngineStartFailed(Exception):
     """The engine could not load or warm up; ``serve`` exits with this message."""
 
 
+def _start_error(err: BaseException | None) -> str:
+    """One line naming what failed: an engine core's message names its error's type already."""
+    return str(err) if isinstance(err, CoreStartFailed) else f"{type(err).__name__}: {err}"
+
+
 async def serve(config: GatewayConfig, group: EngineGroup | None = None) -> None:
     """Run until SIGTERM or SIGINT; then drain (no new sessions, current turns finish) and exit.
     ``group``: serve from these engine cores; None: an in-process engine of ``config.engine``.
@@ -215,7 +220,7 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None) -> None
         await asyncio.wait([stopped, start], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
         if start.done() and start.exception() is not None:
             stopped.cancel()
-            raise EngineStartFailed(str(start.exception()))
+            raise EngineStartFailed(_start_error(start.exception()))
         if not stop.is_set():
             log.info("engine ready")
             print("voicewire: ready", flush=True)

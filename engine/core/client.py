@@ -173,6 +173,7 @@ class CoreClient:
             name=self.name,
             parent_pid=os.getpid(),
             sys_path=tuple(sys.path),
+            log_level=logging.getLogger().getEffectiveLevel(),
         )
         # A fresh interpreter, not a fork: the gateway has threads (executors, aiortc) a forked
         # child would inherit. The spec (configuration, never audio) goes in on stdin.

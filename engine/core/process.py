@@ -67,6 +67,7 @@ class CoreSpec:
     name: str = "core"
     parent_pid: int = 0  # 0: do not watch the parent
     sys_path: tuple[str, ...] = ()  # the gateway's import path (models given as package.module:factory)
+    log_level: int = logging.INFO  # the gateway's: at DEBUG a failed start logs its traceback too
 
 
 def main() -> None:
@@ -82,7 +83,9 @@ def run_core(spec: CoreSpec) -> None:
     # gateway is gone stops by itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {spec.name} %(message)s")
+    logging.basicConfig(
+        level=min(spec.log_level, logging.INFO), format=f"%(asctime)s %(levelname)s {spec.name} %(message)s"
+    )
     asyncio.run(_serve(spec))
 
 
@@ -103,8 +106,12 @@ async def _serve(spec: CoreSpec) -> None:
         try:
             await asyncio.get_running_loop().run_in_executor(None, engine.start)
         except Exception as err:
-            log.exception("the engine failed to start")
-            await from_core.send_multipart(encode_from_core(StartFailed(f"{type(err).__name__}: {err}")))
+            # One line: the gateway ends `voicewire serve` with this message (a bad checkpoint, no
+            # CUDA, no memory for a slot are not bugs, and a traceback would bury the reason).
+            message = f"{type(err).__name__}: {err}"
+            log.error("the engine failed to start: %s", message)
+            log.debug("the engine failed to start", exc_info=True)
+            await from_core.send_multipart(encode_from_core(StartFailed(message)))
             return
         core = _Core(engine, from_core)
         max_streams = min(engine.config.max_streams, engine.info.max_slots)

@@ -9,17 +9,26 @@ The engine registers it as model ``qwen3-tts`` (engine/models/__init__.py passes
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
 from .config import Qwen3TTSConfig
+from .cuda_graphs import powers_of_two
 from .errors import CheckpointError
 from .model import Qwen3TTSModel
-from .options import ExperimentalOptions, FusedSettings, ServeOptions
+from .options import (
+    AUTO_SLOTS_CPU,
+    ExperimentalOptions,
+    FusedSettings,
+    ServeOptions,
+    slot_bytes,
+    slots_from_memory,
+)
 from .presets import SIZES, preset
 from .tokenizer import Qwen2Tokenizer, StandInTokenizer
-from .weights import build_modules, load_into, randomize, read_config
+from .weights import Modules, build_modules, load_into, randomize, read_config
 
 __all__ = [
     "SIZES",
@@ -33,6 +42,12 @@ __all__ = [
     "parse_dtype",
     "preset",
 ]
+
+log = logging.getLogger("voicewire.engine.qwen3")
+
+# Codec graph buckets stop here: 64 x 12 frames is 22k frames/s on the H200 already, and a larger
+# bucket's graph would cost memory and capture time for little (docs/performance-history.md).
+CODEC_MAX_BATCH = 64
 
 _DTYPES = {
     "fp32": torch.float32,
@@ -62,9 +77,10 @@ def load_qwen3(
     codec_dtype: str | torch.dtype | None = None,
     model_type: str = "custom_voice",
     seed: int = 0,
-    max_slots: int = 16,
+    max_slots: int | str = 16,
     max_batch_size: int = 16,
     max_seq_len: int = 1536,
+    memory_share: float = 1.0,
     codec_mode: str = "stateful",
     windowed_left_context: int = 72,
     warmup: bool = False,
@@ -76,20 +92,23 @@ def load_qwen3(
     variant), or None for random weights of ``size`` ("tiny", "tiny-base", "0.6b", "1.7b") and
     ``model_type`` ("custom_voice" | "base"), seeded by ``seed``; random models stop after a forced
     frame count (``StreamParams.forced_frames``, else 3 frames per text token) instead of EOS.
-    ``codec_dtype`` defaults to ``dtype``. ``options`` (all serving knobs, CUDA graphs included)
-    replaces the individual ``max_*`` / ``codec_*`` arguments. ``warmup`` captures the CUDA graphs.
-    Raises :class:`CheckpointError` for a bad checkpoint.
+    ``codec_dtype`` defaults to ``dtype``. ``max_slots="auto"``: as many as fit in this process's
+    ``memory_share`` of the GPU at ``max_seq_len`` (options.py ``slots_from_memory``; 16 off CUDA);
+    ``max_batch_size`` is then at most the slots. ``options`` (all serving knobs, CUDA graphs
+    included) replaces the individual ``max_*`` / ``codec_*`` arguments. ``warmup`` captures the
+    CUDA graphs. Raises :class:`CheckpointError` for a bad checkpoint, RuntimeError for a device
+    that is not there.
     """
     dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise RuntimeError(
+            f"device {str(dev)!r} asked, but CUDA is not available (torch {torch.__version__}, {build})"
+        )
+    if isinstance(max_slots, str) and max_slots != "auto":
+        raise ValueError(f"max_slots must be a number or 'auto', got {max_slots!r}")
     dt = parse_dtype(dtype)
     cdt = parse_dtype(codec_dtype) if codec_dtype is not None else dt
-    options = options or ServeOptions(
-        max_slots=max_slots,
-        max_batch_size=max_batch_size,
-        max_seq_len=max_seq_len,
-        codec_mode=codec_mode,
-        windowed_left_context=windowed_left_context,
-    )
     speaker_weights = None
     if checkpoint is not None:
         directory = os.path.expanduser(checkpoint)
@@ -102,6 +121,29 @@ def load_qwen3(
         tokenizer = StandInTokenizer()
         mods = build_modules(cfg, dev, dt, cdt)
         randomize(mods, seed)
+    if options is None:
+        slots = (
+            _auto_slots(cfg, mods, dev, max_seq_len, memory_share) if max_slots == "auto" else int(max_slots)
+        )
+        batch = min(max_batch_size, slots)
+        options = ServeOptions(
+            max_slots=slots,
+            max_batch_size=batch,
+            max_seq_len=max_seq_len,
+            codec_mode=codec_mode,
+            windowed_left_context=windowed_left_context,
+            codec_batch_buckets=powers_of_two(min(batch, CODEC_MAX_BATCH)),
+        )
+    log.info(
+        "qwen3-tts %s: %s, %s on %s, %d slots of %d positions, batch %d",
+        cfg.model_type,
+        f"random weights ({size} shapes)" if checkpoint is None else checkpoint,
+        str(dt).removeprefix("torch."),
+        dev,
+        options.max_slots,
+        options.max_seq_len,
+        options.max_batch_size,
+    )
     model = Qwen3TTSModel(
         cfg,
         mods,
@@ -113,3 +155,43 @@ def load_qwen3(
     if warmup:
         model.warmup()
     return model
+
+
+def _auto_slots(cfg: Qwen3TTSConfig, mods: Modules, dev: torch.device, max_seq_len: int, share: float) -> int:
+    """``max_slots="auto"``: the slots that fit next to the loaded weights (weights first: what
+    they take is then known, not estimated)."""
+    if dev.type != "cuda":
+        return AUTO_SLOTS_CPU
+    mods.codec.prepare()  # measures the decoder's state row; the model prepares it again, the same way
+    t = cfg.talker
+    codec_param = next(mods.codec.parameters())
+    per_slot = slot_bytes(
+        num_layers=t.num_layers,
+        kv_heads=t.num_kv_heads,
+        head_dim=t.head_dim,
+        max_seq_len=max_seq_len,
+        elem_bytes=next(mods.talker.parameters()).element_size(),
+        codec_state_width=mods.codec.state_width,
+        codec_elem_bytes=codec_param.element_size(),
+        talker_vocab=t.vocab_size,
+    )
+    free, total = torch.cuda.mem_get_info(dev)
+    own = torch.cuda.memory_reserved(dev)
+    slots = slots_from_memory(free, total, per_slot, own_bytes=own, share=share)
+    gib = 1 << 30
+    log.info(
+        "max_slots auto on %s: %d (%.1f of %.1f GiB free, %.1f GiB held by this process, %.0f MiB per slot, share %.2f)",
+        dev,
+        slots,
+        free / gib,
+        total / gib,
+        own / gib,
+        per_slot.total / (1 << 20),
+        share,
+    )
+    if slots < 1:
+        raise RuntimeError(
+            f"not enough free memory on {dev} for one stream of {max_seq_len} positions "
+            f"({free / gib:.1f} GiB free): lower --max-seq-len or free the GPU"
+        )
+    return slots

@@ -99,6 +99,7 @@ class Qwen3TTSModel(Model):
             max_batch_size=options.max_batch_size,
             max_slots=options.max_slots,
             voices=voices,
+            random_weights=random_weights,
         )
         n, dev = options.max_slots, self.device
         # one extra row everywhere: the padding slot of the graph buckets (slot_state.py)

@@ -84,3 +84,71 @@ class ServeOptions:
             raise ValueError("max_seq_len must be >= 16 (a prompt is about 12 positions)")
         if self.max_seq_len < 32:
             raise ValueError("max_seq_len must be >= 32")
+
+
+# --- slots sized from free GPU memory (``max_slots="auto"``) ---------------------------------------
+AUTO_MAX_SLOTS = 512  # the most slots "auto" gives: past this one worker's frame step is the limit
+AUTO_SLOTS_CPU = 16  # "auto" off CUDA: a CPU runs a few real-time streams, not hundreds
+# Free memory "auto" leaves unclaimed for what does not scale with slots: activations of a
+# max_batch_size step, the CUDA-graph pools (one per bucket), cuDNN's conv workspaces, the codec's
+# 64 x 12-frame batch (~0.3 GB per activation at the last stage). The larger of the two.
+HEADROOM_FRACTION = 0.15
+MIN_HEADROOM_BYTES = 6 << 30
+
+
+@dataclass(frozen=True)
+class SlotBytes:
+    """Device bytes one slot holds for its whole life (kv_cache.py, codec_state.py, slot_state.py)."""
+
+    kv: int  # K and V rows of every talker layer: 2 x layers x kv_heads x max_seq_len x head_dim x elem
+    codec_state: int  # the decoder's flat state row (state_width x elem) + its int64 frame position
+    slot_state: int  # text queue (max_seq_len int64), repetition history (vocab bools), sampling rows
+
+    @property
+    def total(self) -> int:
+        return self.kv + self.codec_state + self.slot_state
+
+
+def slot_bytes(
+    *,
+    num_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    elem_bytes: int,
+    codec_state_width: int,
+    codec_elem_bytes: int,
+    talker_vocab: int,
+) -> SlotBytes:
+    return SlotBytes(
+        kv=2 * num_layers * kv_heads * max_seq_len * head_dim * elem_bytes,
+        codec_state=codec_state_width * codec_elem_bytes + 8,
+        # text + seen + (last codes, positions, seed ... : 32 int64 or float32 words at most)
+        slot_state=8 * max_seq_len + talker_vocab + 32 * 8,
+    )
+
+
+def slots_from_memory(
+    free_bytes: int,
+    total_bytes: int,
+    per_slot: SlotBytes,
+    *,
+    own_bytes: int = 0,
+    share: float = 1.0,
+    cap: int = AUTO_MAX_SLOTS,
+) -> int:
+    """Slots that fit on a device of ``total_bytes`` with ``free_bytes`` free now, at most ``cap``;
+    0 when not even one fits.
+
+    ``share``: this process's part of the device (1/2 for one of two engine cores on one GPU).
+    Cores on one device start together, so what one sees free depends on whether the other has
+    allocated yet; the budget is therefore ``share`` of the device less what this process holds
+    already (``own_bytes``: its weights), never more than is free, less its share of the headroom.
+    One row more than the slots is allocated (the graphs' padding slot), so it is paid for here.
+    """
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be within (0, 1], got {share}")
+    headroom = share * max(MIN_HEADROOM_BYTES, HEADROOM_FRACTION * total_bytes)
+    budget = min(free_bytes, share * total_bytes - own_bytes) - headroom
+    fit = int(budget // per_slot.total) - 1
+    return max(0, min(cap, fit))

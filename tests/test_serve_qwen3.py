@@ -1,0 +1,188 @@
+"""`voicewire serve --model qwen3-tts`: the flags become the engine's and the model's options, a
+random-weight model is asked for explicitly and says so, and a model that cannot start ends
+serve with one line. The slots-from-memory arithmetic on fake numbers (no GPU here)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from voicewire.realtime import cli
+
+REPO = Path(__file__).resolve().parents[1]
+SERVE = [sys.executable, "-m", "voicewire.realtime.cli", "serve"]
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def _config(*flags: str) -> tuple[dict[str, object], int]:
+    args = cli.build_parser().parse_args(["serve", "--model", "qwen3-tts", *flags])
+    engine = cli._engine_config(args)
+    return engine.model_options, engine.max_streams
+
+
+# --- flags -> options ------------------------------------------------------------------------------
+def test_cuda_defaults_are_the_benchmarked_configuration() -> None:
+    options, max_streams = _config("--random-weights", "--qwen-size", "1.7b", "--device", "cuda")
+    assert options["dtype"] == "bf16"
+    assert options["max_slots"] == "auto" and max_streams == cli.AUTO_MAX_STREAMS
+    assert options["max_batch_size"] == 128 and options["max_seq_len"] == 1536
+    assert options["memory_share"] == 1.0 and options["checkpoint"] is None
+
+
+def test_cpu_defaults_and_explicit_flags() -> None:
+    options, max_streams = _config("--random-weights")
+    assert (options["dtype"], options["max_slots"], options["max_batch_size"]) == ("float32", 16, 16)
+    assert max_streams == 16
+    options, max_streams = _config(
+        "--checkpoint", "/m", "--device", "cuda", "--dtype", "fp16", "--max-streams", "40",
+        "--max-batch", "32", "--max-seq-len", "512",
+    )  # fmt: skip
+    assert options["max_slots"] == 40 and max_streams == 40  # the engine caps at min(both)
+    assert (options["dtype"], options["max_batch_size"], options["max_seq_len"]) == ("fp16", 32, 512)
+    assert options["checkpoint"] == "/m"
+
+
+def test_replicas_on_one_gpu_split_its_memory() -> None:
+    assert _config("--random-weights", "--device", "cuda", "--replicas", "2")[0]["memory_share"] == 0.5
+    options = _config("--random-weights", "--devices", "cuda:0,cuda:1", "--replicas", "3")[0]
+    assert options["memory_share"] == 0.5 and options["device"] == "cuda:0"
+    assert _config("--random-weights", "--devices", "cuda:0,cuda:1")[0]["memory_share"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        ((), "--random-weights"),
+        (("--checkpoint", "/m", "--random-weights"), "exclude"),
+        (("--random-weights", "--devices", "cpu,cuda:0"), "mix"),
+    ],
+)
+def test_unservable_flags_are_usage_errors(flags: tuple[str, ...], says: str) -> None:
+    args = cli.build_parser().parse_args(["serve", "--model", "qwen3-tts", *flags])
+    with pytest.raises(cli._UsageError, match=says):
+        cli._engine_config(args)
+
+
+def test_qwen3_flags_refused_for_another_model_and_max_streams_kept() -> None:
+    args = cli.build_parser().parse_args(["serve", "--dtype", "bf16"])
+    with pytest.raises(cli._UsageError, match="--dtype applies to --model qwen3-tts only"):
+        cli._engine_config(args)
+    assert cli._engine_config(cli.build_parser().parse_args(["serve", "--max-streams", "8"])).max_streams == 8
+
+
+def test_auto_streams_cap_matches_the_model_side() -> None:
+    from voicewire.engine.qwen3.options import AUTO_MAX_SLOTS
+
+    assert cli.AUTO_MAX_STREAMS == AUTO_MAX_SLOTS
+
+
+# --- slots from free memory ------------------------------------------------------------------------
+def _per_slot_1_7b(max_seq_len: int = 1536):  # type: ignore[no-untyped-def]
+    from voicewire.engine.qwen3.options import slot_bytes
+
+    return slot_bytes(
+        num_layers=28, kv_heads=8, head_dim=128, max_seq_len=max_seq_len, elem_bytes=2,
+        codec_state_width=400_000, codec_elem_bytes=2, talker_vocab=3072,
+    )  # fmt: skip
+
+
+def test_slot_bytes_are_the_kv_cache_and_the_state_rows() -> None:
+    per = _per_slot_1_7b()
+    assert per.kv == 1536 * 112 * 1024  # 112 KiB a position in bf16: 28 x 8 x 128 x 2 (K, V) x 2
+    assert per.codec_state == 800_008 and per.total == per.kv + per.codec_state + per.slot_state
+
+
+def test_slots_from_memory_on_fake_devices() -> None:
+    from voicewire.engine.qwen3.options import MIN_HEADROOM_BYTES, slots_from_memory
+
+    per = _per_slot_1_7b()
+    # an H200: 139 GiB, 4.5 GiB of weights held already; 115 GiB after the 15% headroom fit 680
+    # slots of 173 MiB: capped at 512
+    assert slots_from_memory(134 * GIB, 139 * GIB, per, own_bytes=int(4.5 * GIB)) == 512
+    # a 24 GiB card with 19 GiB free: 19 - 6 (headroom) = 13 GiB = 76 slots of 173 MiB, less the
+    # graphs' padding row
+    budget = 19 * GIB - MIN_HEADROOM_BYTES
+    assert slots_from_memory(19 * GIB, 24 * GIB, per, own_bytes=4 * GIB) == budget // per.total - 1
+    # two cores on the H200: each budgets half of it, whichever loaded first
+    half = slots_from_memory(134 * GIB, 139 * GIB, _per_slot_1_7b(4096), own_bytes=int(4.5 * GIB), share=0.5)
+    later = slots_from_memory(100 * GIB, 139 * GIB, _per_slot_1_7b(4096), own_bytes=int(4.5 * GIB), share=0.5)
+    assert half == later and 0 < half < 512
+    expect = int((139 * GIB / 2 - 4.5 * GIB - 0.15 * 139 * GIB / 2) // _per_slot_1_7b(4096).total) - 1
+    assert half == expect
+    assert slots_from_memory(5 * GIB, 8 * GIB, per) == 0  # not one slot: load_qwen3 says so
+    with pytest.raises(ValueError):
+        slots_from_memory(GIB, GIB, per, share=0.0)
+
+
+def test_auto_slots_on_the_cpu_and_random_weights_in_model_info() -> None:
+    from voicewire.engine.qwen3 import load_qwen3
+
+    model = load_qwen3(None, "tiny", max_slots="auto", max_batch_size=128, max_seq_len=64)
+    assert model.info.max_slots == 16 and model.info.max_batch_size == 16 and model.info.random_weights
+    assert model.options.codec_batch_buckets == (1, 2, 4, 8, 16)
+    with pytest.raises(ValueError, match="auto"):
+        load_qwen3(None, "tiny", max_slots="many")
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        load_qwen3(None, "tiny", device="cuda")
+
+
+# --- the command as a user runs it -----------------------------------------------------------------
+def test_serve_without_weights_named_is_one_line_exit_2() -> None:
+    proc = subprocess.run([*SERVE, "--model", "qwen3-tts"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--checkpoint" in proc.stderr, proc.stderr
+    assert "--random-weights" in proc.stderr
+
+
+def test_serve_with_a_missing_checkpoint_ends_in_one_line() -> None:
+    proc = subprocess.run(
+        [*SERVE, "--model", "qwen3-tts", "--checkpoint", "/nonexistent", "--port", str(free_port())],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("voicewire serve: the model failed to start: CheckpointError:"), proc.stderr
+    assert "/nonexistent" in last and "Traceback" not in proc.stderr
+
+
+def test_serve_random_weights_says_so_in_healthz() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*SERVE, "--model", "qwen3-tts", "--random-weights", "--qwen-size", "tiny", "--port", str(port)],
+        cwd=REPO,
+        env={**os.environ},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    health: dict[str, object] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{base}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    break
+            time.sleep(0.2)
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
+            health = json.loads(r.read())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert health.get("model") == "qwen3-tts" and health.get("random_weights") is True, (health, out)
+    assert "random weights" in out
+    assert proc.returncode == 0, out
