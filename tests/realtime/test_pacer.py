@@ -36,7 +36,11 @@ async def test_frames_are_exact_20ms_on_the_wall_clock_with_contiguous_pts() -> 
     assert all(f.size == FRAME_SAMPLES for f in frames)
     assert pts == [i * FRAME_SAMPLES for i in range(26)]
     offsets_s = np.array(times) - times[0] - np.arange(26) * FRAME_S
-    assert np.abs(offsets_s).max() < 0.005, "anchored clock: no drift, no early frames"
+    # Anchored to the first frame's time: never early, and no drift (a late frame must not move the
+    # ones after it). One frame may be a few ms late when the 2 shared cores are busy elsewhere.
+    assert offsets_s.min() > -0.001, "no frame before its time"
+    assert np.median(np.abs(offsets_s)) < 0.002 and abs(offsets_s[-1]) < 0.005, "anchored clock: no drift"
+    assert offsets_s.max() < 0.015, "no frame held back by the pacer itself"
     assert not any(f.any() for f in frames), "nothing queued: silence"
     track.stop()
 
