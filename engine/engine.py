@@ -86,6 +86,7 @@ class _Live:
     held_text: str = ""  # text of chunks the lead-in trimmer held back, emitted with the next audio
     compute_s: float = 0.0  # model time spent on this stream so far, as the model reports it
     frames_generated: int = 0
+    stop_reason: str | None = None  # GenerateResult.stop_reason of its last frame, for the final chunk
 
 
 class Engine:
@@ -332,6 +333,8 @@ class Engine:
                 log.warning("stream %d failed in the model: %s", sid, res.error)
                 self._fail(self._live[sid], StreamError("model_error", res.error))
             elif sid in self._live:
+                if res.finished and res.stop_reason is not None:
+                    self._live[sid].stop_reason = res.stop_reason
                 self._charge(self._live[sid], res)
         self._scheduler.record(plan, results)  # failed streams are gone from the scheduler already
         frames = sum(r.n_frames for r in results)
@@ -380,7 +383,14 @@ class Engine:
             live.held_text = text
             return
         live.held_text = ""
-        chunk = AudioChunk(out, req.sample_rate_hz, req.samples_emitted, final=final, text=text)
+        chunk = AudioChunk(
+            out,
+            req.sample_rate_hz,
+            req.samples_emitted,
+            final=final,
+            text=text,
+            stop_reason=live.stop_reason if final else None,
+        )
         if out.size and req.t_first_emit is None:
             req.t_first_emit = time.perf_counter()
             live.stream.metrics.trimmed_samples = live.trimmer.trimmed_samples

@@ -82,6 +82,9 @@ class GenerateResult:
     text_spoken: str = ""  # the text these frames speak, when the model knows it (for barge-in truncation)
     error: str | None = None  # this slot failed (the others in the batch did not): the engine ends its stream
     compute_s: float = 0.0  # model time this step spent on this slot (0 where a model does not measure it)
+    # with ``finished``: why the slot stopped, where it was not the model's own end (stop token, text
+    # spoken, forced length): "length" = a length cap or a runaway guard cut it (engine/qwen3/guards.py)
+    stop_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ class AudioChunk:
     sample_offset: int  # samples of this stream emitted before this chunk
     final: bool = False  # last chunk of the stream (pcm may be empty)
     text: str = ""  # text this chunk speaks, where the model knows it
+    stop_reason: str | None = None  # final chunk: GenerateResult.stop_reason ("length": cut by a cap)
 
     @property
     def duration_s(self) -> float:
@@ -79,6 +80,7 @@ class Stream:
         self._closed = False  # cancelled or finished: nothing more will be yielded
         self.cancelled = False
         self.error: StreamError | None = None
+        self.stop_reason: str | None = None  # the final chunk's: "length" when a length cap cut it
         # Samples the caller has taken from the iterator. Written on the loop, read by the worker
         # (an int attribute: atomic under the GIL) to stop generating for a caller that stopped reading.
         self.consumed_samples = 0
@@ -152,6 +154,7 @@ class Stream:
                 self.metrics.text_spoken = f"{self.metrics.text_spoken} {chunk.text}".strip()
         self._queue.put_nowait(chunk)
         if chunk.final:
+            self.stop_reason = chunk.stop_reason
             self._finish(None)
 
     def fail(self, error: StreamError) -> None:

@@ -354,6 +354,8 @@ class Session:
         reason = (
             "timeout" if turn.timed_out else "cancelled" if cancelled else "error" if error else "completed"
         )
+        if reason == "completed" and turn.stream.stop_reason == "length":
+            reason = "length"  # a length cap or a runaway guard of the model ended it (all of it was sent)
         self.turns_completed += 1
         done = self._done_message(turn, reason, played_ms)
         if self.metrics is not None:
@@ -379,7 +381,7 @@ class Session:
         # realtime/truncation.py), so the agent can truncate its context to what was heard.
         text = (
             " ".join(turn.text_sent)
-            if reason == "completed"
+            if reason in ("completed", "length")
             else spoken_text(turn.text_spans, round(played_ms * rate / 1000))
         )
         metrics: dict[str, Any] = {

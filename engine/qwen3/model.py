@@ -13,7 +13,8 @@ Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by sl
                          after the end of the text); a stream whose next token has not arrived is
                          not ready: it waits rather than padding
                 then, batched over all slots of the step: sample codebook 0, run the code
-                predictor for codebooks 1..15, one device->host copy of the (B, 16) codes
+                predictor for codebooks 1..15, one device->host copy of the (B, 16) codes; on
+                that copy, the runaway guards (guards.py) end a stream that never says EOS or loops
     decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
                 tick in as few calls as pay off, each padded to a common frame count, each row
                 advancing by its own count (codec_runner.py)
@@ -41,6 +42,7 @@ from .codec_runner import CodecRunner
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
+from .guards import GuardLimits, RepetitionDetector
 from .kv_cache import SlotKVCache
 from .layers import DecoderLayer
 from .options import ServeOptions
@@ -62,6 +64,7 @@ class _Slot:
     forced_frames: int | None  # StreamParams.forced_frames
     greedy: tuple[bool, bool]  # (codebook 0, codebooks 1..15): host copy of the device rows
     whole_text: bool  # wait for the end of the text and put all of it in the prompt (see prompt.py)
+    guard: GuardLimits | None  # runaway limits (guards.py); None: a forced length, no guards
     voice: SlotVoice | None = None  # a cloned voice (Base; clone_prefill.py)
     prefilled: bool = False
     frames: int = 0  # frames emitted
@@ -134,6 +137,7 @@ class Qwen3TTSModel(Model):
         )
         self._register_graphs()
         self._slots: dict[int, _Slot] = {}
+        self.repetition = RepetitionDetector(options.max_slots)
         self.invalid_code_rows = 0  # rows of sampled codes rejected by _invalid_rows (expected: 0)
 
     # --- slot life ---------------------------------------------------------------------------------
@@ -141,7 +145,14 @@ class Qwen3TTSModel(Model):
         if not 0 <= slot < self.options.max_slots:
             raise ModelError(slot, f"slot {slot} outside 0..{self.options.max_slots - 1}")
         req = parse_request(self.cfg, self.tokenizer, self.info.voices, slot, params, self.random_weights)
+        guard = None
+        if not self.random_weights and params.forced_frames is None:
+            try:
+                guard = GuardLimits.from_extra(params.extra)
+            except ValueError as err:
+                raise ModelError(slot, str(err)) from None
         self.state.open(slot, req.sampling, req.whole_text)
+        self.repetition.open(slot, guard.repeat_frames if guard is not None else 0)
         self.codec_runner.open(slot)
         self._slots[slot] = _Slot(
             text=TextStream(self.tokenizer),
@@ -151,6 +162,7 @@ class Qwen3TTSModel(Model):
             forced_frames=params.forced_frames,
             greedy=req.sampling.greedy,
             whole_text=req.whole_text,
+            guard=guard,
             voice=None
             if (profile := req.profile) is None
             else slot_voice(
@@ -227,6 +239,7 @@ class Qwen3TTSModel(Model):
         if batch:
             host = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
             bad = self._invalid_rows(host)
+            looped = self.repetition.push(np.asarray(batch), host[:, 0])
             for i, s in enumerate(batch):
                 if bad[i]:
                     self.invalid_code_rows += 1
@@ -241,7 +254,7 @@ class Qwen3TTSModel(Model):
                     self._slots[s].done = True
                     results[s] = GenerateResult(s, None, 0, True, error="the model produced invalid codes")
                 else:
-                    results[s] = self._record(s, host[i])
+                    results[s] = self._record(s, host[i], bool(looped[i]))
         return [results[s] for s in slots]
 
     def _invalid_rows(self, host: np.ndarray) -> np.ndarray:
@@ -335,19 +348,26 @@ class Qwen3TTSModel(Model):
             return max(1, round(self.options.random_frames_per_token * len(st.text.ids)))
         return None
 
-    def _record(self, slot: int, codes: np.ndarray) -> GenerateResult:
+    def _record(self, slot: int, codes: np.ndarray, looped: bool) -> GenerateResult:
+        """One frame of a slot; ``looped``: its codebook 0 repeats (guards.py)."""
         st = self._slots[slot]
         if int(codes[0]) == self.cfg.talker.codec_eos_id:
             st.done = True
             return GenerateResult(slot, None, 0, True)
         st.frames += 1
         forced = self._forced(st)
+        frames = codes[None].copy()
+        if forced is not None and st.frames >= forced:
+            st.done = True
+            return GenerateResult(slot, frames, 1, True)
+        guard = st.guard
         st.done = (
-            (forced is not None and st.frames >= forced)
-            or st.frames >= self.cfg.generation.max_new_tokens
+            st.frames >= self.cfg.generation.max_new_tokens
             or st.position + 1 > self.options.max_seq_len  # no room for the next feed
+            or (guard is not None and looped)
+            or (guard is not None and st.text.final and st.frames >= guard.frame_budget(len(st.text.ids)))
         )
-        return GenerateResult(slot, codes[None].copy(), 1, st.done)
+        return GenerateResult(slot, frames, 1, st.done, stop_reason="length" if st.done else None)
 
     # --- decode --------------------------------------------------------------------------------------
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
