@@ -163,8 +163,10 @@ def encode_from_core(msg: FromCore) -> list[bytes]:
     if isinstance(msg, Audio):
         c = msg.chunk
         pcm = np.ascontiguousarray(c.pcm, PCM_DTYPE)
-        header = _pack(Kind.AUDIO, msg.stream_id, c.sample_rate_hz, c.sample_offset, c.final, c.text,
-                       msg.trimmed_samples)
+        header = _pack(
+            Kind.AUDIO, msg.stream_id, c.sample_rate_hz, c.sample_offset, c.final, c.text, msg.trimmed_samples,
+            c.stop_reason,
+        )  # fmt: skip
         return [header, pcm.tobytes()]
     if isinstance(msg, Failed):
         return [_pack(Kind.FAILED, msg.stream_id, msg.code, msg.message)]
@@ -184,10 +186,11 @@ def encode_from_core(msg: FromCore) -> list[bytes]:
 def decode_from_core(frames: list[bytes]) -> FromCore:
     kind, *rest = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
     if kind == Kind.AUDIO:
-        sid, rate_hz, offset, final, text, trimmed = rest
+        sid, rate_hz, offset, final, text, trimmed, stop_reason = rest
         # A read-only view of the received buffer: no copy on this side either.
         pcm = np.frombuffer(frames[1], PCM_DTYPE)
-        return Audio(sid, AudioChunk(pcm, rate_hz, offset, final=final, text=text), trimmed)
+        chunk = AudioChunk(pcm, rate_hz, offset, final=final, text=text, stop_reason=stop_reason)
+        return Audio(sid, chunk, trimmed)
     if kind == Kind.FAILED:
         return Failed(rest[0], rest[1], rest[2])
     if kind == Kind.CLOSED:

@@ -46,9 +46,13 @@ class VoicewireClient(ProtocolClient):
                 **dict(ws_options.get("additional_headers") or {}),
                 "Authorization": f"Bearer {api_key}",
             }
-        ws = await websockets.connect(
-            stream_url(url), max_size=MAX_AUDIO_MESSAGE_BYTES, open_timeout=timeout_s, **ws_options
-        )
+        try:
+            ws = await websockets.connect(
+                stream_url(url), max_size=MAX_AUDIO_MESSAGE_BYTES, open_timeout=timeout_s, **ws_options
+            )
+        except websockets.InvalidStatus as err:
+            # The server refused the session (auth, capacity, not ready): its JSON error says why.
+            raise _refusal(err.response.status_code, err.response.body) from None
         client = cls(ws)
         created = client._expect("session.created")
         client._reader = asyncio.create_task(client._read(), name="voicewire-client-reader")
@@ -131,3 +135,11 @@ async def speak(
             if turn.result is None:
                 with contextlib.suppress(Exception):
                     await turn.cancel()
+
+
+def _refusal(status: int, body: bytes | bytearray | None) -> VoicewireError:
+    try:
+        error = json.loads(body or b"{}")["error"]
+        return VoicewireError(str(error["code"]), f"HTTP {status}: {error.get('message', '')}")
+    except (ValueError, KeyError, TypeError):
+        return VoicewireError(f"http_{status}", f"the server refused the session with HTTP {status}")

@@ -165,10 +165,11 @@ async def test_a_killed_core_ends_its_streams_with_model_error_and_starts_again(
 
 def test_the_wire_format_keeps_every_field_and_the_pcm_bytes() -> None:
     pcm = np.linspace(-1, 1, 1920, dtype=np.float32)
-    chunk = AudioChunk(pcm, RATE_HZ, 4800, final=True, text="a clause")
+    chunk = AudioChunk(pcm, RATE_HZ, 4800, final=True, text="a clause", stop_reason="length")
     audio = decode_from_core(encode_from_core(Audio(5, chunk, 120)))
     assert isinstance(audio, Audio) and audio.stream_id == 5 and audio.trimmed_samples == 120
     assert np.array_equal(audio.chunk.pcm, pcm) and audio.chunk.final and audio.chunk.text == "a clause"
+    assert audio.chunk.stop_reason == "length"  # a guarded stream's turn.done says so across processes
     frames = encode_from_core(Audio(5, chunk, 120))
     assert len(frames) == 2 and frames[1] == pcm.tobytes()  # raw PCM, its own frame
     info = ModelInfo("m", RATE_HZ, 300, TextGranularity.CLAUSE, 2, 8, ("a", "b"))
