@@ -125,11 +125,13 @@ async def test_refusals_and_empty_turns(engine: Engine) -> None:
             with pytest.raises(VoicewireError):
                 await turn.send("more")  # the turn is over
     # a session the server refuses at the handshake is a VoicewireError with the server's code
-    async with running_gateway(engine, max_sessions=1) as base:
-        async with await VoicewireClient.connect(f"http://{base}"):
-            with pytest.raises(VoicewireError) as full:
-                await VoicewireClient.connect(f"http://{base}")
-            assert full.value.code == "too_many_sessions" and "503" in full.value.message
+    async with (
+        running_gateway(engine, max_sessions=1) as base,
+        await VoicewireClient.connect(f"http://{base}"),
+    ):
+        with pytest.raises(VoicewireError) as full:
+            await VoicewireClient.connect(f"http://{base}")
+        assert full.value.code == "too_many_sessions" and "503" in full.value.message
 
 
 async def test_api_key_for_a_server_that_requires_one(engine: Engine) -> None:
