@@ -10,7 +10,7 @@ Server -> client:
     session.created {"session_id", "protocol": 1, "audio": {...}, "limits": {...}}
     session.updated {"audio": {...}}
     turn.started    {"turn_id"}
-    turn.done       {"turn_id", "reason": "completed"|"cancelled"|"error", "audio_ms", "played_ms",
+    turn.done       {"turn_id", "reason": "completed"|"cancelled"|"error"|"timeout"|"length", "audio_ms", "played_ms",
                      "text_spoken", "metrics": {...}}
     error           {"code", "message", "turn_id"?}
 T is a string or an integer, echoed back as given. Parsing is pure: bad input raises

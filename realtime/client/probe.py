@@ -363,7 +363,7 @@ class Probe:
 
     # --- results ---------------------------------------------------------------------------------------
     def result(self) -> dict[str, Any]:
-        done = [r for r in self.records if r.reason in ("completed", "cancelled")]
+        done = [r for r in self.records if r.reason in ("completed", "cancelled", "length")]  # audio played
 
         def vals(get: Any) -> list[float]:
             return [v for v in (get(r) for r in done) if v is not None]

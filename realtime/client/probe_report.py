@@ -58,7 +58,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    turns = [t for t in result["turns"] if t["reason"] in ("completed", "cancelled")]
+    turns = [t for t in result["turns"] if t["reason"] in ("completed", "cancelled", "length")]
     series = {
         "TTFB": [t["ttfb_ms"] for t in turns],
         "audible TTFA": [t["ttfa_ms"] for t in turns],

@@ -69,7 +69,7 @@ class TurnDone:
     """The server's ``turn.done``."""
 
     turn_id: TurnId
-    reason: str  # "completed" | "cancelled" | "error"
+    reason: str  # "completed" | "cancelled" | "error" | "timeout" (idle) | "length" (a length guard cut it)
     audio_ms: float  # audio the server produced for the turn
     played_ms: float  # audio that left the server (WebRTC: paced out; WebSocket: sent)
     text_spoken: str  # text up to played_ms (an estimate inside the last clause when cut)
