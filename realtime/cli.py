@@ -36,18 +36,6 @@ DEFAULT_MAX_SEQ_LEN = 1536  # talker positions per stream: ~2 minutes of audio
 AUTO_MAX_STREAMS = 512
 
 
-def _streams(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'auto', got {value!r}")
-    return n
-
-
 def _positive(value: str) -> int:
     try:
         n = int(value)
@@ -56,6 +44,15 @@ def _positive(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value!r}")
     return n
+
+
+def _streams(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return _positive(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'auto', got {value!r}") from None
 
 
 def _devices(args: argparse.Namespace) -> tuple[str, ...]:

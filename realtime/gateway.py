@@ -81,7 +81,7 @@ class Gateway:
         """Refuse a request before anything is allocated for it."""
         self.metrics.errors.labels(code).inc()
         self.log_limiter.log(log, "refused %s %s: %s", request.method, request.path, code, key=code)
-        return web.json_response(error_body(status, code, message), status=status)
+        return error_response(status, code, message)
 
     def admit(self, request: web.Request, *, opens_session: bool, json_body: bool = False) -> web.Response | None:
         """The one admission path of every request that can spend engine time or hold a session
@@ -141,6 +141,27 @@ def error_body(status: int, code: str, message: str) -> dict[str, Any]:
     """The JSON error every HTTP endpoint answers with (the OpenAI API's shape)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"type": kind, "code": code, "message": message}}
+
+
+def error_response(status: int, code: str, message: str) -> web.Response:
+    return web.json_response(error_body(status, code, message), status=status)
+
+
+class RequestError(Exception):
+    """A request refused with a 4xx/5xx status and a stable code (body, offer and speech checks)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def response(self) -> web.Response:
+        resp = error_response(self.status, self.code, self.message)
+        if self.status in (408, 413):
+            # The rest of the body is still on the wire: close instead of lingering to read it.
+            resp.force_close()
+        return resp
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

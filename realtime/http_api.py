@@ -15,7 +15,7 @@ from aiohttp import web
 from voicewire.engine import EngineBusy, EngineNotReady, ModelInfo, Stream, StreamError, StreamParams
 
 from .audio import pcm16_bytes
-from .gateway import GATEWAY, error_body
+from .gateway import GATEWAY, RequestError, error_response
 
 # OpenAI's built-in voice names; a drop-in client always sends one. They all map to this server's
 # default voice (the model's own voice names are accepted too).
@@ -46,41 +46,22 @@ FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
 STREAM_FORMATS = ("audio", "sse")  # raw audio bytes (default) | OpenAI's speech.audio.* SSE events
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response(error_body(status, code, message), status=status)
-
-
 async def read_json_body(request: web.Request, timeout_s: float) -> Any:
     """The whole body (however many TCP writes it came in) as JSON, or web.HTTPException-like
-    ``BodyError`` with a 4xx status: too large (413), too slow (408), not JSON (400)."""
+    ``RequestError`` with a 4xx status: too large (413), too slow (408), not JSON (400)."""
     try:
         raw = await asyncio.wait_for(request.read(), timeout_s)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[GATEWAY].config.max_http_body_bytes
-        raise BodyError(413, "body_too_large", f"bodies are limited to {limit} bytes") from None
+        raise RequestError(413, "body_too_large", f"bodies are limited to {limit} bytes") from None
     except TimeoutError:
-        raise BodyError(408, "body_timeout", f"the body did not arrive within {timeout_s:g} s") from None
+        raise RequestError(408, "body_timeout", f"the body did not arrive within {timeout_s:g} s") from None
     try:
         return json.loads(raw)
     # ValueError covers JSONDecodeError, bad UTF-8 and integers past Python's digit limit;
     # RecursionError, nesting deeper than the parser's stack.
     except (ValueError, RecursionError):
-        raise BodyError(400, "invalid_json", "the body must be JSON") from None
-
-
-class BodyError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-    def response(self) -> web.Response:
-        resp = _error(self.status, self.code, self.message)
-        if self.status in (408, 413):
-            # The rest of the body is still on the wire: close instead of lingering to read it.
-            resp.force_close()
-        return resp
+        raise RequestError(400, "invalid_json", "the body must be JSON") from None
 
 
 def streaming_wav_header(sample_rate_hz: int) -> bytes:
@@ -176,15 +157,15 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
     if refused is not None:
         return refused
     if request.content_length is not None and request.content_length > cfg.max_http_body_bytes:
-        return _error(413, "body_too_large", f"bodies are limited to {cfg.max_http_body_bytes} bytes")
+        return error_response(413, "body_too_large", f"bodies are limited to {cfg.max_http_body_bytes} bytes")
     try:
         body = await read_json_body(request, cfg.http_body_timeout_s)
         speech = parse_speech(body, engine.info.voices, cfg.max_speech_input_chars)
-    except BodyError as err:
+    except RequestError as err:
         return err.response()
     except ValueError as err:
         code, _, message = str(err).partition(":")
-        return _error(400, code, message)
+        return error_response(400, code, message)
     if gw.speech_requests >= cfg.max_speech_requests:
         return gw.refuse(
             request, 503, "too_many_requests", f"at most {cfg.max_speech_requests} speech requests at once"
@@ -192,11 +173,11 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
     try:
         stream = engine.open_stream(speech.params)
     except ValueError as err:  # an option the model refuses (StreamParams.check)
-        return _error(400, "invalid_request", str(err))
+        return error_response(400, "invalid_request", str(err))
     except EngineBusy as err:
-        return _error(503, "server_busy", str(err))
+        return error_response(503, "server_busy", str(err))
     except EngineNotReady as err:
-        return _error(503, "not_ready", str(err))
+        return error_response(503, "not_ready", str(err))
     gw.speech_requests += 1
     try:
         return await _stream_speech(request, stream, speech, engine.info)
@@ -226,10 +207,10 @@ async def _stream_speech(
                 break
     except StreamError as err:
         status = 400 if err.code in _INPUT_STREAM_ERRORS else 500
-        return _error(status, err.code if status == 400 else "model_error", str(err))
+        return error_response(status, err.code if status == 400 else "model_error", str(err))
     if first is None:
         stream.cancel()
-        return _error(400, "no_speech", "the input has nothing this voice can speak")
+        return error_response(400, "no_speech", "the input has nothing this voice can speak")
     content_type = "text/event-stream" if speech.sse else FORMATS[speech.fmt]
     resp = web.StreamResponse(headers={"Content-Type": content_type, "X-Sample-Rate": str(rate)})
     if speech.sse:
@@ -306,7 +287,7 @@ async def voices_handler(request: web.Request) -> web.Response:
     try:
         voices = gw.engine.info.voices
     except EngineNotReady as err:
-        return _error(503, "not_ready", str(err))
+        return error_response(503, "not_ready", str(err))
     data = [{"id": v, "name": v, "object": "voice", "default": i == 0} for i, v in enumerate(voices)]
     return web.json_response({"object": "list", "data": data})
 

@@ -44,8 +44,8 @@ from voicewire.engine import AudioChunk
 
 from .audio import FrameCutter, Resampler
 from .config import GatewayConfig
-from .gateway import GATEWAY, error_body
-from .http_api import BodyError, read_json_body
+from .gateway import GATEWAY, RequestError, error_response
+from .http_api import read_json_body
 from .pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
 from .protocol import dumps
 from .session import Session
@@ -64,14 +64,6 @@ ENDED_STATES = ("failed", "closed")
 OPUS_ONLY = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
 
 _STOCK_GET_HOST_ADDRESSES = aioice.ice.get_host_addresses
-
-
-class OfferError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 # --- ICE knobs --------------------------------------------------------------------------------------
@@ -148,48 +140,44 @@ def rtc_configuration(config: GatewayConfig) -> RTCConfiguration:
 
 # --- offer validation ---------------------------------------------------------------------------------
 async def read_offer(request: web.Request) -> str:
-    """The offer's SDP, with only the ICE candidates the server may check; OfferError or
-    BodyError with a 4xx status."""
+    """The offer's SDP, with only the ICE candidates the server may check; RequestError
+    with a 4xx status."""
     config = request.app[GATEWAY].config
-    body = await read_json_body(request, config.http_body_timeout_s)  # BodyError: 4xx as it is
+    body = await read_json_body(request, config.http_body_timeout_s)  # RequestError: 4xx as it is
     if not isinstance(body, dict):
-        raise OfferError(400, "invalid_request", 'the body must be {"sdp": ..., "type": "offer"}')
+        raise RequestError(400, "invalid_request", 'the body must be {"sdp": ..., "type": "offer"}')
     if body.get("type") != "offer":
-        raise OfferError(400, "invalid_type", 'type must be "offer"')
+        raise RequestError(400, "invalid_type", 'type must be "offer"')
     sdp = body.get("sdp")
     if not isinstance(sdp, str) or not sdp.startswith("v=0"):
-        raise OfferError(400, "invalid_sdp", "sdp must be a session description string starting with v=0")
+        raise RequestError(400, "invalid_sdp", "sdp must be a session description string starting with v=0")
     try:
         media = SessionDescription.parse(sdp).media
     except Exception as err:  # aiortc's parser raises ValueError, IndexError, KeyError... on bad SDP
-        raise OfferError(400, "invalid_sdp", f"the SDP could not be parsed: {type(err).__name__}") from None
+        raise RequestError(400, "invalid_sdp", f"the SDP could not be parsed: {type(err).__name__}") from None
     if not any(
         m.kind == "audio" and any(c.mimeType.lower() == "audio/opus" for c in m.rtp.codecs) for m in media
     ):
-        raise OfferError(
+        raise RequestError(
             400, "no_audio", "the offer needs an audio section with Opus (a recvonly transceiver)"
         )
     if not any(m.kind == "application" for m in media):
-        raise OfferError(400, "no_data_channel", f"the offer needs a data channel labelled {CONTROL_LABEL!r}")
+        raise RequestError(400, "no_data_channel", f"the offer needs a data channel labelled {CONTROL_LABEL!r}")
     # aiortc checks ICE credentials but not fingerprints: without one, DTLS fails later, silently.
     if not all(
         m.ice and m.ice.usernameFragment and m.ice.password and m.dtls and m.dtls.fingerprints for m in media
     ):
-        raise OfferError(
+        raise RequestError(
             400, "invalid_sdp", "every media section needs ice-ufrag, ice-pwd and a DTLS fingerprint"
         )
     candidates = sum(line.startswith("a=candidate:") for line in sdp.splitlines())
     if candidates > config.max_offer_candidates:
-        raise OfferError(
+        raise RequestError(
             400,
             "too_many_candidates",
             f"an offer may carry at most {config.max_offer_candidates} ICE candidates, not {candidates}",
         )
     return filter_candidates(sdp, _gathered_families())
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response(error_body(status, code, message), status=status)
 
 
 # --- the session sink ---------------------------------------------------------------------------------
@@ -274,7 +262,7 @@ class WebRtcPeer:
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         except Exception as err:  # aiortc raises ValueError and friends for SDP it cannot use
-            raise OfferError(400, "invalid_sdp", f"the offer was refused: {err}") from None
+            raise RequestError(400, "invalid_sdp", f"the offer was refused: {err}") from None
         transceivers = self.pc.getTransceivers()
         audio = next(t for t in transceivers if t.kind == "audio")  # read_offer checked there is one
         self.pc.addTrack(self.track)
@@ -376,23 +364,21 @@ async def offer_handler(request: web.Request) -> web.Response:
         return refused
     try:
         sdp = await read_offer(request)
-    except BodyError as err:
+    except RequestError as err:
         return err.response()
-    except OfferError as err:
-        return _error(err.status, err.code, err.message)
     peers = gw.peers
     if len(peers) >= config.max_webrtc_peers:
-        return _error(503, "too_many_peers", f"this server takes at most {config.max_webrtc_peers} calls")
+        return error_response(503, "too_many_peers", f"this server takes at most {config.max_webrtc_peers} calls")
     peer = WebRtcPeer(app, RTCPeerConnection(rtc_configuration(config)))
     peers.add(peer)
     try:
         answer = await asyncio.wait_for(peer.answer(sdp), NEGOTIATION_TIMEOUT_S)
-    except OfferError as err:
+    except RequestError as err:
         await peer.close(f"bad offer: {err.code}")
-        return _error(err.status, err.code, err.message)
+        return err.response()
     except TimeoutError:
         await peer.close("negotiation timed out")
-        return _error(504, "negotiation_timeout", f"no answer within {NEGOTIATION_TIMEOUT_S:.0f} s")
+        return error_response(504, "negotiation_timeout", f"no answer within {NEGOTIATION_TIMEOUT_S:.0f} s")
     return web.json_response({"sdp": answer.sdp, "type": answer.type})
 
 
