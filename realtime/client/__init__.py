@@ -15,8 +15,13 @@ agent-framework adapters (``adapters.pipecat``, ``adapters.livekit``) and the lo
     async for chunk in client.speak(await openai.chat.completions.create(..., stream=True)):
         player.write(chunk.data)
 
-Barge-in: ``done = await turn.cancel()``; ``done.text_spoken`` is the text up to
-``done.played_ms`` (an estimate inside the last clause), to truncate the agent's context with.
+Word timings: ``turn.events()`` yields the audio and ``TurnWords`` (each before its audio);
+``turn.words()`` lists those received so far (``WordTiming``: word, start_ms, end_ms, and
+char_start/char_end in the text sent).
+
+Barge-in: ``done = await turn.cancel()`` reports the audio the caller took from ``audio()`` as
+played (``played_ms=`` to give another position); ``done.text_spoken`` is the text of the words
+up to ``done.played_ms``, to truncate the agent's context with.
 
 Over WebRTC: ``voicewire.realtime.client.webrtc.WebRtcClient`` offers the same turns (it imports
 aiortc, so it is not imported here).
@@ -29,8 +34,11 @@ from .protocol import (
     Turn,
     TurnAudio,
     TurnDone,
+    TurnEvent,
     TurnId,
+    TurnWords,
     VoicewireError,
+    WordTiming,
     delta_text,
 )
 from .websocket import VoicewireClient, speak, stream_url
@@ -42,9 +50,12 @@ __all__ = [
     "Turn",
     "TurnAudio",
     "TurnDone",
+    "TurnEvent",
     "TurnId",
+    "TurnWords",
     "VoicewireClient",
     "VoicewireError",
+    "WordTiming",
     "delta_text",
     "speak",
     "stream_url",

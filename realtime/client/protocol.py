@@ -2,7 +2,8 @@
 
 Turns of one connection are spoken in order: a turn started while another plays is generated at
 once and heard after it. Audio messages carry no turn id; they belong to the turn between its
-``turn.started`` and ``turn.done``. ``ProtocolClient`` is this part; the WebSocket client
+``turn.started`` and ``turn.done``. ``turn.words`` messages give the words of the audio that follows
+them (``WordTiming``): read them with ``Turn.events()`` or ``Turn.words()``. ``ProtocolClient`` is this part; the WebSocket client
 (``websocket.VoicewireClient``) and the aiortc peer (``webrtc.WebRtcClient``) add a transport and
 so offer the same turns.
 """
@@ -65,15 +66,50 @@ class ReceivedAudio:
 
 
 @dataclass(frozen=True)
+class WordTiming:
+    """One spoken word of a turn (``turn.words``): where it lies in the turn's audio and in its text."""
+
+    word: str  # the word as the voice speaks it (normalized: e.g. no emoji)
+    start_ms: float  # from the turn's first audio sample
+    end_ms: float
+    char_start: int  # the word's span in the turn's text as sent (its text.delta texts joined)
+    char_end: int
+
+    @classmethod
+    def from_message(cls, item: dict[str, Any]) -> WordTiming:
+        return cls(
+            word=str(item["word"]),
+            start_ms=float(item["start_ms"]),
+            end_ms=float(item["end_ms"]),
+            char_start=int(item["char_start"]),
+            char_end=int(item["char_end"]),
+        )
+
+
+@dataclass(frozen=True)
+class TurnWords:
+    """One ``turn.words`` message: words whose audio starts in the audio that follows it."""
+
+    turn_id: TurnId
+    words: tuple[WordTiming, ...]
+
+
+TurnEvent = ReceivedAudio | TurnWords
+
+
+@dataclass(frozen=True)
 class TurnDone:
     """The server's ``turn.done``."""
 
     turn_id: TurnId
     reason: str  # "completed" | "cancelled" | "error" | "timeout" (idle) | "length" (a length guard cut it)
     audio_ms: float  # audio the server produced for the turn
-    played_ms: float  # audio that left the server (WebRTC: paced out; WebSocket: sent)
-    text_spoken: str  # text up to played_ms (an estimate inside the last clause when cut)
+    played_ms: float  # audio the listener heard, see played_source
+    text_spoken: str  # the words up to played_ms (from the word timings)
     metrics: dict[str, Any] = field(default_factory=dict)  # ttfp_ms, ttfa_ms, engine_ttfp_ms, ...
+    # what played_ms is: "client" (the client reported its playback position with turn.cancel),
+    # "paced" (WebRTC: what the server's pacer sent on the wall clock), "sent" (WebSocket: audio sent)
+    played_source: str = "sent"
 
     @classmethod
     def from_message(cls, msg: dict[str, Any]) -> TurnDone:
@@ -84,6 +120,7 @@ class TurnDone:
             played_ms=float(msg.get("played_ms", 0.0)),
             text_spoken=str(msg.get("text_spoken", "")),
             metrics=dict(msg.get("metrics") or {}),
+            played_source=str(msg.get("played_source", "sent")),
         )
 
 
@@ -93,6 +130,7 @@ class TurnAudio:
 
     chunks: tuple[ReceivedAudio, ...]
     done: TurnDone
+    words: tuple[WordTiming, ...] = ()  # every word the server timed for the turn, in order
 
     @property
     def data(self) -> bytes:
@@ -140,6 +178,10 @@ class Turn:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._done: asyncio.Future[TurnDone] = asyncio.get_running_loop().create_future()
         self._reading = False
+        self._words: list[WordTiming] = []
+        # Audio handed to the caller through audio() / events(): what a caller who plays what it
+        # reads has played, reported with turn.cancel (see cancel()).
+        self._consumed_s = 0.0
         self._sent_text = False
         self._closed_input = False  # end() or cancel() sent
         self._feeder: asyncio.Task[None] | None = None
@@ -178,28 +220,56 @@ class Turn:
         else:
             self._finish(TurnDone(self.turn_id, "completed", 0.0, 0.0, ""))
 
-    async def cancel(self, timeout_s: float = 10.0) -> TurnDone:
-        """Barge-in: stop the turn now; returns its ``turn.done`` (``played_ms``, ``text_spoken``)."""
-        await self.send_cancel()
+    async def cancel(self, timeout_s: float = 10.0, played_ms: float | None = None) -> TurnDone:
+        """Barge-in: stop the turn now; returns its ``turn.done`` (``played_ms``, ``text_spoken``).
+        ``played_ms``: see ``send_cancel``."""
+        await self.send_cancel(played_ms)
         return await self.done(timeout_s)
 
-    async def send_cancel(self) -> None:
+    async def send_cancel(self, played_ms: float | None = None) -> None:
         """Barge-in without waiting for ``turn.done`` (which still comes, see ``done()``): for
-        interruption handlers that must not wait a round trip."""
+        interruption handlers that must not wait a round trip.
+
+        ``played_ms``: how much of the turn's audio the listener heard, for the server to cut
+        ``text_spoken`` there. By default, over a transport where the server cannot know it (the
+        WebSocket), the audio this turn's reader has taken from ``audio()`` / ``events()`` (a
+        caller that buffers before playing should pass its own position); nothing when nobody
+        read the audio (the server then reports what it sent)."""
         if self._feeder is not None and self._feeder is not asyncio.current_task():
             self._feeder.cancel()
         if self._done.done():
             return
         self._closed_input = True
         if self._sent_text:
-            await self._client._send({"type": "turn.cancel", "turn_id": self.turn_id})
+            msg: dict[str, Any] = {"type": "turn.cancel", "turn_id": self.turn_id}
+            if played_ms is None and self._reading and self._client.reports_playback:
+                played_ms = self.consumed_ms
+            if played_ms is not None:
+                msg["played_ms"] = round(max(0.0, played_ms), 1)
+            await self._client._send(msg)
         else:
             self._finish(TurnDone(self.turn_id, "cancelled", 0.0, 0.0, ""))
+
+    @property
+    def consumed_ms(self) -> float:
+        """Audio of this turn handed to the caller so far (``audio()`` / ``events()``), in ms."""
+        return self._consumed_s * 1000
+
+    def words(self) -> list[WordTiming]:
+        """The turn's words received so far (``turn.words``), in order; each arrives before its audio."""
+        return list(self._words)
 
     # --- audio out ----------------------------------------------------------------------------------
     async def audio(self) -> AsyncIterator[ReceivedAudio]:
         """The turn's audio as it arrives, until ``turn.done``. Raises VoicewireError if the turn
         failed. One reader per turn."""
+        async for event in self.events():
+            if isinstance(event, ReceivedAudio):
+                yield event
+
+    async def events(self) -> AsyncIterator[TurnEvent]:
+        """The turn's audio and its ``TurnWords`` in the order they arrived (each word before the
+        audio holding its first sample), until ``turn.done``. Raises like ``audio()``; instead of it."""
         if self._reading:
             raise RuntimeError("turn.audio() can be read once")
         self._reading = True
@@ -207,6 +277,8 @@ class Turn:
             item = await self._queue.get()
             if item is _END:
                 break
+            if isinstance(item, ReceivedAudio):
+                self._consumed_s += item.duration_s
             yield item
         done = await self._done  # raises when the turn failed
         if done.reason == "error":
@@ -230,8 +302,10 @@ class Turn:
         async def read() -> TurnAudio:
             chunks: list[ReceivedAudio] = []
             while (item := await self._queue.get()) is not _END:
-                chunks.append(item)
-            return TurnAudio(tuple(chunks), await self._done)
+                if isinstance(item, ReceivedAudio):
+                    self._consumed_s += item.duration_s
+                    chunks.append(item)
+            return TurnAudio(tuple(chunks), await self._done, tuple(self._words))
 
         return await asyncio.wait_for(read(), timeout_s)
 
@@ -252,6 +326,10 @@ class Turn:
             self.t_first_audio_s = audio.t_received_s
         self._queue.put_nowait(audio)
 
+    def _push_words(self, words: TurnWords) -> None:
+        self._words.extend(words.words)
+        self._queue.put_nowait(words)
+
     def _finish(self, done: TurnDone) -> None:
         if not self._done.done():
             self._done.set_result(done)
@@ -266,6 +344,9 @@ class Turn:
 
 class ProtocolClient:
     """Turn bookkeeping and message routing, independent of the transport."""
+
+    # The server cannot see this transport's playback (WebSocket): turn.cancel reports it.
+    reports_playback = True
 
     def __init__(self) -> None:
         self.session: dict[str, Any] = {}  # session.created
@@ -358,6 +439,9 @@ class ProtocolClient:
         elif kind == "turn.started" and turn is not None:
             turn.started = True
             self._playing = turn
+        elif kind == "turn.words" and turn is not None:
+            words = tuple(WordTiming.from_message(w) for w in msg.get("words") or ())
+            turn._push_words(TurnWords(turn.turn_id, words))
         elif kind == "turn.done":
             if turn is not None:
                 turn.t_done_s = time.perf_counter()

@@ -73,6 +73,9 @@ class _TurnWindow:
 class WebRtcClient(ProtocolClient):
     """Protocol v1 over WebRTC (``POST /offer``, ``control`` data channel, Opus track)."""
 
+    # The server's pacer knows what it sent on the wall clock (turn.done played_source "paced").
+    reports_playback = False
+
     def __init__(self) -> None:
         super().__init__()
         self.audio_format = "pcm16"  # decoded here: turns yield PCM, whatever Opus carried
