@@ -8,6 +8,7 @@
 Imports nothing from realtime/ and no transport package (aiohttp, aiortc, av, websockets).
 """
 
+from .cloned_voice import CLONED_VOICE_KEY, ClonedVoice, CloningNotSupported
 from .config import ChunkSchedule, EngineConfig, LevelConfig, TextConfig
 from .engine import Engine, EngineBusy, EngineNotReady, EngineStats
 from .level import ONSET_THRESHOLD_DBFS, dbfs, first_audible_sample
@@ -15,12 +16,16 @@ from .model import GenerateResult, Model, ModelError, ModelInfo, StreamParams, T
 from .models import MODEL_NAMES, load_model
 from .playout import Playout
 from .stream import AudioChunk, Stream, StreamError, StreamMetrics
+from .word_timing import WordTiming
 
 __all__ = [
+    "CLONED_VOICE_KEY",
     "MODEL_NAMES",
     "ONSET_THRESHOLD_DBFS",
     "AudioChunk",
     "ChunkSchedule",
+    "ClonedVoice",
+    "CloningNotSupported",
     "Engine",
     "EngineBusy",
     "EngineConfig",
@@ -38,6 +43,7 @@ __all__ = [
     "StreamParams",
     "TextConfig",
     "TextGranularity",
+    "WordTiming",
     "dbfs",
     "first_audible_sample",
     "load_model",

@@ -20,11 +20,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
+from .cloned_voice import ClonedVoice, CloningNotSupported
 from .commands import Cancel, End, Flush, PushText, Stop, StreamCommand
 from .config import EngineConfig
 from .level import LeadInTrimmer
@@ -71,6 +73,7 @@ class EngineStats:
     streams_failed: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
     last_step_s: float = 0.0
+    voices_cloned: int = 0  # clone_voice calls that ran the model's encoders (counted on the caller's loop)
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Engine:
         # read it: an engine whose model exists but is still capturing graphs is not ready.
         self._worker_running = threading.Event()
         self.stats = EngineStats()
+        self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
@@ -147,6 +151,9 @@ class Engine:
         return self
 
     def close(self) -> None:
+        if self._cloner is not None:
+            self._cloner.shutdown(wait=True)
+            self._cloner = None
         if self._thread is None:
             return
         self._commands.put(Stop())
@@ -174,6 +181,23 @@ class Engine:
         stream = Stream(next(self._ids), asyncio.get_running_loop(), self._commands.put)
         self._commands.put(OpenStream(stream, params))
         return stream
+
+    async def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str = "") -> ClonedVoice:
+        """A cloned voice from a reference clip (float32 mono); see ``Model.clone_voice``. Runs on
+        a thread of its own, one clone at a time, while the worker keeps stepping. Raises
+        CloningNotSupported, EngineNotReady, or ValueError for audio the model cannot use."""
+        if not self.ready:
+            raise EngineNotReady("the engine is starting (loading or warming up); try again shortly")
+        model = self.model
+        if not model.info.voice_encoder:
+            raise CloningNotSupported(f"{model.info.name} cannot clone voices")
+        if self._cloner is None:
+            self._cloner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicewire-clone")
+        voice = await asyncio.get_running_loop().run_in_executor(
+            self._cloner, model.clone_voice, np.asarray(pcm, np.float32), sample_rate_hz, ref_text
+        )
+        self.stats.voices_cloned += 1
+        return voice
 
     def active_streams(self) -> int:
         """Streams the engine still holds (opened, not yet finished or freed)."""

@@ -26,6 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .word_timing import WordTiming, shifted
+
+from .cloned_voice import ClonedVoice, CloningNotSupported
+
 
 class TextGranularity(enum.Enum):
     """How a model wants its text."""
@@ -44,6 +48,9 @@ class ModelInfo:
     max_slots: int  # most streams the model holds at once
     voices: tuple[str, ...]  # accepted voice names; the first is the default
     random_weights: bool = False  # untrained weights (benchmarks, tests): the audio is noise
+    # what derives this model's cloned voices ("" = it cannot clone); a ClonedVoice fits only the
+    # encoder that made it (cloned_voice.py)
+    voice_encoder: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,9 @@ class GenerateResult:
     # with ``finished``: why the slot stopped, where it was not the model's own end (stop token, text
     # spoken, forced length): "length" = a length cap or a runaway guard cut it (engine/qwen3/guards.py)
     stop_reason: str | None = None
+    # words whose audio starts in these frames, in frames from the first of them (word_timing.py);
+    # a model that knows its words only after stage 2 reports them from decode_timed instead
+    words: tuple[WordTiming, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,15 @@ class DecodeWork:
     final: bool  # the last chunk of this slot: flush any held-back samples
     text: str = ""  # text these frames speak, where the model knows it (for the emitted chunk)
     stream_id: int = 0  # the engine's stream id (bookkeeping for the engine; a model ignores it)
+    words: tuple[WordTiming, ...] = ()  # GenerateResult.words of these frames, in frames from the first
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Stage 2's output for one DecodeWork: its PCM and the words that start in it."""
+
+    pcm: np.ndarray  # float32 mono at ``info.sample_rate_hz``
+    words: tuple[WordTiming, ...] = ()  # in samples of ``pcm`` (an end may lie past it)
 
 
 class Model(ABC):
@@ -124,12 +143,32 @@ class Model(ABC):
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
         """Stage 2: frames -> float32 mono PCM at ``info.sample_rate_hz``, one array per DecodeWork, same order."""
 
+    def decode_timed(self, work: Sequence[DecodeWork]) -> list[Decoded]:
+        """``decode`` with each chunk's words in samples. By default the frame-unit words of each
+        DecodeWork, scaled by ``info.frame_samples`` (exact for a model whose decoder puts out
+        exactly that many samples per frame); a model whose stage 2 changes the timing (trims
+        pauses) overrides it."""
+        frame = self.info.frame_samples
+        return [
+            Decoded(pcm, tuple(shifted(w.words, 0, frame)))
+            for w, pcm in zip(work, self.decode(work), strict=True)
+        ]
+
     @abstractmethod
     def close_slot(self, slot: int) -> None:
         """Free everything the slot holds (finished or cancelled)."""
 
     def warmup(self) -> None:  # noqa: B027 - optional hook
         """Run once at start so the first request pays no lazy-init cost."""
+
+    def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str) -> ClonedVoice:
+        """A reference clip (float32 mono at ``sample_rate_hz``) and its transcript ("" = none) ->
+        a voice for ``StreamParams.extra[CLONED_VOICE_KEY]``; ValueError for audio it cannot use.
+
+        The one method that does not run on the worker thread: the engine calls it on a thread
+        of its own while the worker keeps stepping (a clone costs 100-300 ms on real encoders,
+        which would stall every stream), so it must not touch slot state."""
+        raise CloningNotSupported(f"{self.info.name} cannot clone voices")
 
 
 class ModelError(Exception):

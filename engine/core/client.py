@@ -30,10 +30,13 @@ import tempfile
 import time
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
 from voicewire.engine import (
+    ClonedVoice,
+    CloningNotSupported,
     EngineBusy,
     EngineConfig,
     EngineNotReady,
@@ -47,6 +50,8 @@ from voicewire.engine.commands import StreamCommand
 
 from .messages import (
     Audio,
+    CloneFailed,
+    CloneVoice,
     Closed,
     Consumed,
     Failed,
@@ -56,6 +61,7 @@ from .messages import (
     StartFailed,
     Stats,
     ToCore,
+    VoiceCloned,
     decode_from_core,
     encode_to_core,
 )
@@ -94,6 +100,7 @@ class CoreClient:
         self._ids = itertools.count(1)
         self._streams: dict[int, Stream] = {}  # open on the core (its slot is not known free yet)
         self._reported: dict[int, int] = {}  # consumption last sent per stream
+        self._clones: dict[int, asyncio.Future[ClonedVoice]] = {}  # clone requests the core has not answered
         self._ctx: zmq.asyncio.Context | None = None
         self._to_core: zmq.Socket[bytes] | None = None  # plain socket: sends never wait
         self._from_core: zmq.asyncio.Socket | None = None
@@ -153,6 +160,23 @@ class CoreClient:
         self._streams[sid] = stream
         self._reported[sid] = 0
         return stream
+
+    async def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str = "") -> ClonedVoice:
+        """``Engine.clone_voice`` in the core (on its clone thread). Raises CloningNotSupported,
+        EngineNotReady, ValueError (a clip the model refused) or RuntimeError (the model or the core
+        failed)."""
+        if self.state is not CoreState.READY:
+            raise EngineNotReady(f"the engine core {self.name} is not ready; try again shortly")
+        if not self.info.voice_encoder:
+            raise CloningNotSupported(f"{self.info.name} cannot clone voices")
+        rid = next(self._ids)
+        future: asyncio.Future[ClonedVoice] = asyncio.get_running_loop().create_future()
+        self._clones[rid] = future
+        try:
+            self._send(CloneVoice(rid, np.asarray(pcm, np.float32), sample_rate_hz, ref_text))
+            return await future
+        finally:
+            self._clones.pop(rid, None)
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> CoreClient:
@@ -311,6 +335,13 @@ class CoreClient:
                 stream.fail(StreamError(msg.code, msg.message))
         elif isinstance(msg, Closed):
             self._forget(msg.stream_id)
+        elif isinstance(msg, VoiceCloned | CloneFailed):
+            future = self._clones.get(msg.request_id)
+            if future is not None and not future.done():
+                if isinstance(msg, VoiceCloned):
+                    future.set_result(msg.voice)
+                else:
+                    future.set_exception(_clone_error(msg))
         elif isinstance(msg, Stats):
             self.stats = msg.stats
         elif isinstance(msg, Ready):
@@ -345,5 +376,19 @@ class CoreClient:
                 )
         for stream in streams:
             stream.fail(error)
+        for future in self._clones.values():
+            if not future.done():
+                future.set_exception(RuntimeError(f"the engine core ended ({self.last_exit})"))
         if self._exited is not None and not self._exited.done():
             self._exited.set_result(code)
+
+
+def _clone_error(msg: CloneFailed) -> Exception:
+    """The exception ``Engine.clone_voice`` would have raised in process."""
+    if msg.code == "cloning_not_supported":
+        return CloningNotSupported(msg.message)
+    if msg.code == "bad_audio":
+        return ValueError(msg.message)
+    if msg.code == "not_ready":
+        return EngineNotReady(msg.message)
+    return RuntimeError(msg.message)

@@ -7,8 +7,13 @@ one buffer copy and is never pickled. Float32 (not int16) keeps the audio bit-id
 in-process engine; it is 96 KB/s per stream at 24 kHz, nothing next to a local socket's rate.
 
 Two sockets per core, both bound by the gateway side (so a restarted core just reconnects):
-``to_core`` (PUSH -> PULL) carries stream commands and consumption reports, ``from_core``
-(PUSH -> PULL) carries audio, stream ends and the core's state.
+``to_core`` (PUSH -> PULL) carries stream commands, consumption reports and clone requests,
+``from_core`` (PUSH -> PULL) carries audio, stream ends, cloned voices and the core's state.
+
+A cloned voice in a stream's options (``StreamParams.extra[CLONED_VOICE_KEY]``) crosses whole, as a
+msgpack extension (its arrays as raw bytes + dtype + shape), rather than as a voice id the core
+would look up: the core then holds no voice state (nothing to invalidate when a voice is deleted,
+no voices directory shared between processes or hosts), and a voice is 5-50 KB, once per stream.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, TypeAlias
 import msgpack
 import numpy as np
 
-from voicewire.engine import AudioChunk, EngineStats, ModelInfo, StreamParams, TextGranularity
+from voicewire.engine import AudioChunk, ClonedVoice, EngineStats, ModelInfo, StreamParams, TextGranularity
 from voicewire.engine.commands import Cancel, End, Flush, PushText
 
 PCM_DTYPE = np.dtype("<f4")
@@ -36,6 +41,7 @@ class Kind(enum.IntEnum):
     CANCEL = 5
     CONSUMED = 6
     SHUTDOWN = 7
+    CLONE = 8
     # core -> gateway
     READY = 16
     START_FAILED = 17
@@ -43,6 +49,11 @@ class Kind(enum.IntEnum):
     FAILED = 19
     CLOSED = 20
     STATS = 21
+    CLONED = 22
+    CLONE_FAILED = 23
+
+
+CLONED_VOICE_EXT = 1  # msgpack extension code of a ClonedVoice
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,16 @@ class Consumed:
 
     stream_id: int
     samples: int
+
+
+@dataclass(frozen=True)
+class CloneVoice:
+    """Derive a cloned voice from a reference clip (``Engine.clone_voice``); the PCM goes as its own frame."""
+
+    request_id: int
+    pcm: np.ndarray  # float32 mono
+    sample_rate_hz: int
+    ref_text: str
 
 
 @dataclass(frozen=True)
@@ -108,6 +129,21 @@ class Closed:
 
 
 @dataclass(frozen=True)
+class VoiceCloned:
+    request_id: int
+    voice: ClonedVoice
+
+
+@dataclass(frozen=True)
+class CloneFailed:
+    """``code``: cloning_not_supported | bad_audio (the model refused the clip) | not_ready | model_error."""
+
+    request_id: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Stats:
     """The core's counters, sent periodically; also its heartbeat."""
 
@@ -115,15 +151,43 @@ class Stats:
     active_streams: int
 
 
-ToCore: TypeAlias = OpenStream | PushText | Flush | End | Cancel | Consumed | Shutdown
-FromCore: TypeAlias = Ready | StartFailed | Audio | Failed | Closed | Stats
+ToCore: TypeAlias = OpenStream | PushText | Flush | End | Cancel | Consumed | CloneVoice | Shutdown
+FromCore: TypeAlias = Ready | StartFailed | Audio | Failed | Closed | Stats | VoiceCloned | CloneFailed
 
 _STREAM_COMMANDS: dict[type, Kind] = {Flush: Kind.FLUSH, End: Kind.END, Cancel: Kind.CANCEL}
 _STREAM_COMMAND_TYPES = {kind: cls for cls, kind in _STREAM_COMMANDS.items()}
 
 
 def _pack(*items: Any) -> bytes:
-    return msgpack.packb(items, use_bin_type=True)
+    return msgpack.packb(items, use_bin_type=True, default=_pack_ext)
+
+
+def _pack_ext(obj: object) -> msgpack.ExtType:
+    if isinstance(obj, ClonedVoice):
+        arrays = [
+            [name, a.dtype.str, list(a.shape), np.ascontiguousarray(a).tobytes()]
+            for name, a in obj.arrays.items()
+        ]
+        return msgpack.ExtType(CLONED_VOICE_EXT, _pack(obj.encoder, obj.ref_text, arrays))
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def _unpack_ext(code: int, data: bytes) -> object:
+    if code != CLONED_VOICE_EXT:
+        return msgpack.ExtType(code, data)
+    encoder, ref_text, arrays = _unpack(data)
+    return ClonedVoice(
+        encoder,
+        {
+            name: np.frombuffer(raw, np.dtype(dtype)).reshape(shape).copy()
+            for name, dtype, shape, raw in arrays
+        },
+        ref_text,
+    )
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_unpack_ext)
 
 
 def encode_to_core(msg: ToCore) -> list[bytes]:
@@ -134,6 +198,9 @@ def encode_to_core(msg: ToCore) -> list[bytes]:
         return [_pack(_STREAM_COMMANDS[type(msg)], msg.stream_id)]
     if isinstance(msg, Consumed):
         return [_pack(Kind.CONSUMED, msg.stream_id, msg.samples)]
+    if isinstance(msg, CloneVoice):
+        pcm = np.ascontiguousarray(msg.pcm, PCM_DTYPE)
+        return [_pack(Kind.CLONE, msg.request_id, msg.sample_rate_hz, msg.ref_text), pcm.tobytes()]
     if isinstance(msg, OpenStream):
         params = [getattr(msg.params, f.name) for f in fields(StreamParams)]
         try:
@@ -144,13 +211,15 @@ def encode_to_core(msg: ToCore) -> list[bytes]:
 
 
 def decode_to_core(frames: list[bytes]) -> ToCore:
-    kind, *rest = msgpack.unpackb(frames[0], raw=False)
+    kind, *rest = _unpack(frames[0])
     if kind == Kind.TEXT:
         return PushText(rest[0], rest[1])
     if kind in _STREAM_COMMAND_TYPES:
         return _STREAM_COMMAND_TYPES[kind](rest[0])
     if kind == Kind.CONSUMED:
         return Consumed(rest[0], rest[1])
+    if kind == Kind.CLONE:
+        return CloneVoice(rest[0], np.frombuffer(frames[1], PCM_DTYPE), rest[1], rest[2])
     if kind == Kind.OPEN:
         return OpenStream(rest[0], StreamParams(*rest[1]))
     if kind == Kind.SHUTDOWN:
@@ -172,6 +241,10 @@ def encode_from_core(msg: FromCore) -> list[bytes]:
         return [_pack(Kind.FAILED, msg.stream_id, msg.code, msg.message)]
     if isinstance(msg, Closed):
         return [_pack(Kind.CLOSED, msg.stream_id)]
+    if isinstance(msg, VoiceCloned):
+        return [_pack(Kind.CLONED, msg.request_id, msg.voice)]
+    if isinstance(msg, CloneFailed):
+        return [_pack(Kind.CLONE_FAILED, msg.request_id, msg.code, msg.message)]
     if isinstance(msg, Stats):
         st = msg.stats
         counters = [getattr(st, f.name) for f in fields(EngineStats) if f.name != "batch_sizes"]
@@ -184,7 +257,7 @@ def encode_from_core(msg: FromCore) -> list[bytes]:
 
 
 def decode_from_core(frames: list[bytes]) -> FromCore:
-    kind, *rest = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+    kind, *rest = _unpack(frames[0])
     if kind == Kind.AUDIO:
         sid, rate_hz, offset, final, text, trimmed, stop_reason = rest
         # A read-only view of the received buffer: no copy on this side either.
@@ -195,6 +268,10 @@ def decode_from_core(frames: list[bytes]) -> FromCore:
         return Failed(rest[0], rest[1], rest[2])
     if kind == Kind.CLOSED:
         return Closed(rest[0])
+    if kind == Kind.CLONED:
+        return VoiceCloned(rest[0], rest[1])
+    if kind == Kind.CLONE_FAILED:
+        return CloneFailed(rest[0], rest[1], rest[2])
     if kind == Kind.STATS:
         active, counters, batches = rest
         names = [f.name for f in fields(EngineStats) if f.name != "batch_sizes"]

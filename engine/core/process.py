@@ -29,11 +29,21 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from voicewire.engine import Engine, EngineBusy, EngineConfig, EngineNotReady, Stream, StreamError
+from voicewire.engine import (
+    CloningNotSupported,
+    Engine,
+    EngineBusy,
+    EngineConfig,
+    EngineNotReady,
+    Stream,
+    StreamError,
+)
 from voicewire.engine.commands import Cancel, End, Flush, PushText
 
 from .messages import (
     Audio,
+    CloneFailed,
+    CloneVoice,
     Closed,
     Consumed,
     Failed,
@@ -43,6 +53,7 @@ from .messages import (
     Shutdown,
     StartFailed,
     Stats,
+    VoiceCloned,
     decode_to_core,
     encode_from_core,
 )
@@ -161,6 +172,8 @@ class _Core:
                 self._open(msg, asyncio.get_running_loop().time() + OPEN_RETRY_LIMIT_S)
             elif isinstance(msg, Consumed):
                 self._consume(msg)
+            elif isinstance(msg, CloneVoice):
+                self._spawn(self._clone(msg))
             elif msg.stream_id in self._waiting:
                 if isinstance(msg, Cancel):
                     del self._waiting[msg.stream_id]
@@ -169,6 +182,23 @@ class _Core:
                     self._waiting[msg.stream_id].append(msg)
             else:
                 self._command(msg)
+
+    async def _clone(self, msg: CloneVoice) -> None:
+        """On the engine's clone thread: commands and audio keep flowing meanwhile."""
+        rid = msg.request_id
+        try:
+            voice = await self.engine.clone_voice(msg.pcm, msg.sample_rate_hz, msg.ref_text)
+        except CloningNotSupported as err:
+            await self.send(CloneFailed(rid, "cloning_not_supported", str(err)))
+        except ValueError as err:
+            await self.send(CloneFailed(rid, "bad_audio", str(err)))
+        except EngineNotReady as err:
+            await self.send(CloneFailed(rid, "not_ready", str(err)))
+        except Exception as err:  # the model failed: this request, not the core
+            log.exception("cloning a voice failed")
+            await self.send(CloneFailed(rid, "model_error", f"{type(err).__name__}: {err}"))
+        else:
+            await self.send(VoiceCloned(rid, voice))
 
     def _open(self, msg: OpenStream, deadline_s: float) -> None:
         sid = msg.stream_id

@@ -28,6 +28,7 @@ from .options import (
 )
 from .presets import SIZES, preset
 from .tokenizer import Qwen2Tokenizer, StandInTokenizer
+from .voice_clone import VoiceCloner
 from .weights import Modules, build_modules, load_into, randomize, read_config
 
 __all__ = [
@@ -151,10 +152,30 @@ def load_qwen3(
         options,
         random_weights=checkpoint is None,
         speaker_encoder_weights=speaker_weights,
+        cloner=_cloner(cfg, checkpoint, speaker_weights, seed, dev, dt),
     )
     if warmup:
         model.warmup()
     return model
+
+
+def _cloner(
+    cfg: Qwen3TTSConfig,
+    checkpoint: str | None,
+    speaker_weights: dict[str, torch.Tensor] | None,
+    seed: int,
+    dev: torch.device,
+    dt: torch.dtype,
+) -> VoiceCloner | None:
+    """A Base model's cloner (both encoders); None for the other variants, which cannot clone."""
+    if cfg.model_type != "base" or cfg.speaker_encoder is None:
+        return None
+    if checkpoint is None:
+        return VoiceCloner.random(cfg, seed=seed + 1, device=dev, dtype=dt)
+    if not speaker_weights:
+        log.warning("this Base checkpoint has no speaker encoder weights: voice cloning is off")
+        return None
+    return VoiceCloner.from_checkpoint(os.path.expanduser(checkpoint), speaker_weights, dev, dt)
 
 
 def _auto_slots(cfg: Qwen3TTSConfig, mods: Modules, dev: torch.device, max_seq_len: int, share: float) -> int:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..cloned_voice import ClonedVoice, CloningNotSupported
 from ..model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
 from .clone_prefill import SlotVoice, prefill_embedded, slot_voice
 from .codec_runner import CodecRunner
@@ -50,6 +51,7 @@ from .prompt import Prompt, build_prompt
 from .slot_request import parse_request
 from .slot_state import SlotState
 from .tokenizer import TextStream, TextTokenizer
+from .voice_clone import VoiceCloner
 from .weights import Modules
 
 log = logging.getLogger("voicewire.qwen3")
@@ -81,11 +83,13 @@ class Qwen3TTSModel(Model):
         options: ServeOptions,
         random_weights: bool,
         speaker_encoder_weights: dict[str, Tensor] | None = None,
+        cloner: VoiceCloner | None = None,
     ) -> None:
         self.cfg, self.options, self.tokenizer = cfg, options, tokenizer
         self.talker, self.code_predictor, self.codec = mods.talker, mods.code_predictor, mods.codec
         self.random_weights = random_weights
         self.speaker_encoder_weights = speaker_encoder_weights or {}  # Base: for the cloning path
+        self.cloner = cloner  # Base: reference audio -> voice profiles (clone_voice)
         for m in (self.talker, self.code_predictor, self.codec):
             m.eval().requires_grad_(False)
         experimental = options.experimental
@@ -103,6 +107,7 @@ class Qwen3TTSModel(Model):
             max_slots=options.max_slots,
             voices=voices,
             random_weights=random_weights,
+            voice_encoder=cloner.encoder_id if cloner is not None else "",
         )
         n, dev = options.max_slots, self.device
         # one extra row everywhere: the padding slot of the graph buckets (slot_state.py)
@@ -144,7 +149,15 @@ class Qwen3TTSModel(Model):
     def open_slot(self, slot: int, params: StreamParams) -> None:
         if not 0 <= slot < self.options.max_slots:
             raise ModelError(slot, f"slot {slot} outside 0..{self.options.max_slots - 1}")
-        req = parse_request(self.cfg, self.tokenizer, self.info.voices, slot, params, self.random_weights)
+        req = parse_request(
+            self.cfg,
+            self.tokenizer,
+            self.info.voices,
+            slot,
+            params,
+            self.random_weights,
+            self.info.voice_encoder,
+        )
         guard = None
         if not self.random_weights and params.forced_frames is None:
             try:
@@ -373,6 +386,16 @@ class Qwen3TTSModel(Model):
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
         """All due chunks of all streams, through the slots' streaming codec (codec_runner.py)."""
         return self.codec_runner.decode(work)
+
+    # --- cloning -------------------------------------------------------------------------------------
+    def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str) -> ClonedVoice:
+        """Runs beside the worker (Model.clone_voice): the cloner's encoders are its own modules,
+        no slot state is read or written."""
+        if self.cloner is None:
+            raise CloningNotSupported(
+                f"this {self.cfg.model_type} checkpoint cannot clone voices (Base only)"
+            )
+        return self.cloner.profile(pcm, sample_rate_hz, ref_text).to_cloned(self.cloner.encoder_id)
 
     # --- misc ----------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -12,6 +12,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..cloned_voice import ClonedVoice
 from ..model import ModelError, StreamParams
 from .config import Qwen3TTSConfig
 from .slot_state import SamplingRow
@@ -36,14 +37,27 @@ def parse_request(
     slot: int,
     params: StreamParams,
     random_weights: bool,
+    voice_encoder: str = "",
 ) -> SlotRequest:
-    """``voices``: the model's voice names, the first the default."""
+    """``voices``: the model's voice names, the first the default; ``voice_encoder``: the model's
+    cloning encoder (ModelInfo.voice_encoder), which a ``ClonedVoice`` must come from."""
     t, g = cfg.talker, cfg.generation
     speaker_id: int | None = None
     voice = params.voice or voices[0]
     profile = params.extra.get(PROFILE_KEY)
+    if isinstance(profile, ClonedVoice):
+        if profile.encoder != voice_encoder:
+            raise ModelError(
+                slot,
+                f"this voice was cloned by {profile.encoder!r}, not by this model's encoder "
+                f"({voice_encoder or 'none'}): clone it again from its reference audio",
+            )
+        try:
+            profile = VoiceProfile.from_cloned(profile)
+        except ValueError as err:
+            raise ModelError(slot, str(err)) from None
     if profile is not None and not isinstance(profile, VoiceProfile):
-        raise ModelError(slot, f"extra[{PROFILE_KEY!r}] must be a VoiceProfile")
+        raise ModelError(slot, f"extra[{PROFILE_KEY!r}] must be a VoiceProfile or a ClonedVoice")
     if profile is not None and cfg.model_type != "base":
         raise ModelError(slot, f"voice cloning needs a Base checkpoint, this one is {cfg.model_type}")
     if profile is not None and profile.speaker_embedding.shape[0] != t.hidden_size:

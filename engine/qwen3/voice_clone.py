@@ -11,13 +11,15 @@ Two modes, as the official package offers them:
   before the text, so the talker continues the reference (prompt.py ``build_icl_prompt``).
 
 A profile is computed once per reference and reused by every stream that speaks with it: pass it
-to a slot as ``StreamParams.extra["voice_profile"]``. Deriving one is not part of the frame step
-(100-300 ms for a few seconds of audio on the real encoders), and a profile is small (an (H,) vector
-and F x 16 codes), so the voices API can persist it.
+to a slot as ``StreamParams.extra["voice_profile"]``, as a ``VoiceProfile`` or as the engine's
+torch-free ``ClonedVoice`` (``to_cloned`` / ``from_cloned``: what the voices API persists and what
+crosses to an engine core). Deriving one is not part of the frame step (100-300 ms for a few
+seconds of audio on the real encoders), and a profile is small (an (H,) vector and F x 16 codes).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -25,13 +27,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..cloned_voice import CLONED_VOICE_KEY, ClonedVoice
 from .codec_encoder import CodecEncoder
 from .config import Qwen3TTSConfig
 from .errors import CheckpointError
 from .speaker_encoder import SpeakerEncoder
 from .weights import load_codec_encoder, load_speaker_encoder, read_config
 
-PROFILE_KEY = "voice_profile"  # the StreamParams.extra key a slot reads its cloned voice from
+PROFILE_KEY = CLONED_VOICE_KEY  # the StreamParams.extra key a slot reads its cloned voice from
 MIN_SAMPLES = 2 * 1024  # the mel front end needs a few frames (and its reflect padding, > 384 samples)
 
 
@@ -55,6 +58,25 @@ class VoiceProfile:
     def in_context(self) -> bool:
         return self.ref_codes is not None
 
+    def to_cloned(self, encoder: str) -> ClonedVoice:
+        arrays = {"speaker_embedding": self.speaker_embedding.float().numpy()}
+        if self.ref_codes is not None:
+            arrays["ref_codes"] = self.ref_codes.numpy().astype(np.int32)  # codes < 2048: half the bytes
+        return ClonedVoice(encoder, arrays, self.ref_text)
+
+    @classmethod
+    def from_cloned(cls, voice: ClonedVoice) -> VoiceProfile:
+        """ValueError for arrays that are not a profile's."""
+        a = voice.arrays
+        if "speaker_embedding" not in a or set(a) - {"speaker_embedding", "ref_codes"}:
+            raise ValueError(f"not a Qwen3-TTS voice profile: arrays {sorted(a)}")
+        codes = a.get("ref_codes")
+        return cls(
+            torch.from_numpy(np.array(a["speaker_embedding"], np.float32)),
+            None if codes is None else torch.from_numpy(np.array(codes, np.int64)),
+            voice.ref_text,
+        )
+
 
 def resample_mono(pcm: np.ndarray, sample_rate_hz: int, target_hz: int) -> np.ndarray:
     """Mono float32 at ``target_hz``: channels (last axis) averaged, resampled as librosa.resample's
@@ -73,9 +95,15 @@ def resample_mono(pcm: np.ndarray, sample_rate_hz: int, target_hz: int) -> np.nd
 
 class VoiceCloner:
     def __init__(
-        self, cfg: Qwen3TTSConfig, speaker_encoder: SpeakerEncoder, codec_encoder: CodecEncoder
+        self,
+        cfg: Qwen3TTSConfig,
+        speaker_encoder: SpeakerEncoder,
+        codec_encoder: CodecEncoder,
+        encoder_id: str = "qwen3-tts-base",
     ) -> None:
         self.cfg, self.speaker_encoder, self.codec_encoder = cfg, speaker_encoder, codec_encoder
+        # names these weights (ModelInfo.voice_encoder): a profile fits only the encoder that made it
+        self.encoder_id = encoder_id
         if speaker_encoder.cfg.enc_dim != cfg.talker.hidden_size:
             raise CheckpointError(
                 f"speaker encoder makes {speaker_encoder.cfg.enc_dim}-wide x-vectors, "
@@ -94,7 +122,12 @@ class VoiceCloner:
         (``Qwen3TTSModel.speaker_encoder_weights``)."""
         cfg = read_config(directory)
         spk = load_speaker_encoder(cfg, speaker_tensors, device, dtype)
-        return cls(cfg, spk, load_codec_encoder(cfg, directory, device, dtype))
+        digest = hashlib.sha256()
+        for name in sorted(speaker_tensors):  # a few MB: the x-vectors depend on nothing else
+            digest.update(name.encode())
+            digest.update(speaker_tensors[name].detach().float().cpu().numpy().tobytes())
+        encoder_id = f"qwen3-tts-base/{digest.hexdigest()[:16]}"
+        return cls(cfg, spk, load_codec_encoder(cfg, directory, device, dtype), encoder_id)
 
     @classmethod
     def random(
@@ -118,6 +151,7 @@ class VoiceCloner:
             cfg,
             spk.to(device=device, dtype=dtype).eval().requires_grad_(False),
             enc.to(device=device, dtype=dtype).eval().requires_grad_(False),
+            f"qwen3-tts-base/random-h{cfg.talker.hidden_size}-seed{seed}",
         )
 
     @torch.no_grad()
