@@ -9,6 +9,7 @@ import importlib.util
 import json
 import logging
 import os
+import ssl
 import sys
 import wave
 
@@ -19,7 +20,7 @@ from voicewire.engine.core import EngineGroup, GroupConfig
 
 from .audio import pcm16_bytes
 from .auth import AuthConfig
-from .config import GatewayConfig
+from .config import GatewayConfig, IceServer, normalize_base_path, parse_networks
 
 
 class _UsageError(Exception):
@@ -253,6 +254,45 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+def _ice_servers(args: argparse.Namespace) -> tuple[IceServer, ...]:
+    """``--ice-server`` URLs as the RTCIceServer entries peers get: one for the STUN urls, one for
+    the TURN urls, which share ``--ice-username`` / ``--ice-credential`` (one TURN deployment
+    has one credential; the environment variable keeps it off the process list)."""
+    urls = [u.strip() for u in args.ice_server]
+    username = args.ice_username
+    credential = args.ice_credential or os.environ.get("VOICEWIRE_ICE_CREDENTIAL") or None
+    stun = tuple(u for u in urls if u.startswith(("stun:", "stuns:")))
+    turn = tuple(u for u in urls if u.startswith(("turn:", "turns:")))
+    other = [u for u in urls if u not in stun and u not in turn]
+    if other:
+        raise _UsageError(f"--ice-server {other[0]!r}: give a stun:, stuns:, turn: or turns: URL")
+    if turn and not (username and credential):
+        raise _UsageError(
+            "a turn: --ice-server needs --ice-username and --ice-credential (or VOICEWIRE_ICE_CREDENTIAL)"
+        )
+    if (username or args.ice_credential) and not turn:
+        raise _UsageError("--ice-username / --ice-credential apply to a turn: --ice-server; none was given")
+    servers = [IceServer(stun)] if stun else []
+    if turn:
+        servers.append(IceServer(turn, username=username, credential=credential))
+    return tuple(servers)
+
+
+def _base_path(value: str) -> str:
+    try:
+        return normalize_base_path(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _network(value: str) -> str:
+    try:
+        parse_networks((value,))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
 def _setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(
@@ -303,6 +343,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=GatewayConfig.drain_timeout_s,
         help="on SIGTERM, seconds current turns may take to finish",
     )
+    deploy = serve.add_argument_group("deployment (README: Deploying)")
+    deploy.add_argument(
+        "--base-path",
+        type=_base_path,
+        default="",
+        help="serve everything under this prefix, e.g. /voice behind a proxy that passes /voice/... "
+        "through unchanged (the page, its assets, /v1/stream, /offer, speech, probes, metrics)",
+    )
+    deploy.add_argument(
+        "--trusted-proxy",
+        type=_network,
+        action="append",
+        default=[],
+        help="believe X-Forwarded-For/-Proto/-Host from this address or network (repeatable; "
+        "default: from no one)",
+    )
+    deploy.add_argument("--tls-cert", help="serve HTTPS/WSS on the port itself: PEM certificate chain")
+    deploy.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    deploy.add_argument(
+        "--ice-server",
+        action="append",
+        default=[],
+        help="a STUN or TURN server for WebRTC, given to the page and used by the server's peers "
+        "(repeatable): stun:stun.example.com:3478, turn:turn.example.com:3478?transport=udp, "
+        "turns:turn.example.com:5349?transport=tcp",
+    )
+    deploy.add_argument("--ice-username", help="the TURN username of the turn: --ice-server URLs")
+    deploy.add_argument(
+        "--ice-credential",
+        help="the TURN credential (prefer VOICEWIRE_ICE_CREDENTIAL: arguments are visible to every user)",
+    )
     _add_model_args(serve)
     serve.add_argument(
         "--replicas",
@@ -346,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine_config = _engine_config(args)
         group = _engine_group(args, engine_config) if args.command == "serve" else None
+        if args.command == "serve":
+            args.ice_servers = _ice_servers(args)
+            if (args.tls_cert is None) != (args.tls_key is None):
+                raise _UsageError("--tls-cert and --tls-key go together")
     except _UsageError as err:
         print(f"voicewire {args.command}: {err}", file=sys.stderr)
         return 2
@@ -369,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | None) -> int:
     _setup_logging(args.log_level, args.log_format)
-    from .server import EngineStartFailed
+    from .server import EngineStartFailed, tls_context
     from .server import serve as run_server
 
     if engine.model == "qwen3-tts" and args.random_weights:
@@ -386,7 +461,17 @@ def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | 
         public_metrics=args.public_metrics,
         write_stall_timeout_s=args.write_stall_timeout,
         drain_timeout_s=args.drain_timeout,
+        base_path=args.base_path,
+        trusted_proxies=tuple(args.trusted_proxy),
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        ice_servers=args.ice_servers,
     )
+    try:
+        tls_context(config)  # a missing or mismatched certificate or key: one line, before anything starts
+    except (ssl.SSLError, OSError) as err:
+        print(f"voicewire serve: cannot load --tls-cert / --tls-key: {err}", file=sys.stderr)
+        return 1
     try:
         asyncio.run(run_server(config, group))
     except KeyboardInterrupt:

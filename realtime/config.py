@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from voicewire.engine import EngineConfig
@@ -23,6 +24,36 @@ class IceServer:
     def __post_init__(self) -> None:
         if not self.urls or not all(u.startswith(ICE_URL_SCHEMES) for u in self.urls):
             raise ValueError(f"ICE server urls must start with one of {ICE_URL_SCHEMES}, got {self.urls}")
+        turn = any(u.startswith(("turn:", "turns:")) for u in self.urls)
+        if turn and (not self.username or not self.credential):
+            # A browser refuses the whole RTCConfiguration (InvalidAccessError) for a TURN url
+            # without both, so the page could not connect at all.
+            raise ValueError(f"a TURN server needs a username and a credential: {self.urls}")
+
+    def as_rtc(self) -> dict[str, object]:
+        """The browser's RTCIceServer dictionary."""
+        out: dict[str, object] = {"urls": list(self.urls)}
+        if self.username is not None:
+            out["username"] = self.username
+        if self.credential is not None:
+            out["credential"] = self.credential
+        return out
+
+
+def normalize_base_path(path: str) -> str:
+    """``/voice``, ``voice/`` -> ``/voice``; ``/`` and empty -> empty (served at the root)."""
+    parts = [p for p in path.strip().split("/") if p]
+    if any(p in (".", "..") or not all(c.isalnum() or c in "-_.~" for c in p) for p in parts):
+        raise ValueError(f"a base path is /-separated names of letters, digits and -_.~, got {path!r}")
+    return "".join(f"/{p}" for p in parts)
+
+
+def parse_networks(values: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``127.0.0.1``, ``10.0.0.0/8``, ``::1`` -> networks (a bare address is a /32 or /128)."""
+    try:
+        return tuple(ipaddress.ip_network(v.strip(), strict=False) for v in values)
+    except ValueError as err:
+        raise ValueError(f"a trusted proxy is an IP address or a network: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -41,6 +72,15 @@ class GatewayConfig:
     public_metrics: bool = False  # GET /metrics without the API key when auth is on
     max_speech_input_chars: int = 4096  # the OpenAI speech API's own limit
     web_dir: str | None = None  # demo page; None = the bundled web/
+    # Every route (the page, its assets, the WebSocket, /offer, speech, probes) lives under this
+    # prefix: "/voice" behind a proxy that passes /voice/... through unchanged. Empty: the root.
+    base_path: str = ""
+    # Peers whose X-Forwarded-For/-Proto/-Host are believed (addresses or networks). Empty: none,
+    # so a client cannot choose the address that logs and refusals name.
+    trusted_proxies: tuple[str, ...] = ()
+    # TLS on the gateway's own port (a proxy-less deployment): PEM certificate chain and key.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
     # WebRTC. No STUN/TURN by default: nothing leaves the host unless asked, and host candidates
     # reach a browser on the same machine or LAN.
     ice_servers: tuple[IceServer, ...] = ()
@@ -63,3 +103,12 @@ class GatewayConfig:
     write_stall_timeout_s: float = 10.0  # a client that stops reading this long is closed with 4008
     ws_send_buffer_bytes: int = 64 * 1024  # kernel send buffer per WebSocket: bounds memory per slow client
     drain_timeout_s: float = 10.0  # SIGTERM: how long current turns may take to finish
+
+    def __post_init__(self) -> None:
+        if self.base_path != normalize_base_path(self.base_path):
+            raise ValueError(
+                f"base_path must be normalized ({normalize_base_path(self.base_path)!r}), got {self.base_path!r}"
+            )
+        parse_networks(self.trusted_proxies)
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TLS needs both a certificate and a key file")

@@ -8,6 +8,12 @@ engine loads and warms up (tens of seconds for Qwen3-TTS graph capture) in the b
 The engine runs in the gateway's process (an ``Engine``) or out of it, as a supervised group of
 engine-core processes (an ``EngineGroup``, one per replica); then ``/readyz`` is 200 only while
 every replica is warm and running, and it says each replica's state.
+
+Deployment knobs (README, "Deploying"): every route lives under ``config.base_path``; the demo
+page finds its own base from the URL it was loaded from and asks ``/v1/rtc-configuration`` for the
+ICE servers its ``RTCPeerConnection`` uses (the same ones the server's aiortc peers use);
+``X-Forwarded-*`` headers are believed from ``config.trusted_proxies`` only; TLS on the port
+itself with a certificate and key.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import asyncio
 import logging
 import re
 import signal
+import ssl
 from pathlib import Path
 
 from aiohttp import web
@@ -24,9 +31,11 @@ from aiohttp.abc import AbstractAccessLogger
 from voicewire.engine import Engine
 from voicewire.engine.core import CoreStartFailed, CoreState, EngineGroup
 
+from .auth import AuthError
 from .config import GatewayConfig
 from .gateway import GATEWAY, Gateway
 from .http_api import healthz_handler, models_handler, speech_handler, voices_handler
+from .proxy import client_address, trusted_proxy_middleware
 from .webrtc import setup_webrtc
 from .websocket import stream_handler
 
@@ -41,7 +50,8 @@ def create_app(
     """The app. If ``engine`` is given the caller owns it; otherwise the app starts and stops
     ``group`` (engine cores) if given, or an in-process engine of ``config.engine``."""
     config = config or GatewayConfig()
-    app = web.Application(client_max_size=config.max_http_body_bytes)
+    middlewares = [trusted_proxy_middleware(config.trusted_proxies)] if config.trusted_proxies else []
+    app = web.Application(client_max_size=config.max_http_body_bytes, middlewares=middlewares)
     owns_engine = engine is None
     gw = Gateway.create(config, engine or group or Engine(config.engine))
     app[GATEWAY] = gw
@@ -75,16 +85,18 @@ def create_app(
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
-    app.router.add_get("/v1/stream", stream_handler)
-    app.router.add_post("/v1/audio/speech", speech_handler)
-    app.router.add_get("/healthz", healthz_handler)
-    app.router.add_get("/health", healthz_handler)  # the name benchmark harnesses probe
-    app.router.add_get("/v1/models", models_handler)
-    app.router.add_get("/v1/audio/voices", voices_handler)
-    app.router.add_get("/readyz", readyz_handler)
-    app.router.add_get("/metrics", metrics_handler)
-    app.router.add_post("/v1/session-tokens", session_token_handler)
-    setup_webrtc(app)  # POST /offer; closes its peers on shutdown
+    base = config.base_path  # "" or "/voice": every route below lives under it
+    app.router.add_get(f"{base}/v1/stream", stream_handler)
+    app.router.add_post(f"{base}/v1/audio/speech", speech_handler)
+    app.router.add_get(f"{base}/healthz", healthz_handler)
+    app.router.add_get(f"{base}/health", healthz_handler)  # the name benchmark harnesses probe
+    app.router.add_get(f"{base}/v1/models", models_handler)
+    app.router.add_get(f"{base}/v1/audio/voices", voices_handler)
+    app.router.add_get(f"{base}/readyz", readyz_handler)
+    app.router.add_get(f"{base}/metrics", metrics_handler)
+    app.router.add_post(f"{base}/v1/session-tokens", session_token_handler)
+    app.router.add_get(f"{base}/v1/rtc-configuration", rtc_configuration_handler)
+    setup_webrtc(app, base)  # POST /offer; closes its peers on shutdown
     web_dir = Path(config.web_dir) if config.web_dir else WEB_DIR
     if (web_dir / "index.html").exists():
         index = web_dir / "index.html"
@@ -92,8 +104,14 @@ def create_app(
         async def index_handler(request: web.Request) -> web.FileResponse:
             return web.FileResponse(index)
 
-        app.router.add_get("/", index_handler)
-        app.router.add_static("/static/", web_dir)
+        app.router.add_get(f"{base}/", index_handler)
+        if base:
+            # The page loads its assets relative to its own URL, so /voice must become /voice/.
+            async def to_index(request: web.Request) -> web.Response:
+                raise web.HTTPPermanentRedirect(f"{base}/")
+
+            app.router.add_get(base, to_index)
+        app.router.add_static(f"{base}/static/", web_dir)
     return app
 
 
@@ -128,6 +146,21 @@ async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=gw.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
+async def rtc_configuration_handler(request: web.Request) -> web.Response:
+    """The RTCConfiguration a browser passes to ``new RTCPeerConnection``: the ICE servers the
+    server's own peers use. Open like the page itself (Origin-checked, no credentials: a page
+    must have it before it can connect, and a session token is single-use), so TURN credentials
+    served here reach anyone who can load the page (README, "Deploying")."""
+    gw = request.app[GATEWAY]
+    try:
+        gw.auth.check_origin(request.headers.get("Origin"))
+    except AuthError as err:
+        return gw.refuse(request, err.status, err.code, err.message)
+    return web.json_response(
+        {"iceServers": [s.as_rtc() for s in gw.config.ice_servers]}, headers={"Cache-Control": "no-store"}
+    )
+
+
 async def session_token_handler(request: web.Request) -> web.Response:
     """Mint a short-lived single-use session token for a browser. Needs the API key when auth is on."""
     gw = request.app[GATEWAY]
@@ -150,7 +183,7 @@ class AccessLogger(AbstractAccessLogger):
         path = _SECRET_QUERY.sub(r"\1=***", request.path_qs)
         self.logger.info(
             "%s %s %s %d %d %.1fms",
-            request.remote,
+            client_address(request),
             request.method,
             path,
             response.status,
@@ -192,22 +225,35 @@ def _start_error(err: BaseException | None) -> str:
     return str(err) if isinstance(err, CoreStartFailed) else f"{type(err).__name__}: {err}"
 
 
+def tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
+    """The server's TLS context, or None for plain HTTP. TLS 1.2 or later (Python's default
+    server context), so browsers get what they accept and nothing they have retired."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    return context
+
+
 async def serve(config: GatewayConfig, group: EngineGroup | None = None) -> None:
     """Run until SIGTERM or SIGINT; then drain (no new sessions, current turns finish) and exit.
     ``group``: serve from these engine cores; None: an in-process engine of ``config.engine``.
 
-    Raises EngineStartFailed if the model cannot load or warm up (after the port was opened)."""
+    Raises EngineStartFailed if the model cannot load or warm up (after the port was opened);
+    ssl.SSLError / OSError if the TLS certificate or key cannot be loaded (before)."""
+    tls = tls_context(config)
     app = create_app(config, group=group)
     gw = app[GATEWAY]
     runner = make_runner(app)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
         await site.start()
-        log.info("voicewire listening on http://%s:%d (model %s)", config.host, config.port, config.engine.model)
+        url = f"{'https' if tls else 'http'}://{config.host}:{config.port}{config.base_path}/"
+        log.info("voicewire listening on %s (model %s)", url, config.engine.model)
         print(
-            f"voicewire: serving {config.engine.model} on http://{config.host}:{config.port} "
-            "(ready once the model is warm: GET /readyz)",
+            f"voicewire: serving {config.engine.model} on {url} "
+            f"(ready once the model is warm: GET {config.base_path}/readyz)",
             flush=True,
         )
         stop = asyncio.Event()

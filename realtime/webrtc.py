@@ -382,8 +382,8 @@ async def offer_handler(request: web.Request) -> web.Response:
     return web.json_response({"sdp": answer.sdp, "type": answer.type})
 
 
-def setup_webrtc(app: web.Application) -> None:
-    """Add ``POST /offer`` and close every peer on shutdown."""
+def setup_webrtc(app: web.Application, base_path: str = "") -> None:
+    """Add ``POST {base_path}/offer`` and close every peer on shutdown."""
 
     async def on_startup(app: web.Application) -> None:
         install_ice_knobs(app[GATEWAY].config)
@@ -393,4 +393,4 @@ def setup_webrtc(app: web.Application) -> None:
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
-    app.router.add_post("/offer", offer_handler)
+    app.router.add_post(f"{base_path}/offer", offer_handler)

@@ -12,6 +12,11 @@ const STATS_POLL_MS = 1000;
 const METER_FLOOR_DB = -60;
 const TTFA_GIVE_UP_MS = 15000;
 
+// Every server route sits under the page's base (/ or, behind a proxy, e.g. /voice/). This script
+// is served from <base>static/app.js, so the base is one level above it: nothing is hard-coded.
+const BASE_URL = new URL("../", document.currentScript.src);
+const api = (path) => new URL(path, BASE_URL).href;
+
 const $ = (id) => document.getElementById(id);
 
 const state = {
@@ -39,7 +44,7 @@ async function connect() {
   $("connect").disabled = true;
   // Created inside the click: browsers only start audio contexts after a user gesture.
   state.audioCtx = new AudioContext();
-  const pc = new RTCPeerConnection({ iceServers: [] });
+  const pc = new RTCPeerConnection();
   state.pc = pc;
   pc.addTransceiver("audio", { direction: "recvonly" });
   const channel = pc.createDataChannel("control");
@@ -51,9 +56,12 @@ async function connect() {
     if (pc.connectionState === "failed") disconnect("Connection failed");
   };
   try {
+    // The STUN/TURN servers the gateway was started with (its own peers use the same), set
+    // before the offer starts gathering.
+    pc.setConfiguration(await rtcConfiguration());
     await pc.setLocalDescription(await pc.createOffer());
     await gatheringComplete(pc, ICE_GATHER_CAP_MS);
-    const resp = await fetch("/offer", {
+    const resp = await fetch(api("offer"), {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }),
@@ -98,6 +106,13 @@ function disconnect(reason = "Disconnected", isError = false) {
   $("connect").disabled = false;
   $("speak").disabled = true;
   $("barge").disabled = true;
+}
+
+async function rtcConfiguration() {
+  const resp = await fetch(api("v1/rtc-configuration"));
+  const body = await resp.json();
+  if (!resp.ok) throw new Error(body.error ? body.error.message : `HTTP ${resp.status}`);
+  return { iceServers: body.iceServers };
 }
 
 function gatheringComplete(pc, capMs) {
@@ -373,4 +388,4 @@ $("llm-options").classList.add("hidden");
 window.addEventListener("pagehide", () => disconnect("Page closed"));
 drawMeter();
 
-window.voicewire = { connect, disconnect, speak, bargeIn, audioStats, peakDbfs, state };
+window.voicewire = { connect, disconnect, speak, bargeIn, audioStats, peakDbfs, state, baseUrl: BASE_URL.href };

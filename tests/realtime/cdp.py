@@ -117,12 +117,13 @@ class Page:
 
 
 @contextlib.asynccontextmanager
-async def chromium(width: int = 1200, height: int = 900) -> AsyncIterator[Page]:
-    """Headless Chromium with one blank page attached; everything is torn down on exit."""
+async def chromium(width: int = 1200, height: int = 900, extra_flags: tuple[str, ...] = ()) -> AsyncIterator[Page]:
+    """Headless Chromium with one blank page attached; everything is torn down on exit.
+    ``extra_flags``: added to FLAGS (e.g. a test certificate's --ignore-certificate-errors-spki-list)."""
     profile = tempfile.mkdtemp(prefix="voicewire-chromium-")
     log = open(Path(profile).with_suffix(".log"), "wb")  # noqa: SIM115 - ALSA/dbus noise (T8)
     proc = subprocess.Popen(
-        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        [CHROMIUM, *FLAGS, *extra_flags, f"--user-data-dir={profile}", "about:blank"],
         stdout=log,
         stderr=log,
         start_new_session=True,
