@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .config import ChunkSchedule
 from .model import DecodeWork, GenerateResult
+from .word_timing import WordTiming, shifted
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Request:
     pending: list[object] = field(default_factory=list)  # frame payloads not yet decoded
     pending_frames: int = 0
     pending_text: list[str] = field(default_factory=list)  # text spoken by the pending frames
+    pending_words: list[WordTiming] = field(default_factory=list)  # their words, frames from the first
     chunks_decoded: int = 0
     generation_done: bool = False  # the model will produce no more frames
     final_sent: bool = False
@@ -76,6 +78,7 @@ class Scheduler:
             if req is None:
                 continue
             if res.n_frames:
+                req.pending_words += shifted(res.words, req.pending_frames)
                 req.pending.append(res.frames)
                 req.pending_frames += res.n_frames
                 if res.text_spoken:
@@ -101,11 +104,13 @@ class Scheduler:
                         n_frames=req.pending_frames,
                         final=req.generation_done,
                         text=" ".join(req.pending_text),
+                        words=tuple(req.pending_words),
                     )
                 )
                 req.pending = []
                 req.pending_frames = 0
                 req.pending_text = []
+                req.pending_words = []
                 req.chunks_decoded += 1
                 if req.generation_done:
                     req.final_sent = True

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .commands import Cancel, End, Flush, PushText, StreamCommand
+from .word_timing import WordTiming
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class AudioChunk:
     final: bool = False  # last chunk of the stream (pcm may be empty)
     text: str = ""  # text this chunk speaks, where the model knows it
     stop_reason: str | None = None  # final chunk: GenerateResult.stop_reason ("length": cut by a cap)
+    # the words whose audio starts in this chunk, in samples from the stream's first emitted sample
+    # (``sample_offset`` units; an end may lie in a later chunk), where the model knows them
+    words: tuple[WordTiming, ...] = ()
 
     @property
     def duration_s(self) -> float:

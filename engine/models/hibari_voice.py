@@ -19,10 +19,20 @@ phonemizer at once, and one step runs the network on at most ``MAX_PHONEMES_PER_
 Fair steps. The clause work of a step runs on a small pool, and ``generate`` waits for it at most
 ``STEP_WAIT_S``: a slot whose work is not done yet returns no frames and stays ready, so one
 stream's slow clause holds one pool thread, not every other stream's step.
+
+Word timings come from the network's own duration predictor (``hibari_graph.py`` exposes its
+frames per phoneme id). The clause is phonemized token by token with hibari's G2P (the same
+phoneme string its ``phonemize`` makes), so each word of the clause has its phonemes, and so its
+ids, and so its frames: a word starts where its first phoneme's frames start and ends where its last
+non-punctuation phoneme's end (a comma's pause is not part of the word). Where hibari's normalizer
+rewrote words ("7:30" -> "seven thirty"), the clause words are matched to its tokens in order and a
+run it rewrote as a whole shares the run's time by length. ``decode_timed`` moves the words with
+the pauses it trims.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import time
 import unicodedata
@@ -30,12 +40,15 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..level import ONSET_THRESHOLD_DBFS, apply_gain, first_audible_sample
-from ..model import DecodeWork, GenerateResult, Model, ModelInfo, StreamParams, TextGranularity
+from ..model import Decoded, DecodeWork, GenerateResult, Model, ModelInfo, StreamParams, TextGranularity
 from ..text_guard import cut_to_length
+from ..word_timing import WordTiming
+from .hibari_graph import DURATION_TENSOR, with_durations
 
 SAMPLE_RATE_HZ = 24_000
 FRAME_SAMPLES = 300  # hibari's STFT hop: 12.5 ms
@@ -54,8 +67,29 @@ MAX_PHONEMES_PER_CALL = 400  # per network call (hibari's own sentence limit): ~
 STEP_WAIT_S = 0.02  # generate() returns after this long even if a slot's clause work is still running
 # Symbols outside letters, digits, punctuation and currency that hibari's normalizer reads aloud.
 _READ_SYMBOLS = frozenset("°§¶±×÷™®©•→←")
+# A phoneme is heard before the frames the duration predictor gives it: each 12.5 ms frame is an
+# STFT window of +-25 ms, and the network's convolutions after the expansion smear its onset over
+# neighbouring frames. Measured on 30 one-word sentences (words apart from the test's): the first
+# audible 10 ms window (-45 dBFS) comes a median 50 ms (p10 35, p90 75) before the phoneme's first
+# frame, so word times are moved that much earlier.
+SOUND_LEAD_MS = 50.0
+# Phonemes that are pauses, not sounds of a word: a word's time ends before them.
+_PAUSE_PHONEMES = frozenset(" ;:,.!?—…\"“”()")
+_OUTPUTS = ("lh", "theta", "ln", "lr", "phi", "f0", DURATION_TENSOR)
 _DIGIT_RUN = re.compile(r"\d+(?:,\d+)*")
 _NON_SPACE_RUN = re.compile(rf"\S{{{MAX_RUN_CHARS + 1},}}")
+
+
+@dataclass(frozen=True)
+class _WordPlan:
+    """Where one clause word's time will lie in a network call's output, before the call: the ids
+    whose frames it spans, and the share of them it takes (a word of a run the normalizer rewrote
+    as a whole takes part of the run's time)."""
+
+    word: str
+    first_id: int  # index into the call's ids
+    end_id: int  # one past the last (== first_id: a word with no sound of its own)
+    share: tuple[float, float] = (0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,7 @@ class _Utterance:
     phonemes: str
     tail_ms: float  # pause kept after its audio
     text: str  # the clause text its audio speaks ("" for the later calls of a long clause)
+    words: tuple[_WordPlan, ...] = ()
 
 
 @dataclass
@@ -87,6 +122,7 @@ class _Frames:
     parts: tuple[np.ndarray, ...]
     first_clause: bool
     tail_ms: float
+    words: tuple[WordTiming, ...] = ()  # in samples of the synthesized audio, before the pause trim
 
 
 def speakable(text: str) -> str:
@@ -130,9 +166,18 @@ def _split_run(m: re.Match[str]) -> str:
 
 class HibariModel(Model):
     def __init__(self, threads: int = 1, workers: int = 2, max_slots: int = 1024) -> None:
+        import onnxruntime as ort
         from hibari import Hibari
 
         self._tts = Hibari(threads=threads)  # default voice: inside the wheel, no download
+        # The same network with its duration predictor's frame counts as one more output, in
+        # place of hibari's own session (the same options: see hibari.tts.Hibari).
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        options.log_severity_level = 3
+        with open(self._tts.model_path, "rb") as f:
+            graph = with_durations(f.read())
+        self._tts.sess = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
         self._slots: dict[int, _Slot] = {}
         # The network takes one utterance per call, so a "batch" is run as parallel calls: onnxruntime
         # releases the GIL, and two single-threaded runs at once beat one two-threaded run (the
@@ -156,7 +201,12 @@ class HibariModel(Model):
         )
 
     def warmup(self) -> None:
-        self._tts("Warm up.", seed=0)
+        from hibari import dsp
+
+        u = self._utterances("Warm up.", "Warm up.")[0]
+        feed = {"ids": np.asarray([self._tts.ids(u.phonemes)], np.int64), "speed": np.ones(1, np.float32)}
+        out = self._tts.sess.run(list(_OUTPUTS), feed)
+        dsp.synth(*(np.asarray(o)[0] for o in out[:-1]), np.random.default_rng(0))
 
     def open_slot(self, slot: int, params: StreamParams) -> None:
         orphan = self._orphans.pop(slot, None)
@@ -220,10 +270,12 @@ class HibariModel(Model):
         frames: list[_Frames] = []
         if len(ids) >= 3:
             out = self._tts.sess.run(
-                None,
+                list(_OUTPUTS),
                 {"ids": np.asarray([ids], np.int64), "speed": np.asarray([s.speed], np.float32)},
             )
-            frames.append(_Frames(tuple(np.asarray(o)[0] for o in out), not s.spoke_any, u.tail_ms))
+            parts = tuple(np.asarray(o)[0] for o in out[:-1])
+            words = _word_samples(u.words, np.asarray(out[-1]).reshape(-1), parts[0].shape[1] * FRAME_SAMPLES)
+            frames.append(_Frames(parts, not s.spoke_any, u.tail_ms, words))
             s.spoke_any = True
         s.finished = s.text_final and not s.clauses and not s.utterances
         if not frames:
@@ -232,39 +284,70 @@ class HibariModel(Model):
         return GenerateResult(slot, frames, n_frames, finished=s.finished, text_spoken=u.text)
 
     def _utterances(self, clause: str, text: str) -> list[_Utterance]:
-        """``clause`` (made ``speakable`` as ``text``) as network calls of bounded length."""
-        parts = [
-            part
-            for sentence in self._tts.phonemize(text)
-            for part in cut_to_length(sentence, MAX_PHONEMES_PER_CALL)
-        ]
+        """``clause`` (made ``speakable`` as ``text``) as network calls of bounded length, each
+        with the plan of its words' times."""
+        parts: list[tuple[str, list[_WordPlan]]] = []
+        for sentence in self._tts.split_sentences(text):
+            phonemes, spans = self._phonemize_words(sentence)
+            if phonemes:
+                parts += _calls(phonemes, spans, sentence.split(), self._tts.vocab)
         last = len(parts) - 1
         return [
             _Utterance(
                 part,
                 TAIL_MS[_ending(clause if i == last else part)],  # a cut mid-sentence keeps a short pause
                 clause if i == 0 else "",
+                tuple(plans),
             )
-            for i, part in enumerate(parts)
+            for i, (part, plans) in enumerate(parts)
         ]
 
+    def _phonemize_words(self, sentence: str) -> tuple[str, list[tuple[str, int, int]]]:
+        """hibari's phoneme string for one sentence (what ``G2P.__call__`` returns), and its G2P
+        words (tokens up to one followed by whitespace): (text, start, end) in that string."""
+        from hibari.g2p.normalize import normalize
+
+        g2p: Any = self._tts.g2p
+        phonemes, words, word = "", [], None
+        for tk in g2p.phonemize_tokens(g2p.tokenize(normalize(sentence))):
+            start = len(phonemes)
+            phonemes += g2p.unk if tk.phonemes is None else tk.phonemes
+            word = (tk.text, start, len(phonemes)) if word is None else (word[0] + tk.text, word[1], len(phonemes))
+            if tk.whitespace:
+                phonemes += " "
+                words.append(word)
+                word = None
+        if word is not None:
+            words.append(word)
+        lead = len(phonemes) - len(phonemes.lstrip())
+        return phonemes.strip(), [(w, max(0, a - lead), max(0, b - lead)) for w, a, b in words]
+
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
+        return [d.pcm for d in self.decode_timed(work)]
+
+    def decode_timed(self, work: Sequence[DecodeWork]) -> list[Decoded]:
         if self._decode_pool is None or len(work) == 1:
             return [self._decode_one(item) for item in work]
         return list(self._decode_pool.map(self._decode_one, work))
 
-    def _decode_one(self, item: DecodeWork) -> np.ndarray:
+    def _decode_one(self, item: DecodeWork) -> Decoded:
         from hibari import dsp
 
         rng = self._slots[item.slot].rng
         pieces: list[np.ndarray] = []
+        words: list[WordTiming] = []
+        at = 0  # samples of this chunk before the piece
         for payload in item.frames:
             for fr in payload:  # type: ignore[attr-defined]
-                pcm = _trim_pauses(
+                pcm, cut = _trim_pauses(
                     dsp.synth(*fr.parts, rng), None if fr.first_clause else LEAD_MS, fr.tail_ms
                 )
+                for w in fr.words:  # the trims only take silence; a word cut into keeps the rest
+                    start = min(max(0, w.start - cut), pcm.size)
+                    words.append(WordTiming(w.word, at + start, at + min(max(start, w.end - cut), pcm.size)))
                 pieces.append(apply_gain(pcm, GAIN_DB))
-        return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+                at += pcm.size
+        return Decoded(np.concatenate(pieces) if pieces else np.zeros(0, np.float32), tuple(words))
 
     def close_slot(self, slot: int) -> None:
         job = self._inflight.pop(slot, None)
@@ -282,11 +365,104 @@ def _ending(clause: str) -> str:
     return "strong" if last in ".!?…" else "weak" if last in ",;:—" else "none"
 
 
-def _trim_pauses(pcm: np.ndarray, lead_ms: float | None, tail_ms: float) -> np.ndarray:
-    """Keep ``lead_ms`` before the first audible window (None: keep it all) and ``tail_ms`` after the last."""
+def _trim_pauses(pcm: np.ndarray, lead_ms: float | None, tail_ms: float) -> tuple[np.ndarray, int]:
+    """Keep ``lead_ms`` before the first audible window (None: keep it all) and ``tail_ms`` after
+    the last; also returns how many samples were cut from the start."""
     onset = first_audible_sample(pcm, SAMPLE_RATE_HZ, ONSET_THRESHOLD_DBFS)
     if onset is None:
-        return pcm
+        return pcm, 0
     end = pcm.size - (first_audible_sample(pcm[::-1], SAMPLE_RATE_HZ, ONSET_THRESHOLD_DBFS) or 0)
     start = 0 if lead_ms is None else max(0, onset - int(SAMPLE_RATE_HZ * lead_ms / 1000))
-    return pcm[start : min(pcm.size, end + int(SAMPLE_RATE_HZ * tail_ms / 1000))]
+    return pcm[start : min(pcm.size, end + int(SAMPLE_RATE_HZ * tail_ms / 1000))], start
+
+
+def _key(word: str) -> str:
+    """What two spellings of a word share: its letters and digits, accents and case aside."""
+    return "".join(ch for ch in unicodedata.normalize("NFKD", word).casefold() if ch.isalnum())
+
+
+def match_words(clause_words: Sequence[str], g2p_words: Sequence[str]) -> list[tuple[int, int, float, float]]:
+    """For each clause word, the G2P words that speak it: (first, end, share_lo, share_hi). Words
+    the normalizer left alone match one to one; a run it rewrote ("7:30" -> "seven thirty") is
+    shared by length among the clause words of the run; a clause word it dropped gets (j, j)."""
+    out: list[tuple[int, int, float, float]] = [(0, 0, 0.0, 0.0)] * len(clause_words)
+    keys = [_key(w) for w in clause_words]
+    matcher = difflib.SequenceMatcher(None, keys, [_key(w) for w in g2p_words], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            for k in range(i2 - i1):
+                out[i1 + k] = (j1 + k, j1 + k + 1, 0.0, 1.0)
+        elif tag in ("replace", "delete"):
+            weights = [max(1, len(keys[i])) for i in range(i1, i2)]
+            total, before = sum(weights), 0
+            for k, weight in enumerate(weights):
+                lo, hi = before / total, (before + weight) / total
+                out[i1 + k] = (j1, j2, lo, hi) if j2 > j1 else (j1, j1, 0.0, 0.0)
+                before += weight
+        # "insert": G2P words with no clause word (an expansion's extra words) are left as pauses
+    return out
+
+
+def _calls(
+    phonemes: str, spans: list[tuple[str, int, int]], clause_words: list[str], vocab: dict[str, int]
+) -> list[tuple[str, list[_WordPlan]]]:
+    """One sentence's phonemes in network calls of at most MAX_PHONEMES_PER_CALL, cut between G2P
+    words, each with the plans of the clause words whose sound starts in it."""
+    groups: list[list[int]] = []  # G2P word indices per call
+    begin = 0
+    for j, (_, a, b) in enumerate(spans):
+        if not groups or b - begin > MAX_PHONEMES_PER_CALL:
+            groups.append([])
+            begin = a
+        groups[-1].append(j)
+    group_of = {j: g for g, group in enumerate(groups) for j in group}
+    matches = match_words(clause_words, [w for w, _, _ in spans])
+    plans: list[list[_WordPlan]] = [[] for _ in groups]
+    texts: list[list[str]] = []
+    for g, group in enumerate(groups):
+        raw = phonemes[spans[group[0]][1] : spans[group[-1]][2]]
+        lead = len(raw) - len(raw.lstrip())
+        pieces = cut_to_length(raw, MAX_PHONEMES_PER_CALL) or [""]  # more than one: one huge G2P word
+        texts.append(pieces)
+        id_of = np.cumsum([1] + [ch in vocab for ch in pieces[0]])  # id of each character: [0, ...vocab chars, 0]
+        base = spans[group[0]][1] + lead
+
+        def sound_ids(j: int, text: str = pieces[0], id_of: np.ndarray = id_of, base: int = base) -> tuple[int, int]:
+            a, b = max(0, spans[j][1] - base), max(0, min(spans[j][2] - base, len(text)))
+            sounds = [i for i in range(a, b) if text[i] in vocab and text[i] not in _PAUSE_PHONEMES]
+            if not sounds:
+                at = int(id_of[min(a, len(text))])
+                return at, at
+            return int(id_of[sounds[0]]), int(id_of[sounds[-1]]) + 1
+
+        for word, (j1, j2, lo, hi) in zip(clause_words, matches, strict=True):
+            if group_of.get(j1, len(groups) - 1) != g:
+                continue
+            if j2 > j1:
+                first = sound_ids(j1)[0]
+                end = sound_ids(max(j for j in range(j1, j2) if group_of[j] == g))[1]
+            else:  # no sound of its own: a point where the next G2P word starts (or at the end)
+                first = end = sound_ids(j1)[0] if j1 in group_of else int(id_of[-1])
+            plans[g].append(_WordPlan(word, first, max(first, end), (lo, hi)))
+    return [
+        (piece, plans[g] if k == 0 else [])
+        for g, pieces in enumerate(texts)
+        for k, piece in enumerate(pieces)
+        if piece
+    ]
+
+
+def _word_samples(plans: Sequence[_WordPlan], durations: np.ndarray, n_samples: int) -> tuple[WordTiming, ...]:
+    """The plans of one call in samples of its synthesized audio: id ``i`` lasts ``durations[i]``
+    units of the duration predictor, which the network expands to ``n_samples`` in all."""
+    total = int(durations.sum())
+    if total <= 0:
+        return ()
+    edges = np.concatenate([[0], np.cumsum(durations)]) * (n_samples / total)  # sample where each id starts
+    edges = np.maximum(0.0, edges - SAMPLE_RATE_HZ * SOUND_LEAD_MS / 1000)
+    out = []
+    for p in plans:
+        a, b = float(edges[min(p.first_id, durations.size)]), float(edges[min(p.end_id, durations.size)])
+        lo, hi = a + (b - a) * p.share[0], a + (b - a) * p.share[1]
+        out.append(WordTiming(p.word, round(lo), round(hi)))
+    return tuple(out)
