@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
+from loguru import logger
 from pipecat.frames.frames import (
     EndFrame,
     Frame,
@@ -14,13 +15,19 @@ from pipecat.frames.frames import (
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
     LLMTextFrame,
+    MetricsFrame,
+    OutputAudioRawFrame,
+    StartFrame,
     TTSAudioRawFrame,
     TTSStartedFrame,
     TTSStoppedFrame,
 )
+from pipecat.metrics.metrics import TTFAMetricsData, TTFBMetricsData
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.transports.base_output import BaseOutputTransport
+from pipecat.transports.base_transport import TransportParams
 from pipecat.workers.runner import WorkerRunner
 
 from tests.asr import transcribe, wer
@@ -64,13 +71,47 @@ class Collector(FrameProcessor):
             await asyncio.wait_for(self.arrived.wait(), max(0.01, deadline - time.perf_counter()))
 
 
-async def _run_pipeline(base: str, body: Any) -> tuple[VoicewireTTSService, Collector]:
-    """Build [tts, collector], run it, let ``body(worker, collector)`` drive it, then end it."""
+class Speaker(BaseOutputTransport):
+    """An output transport whose device plays at real time: each write returns once its audio has
+    played, like the blocking write of Pipecat's local audio transport, so frames timed by PTS
+    (word frames) leave it as their audio plays and an interruption drops what is unplayed."""
+
+    def __init__(self) -> None:
+        super().__init__(TransportParams(audio_out_enabled=True))
+        self.writes: list[tuple[float, OutputAudioRawFrame]] = []  # (perf_counter as it starts, frame)
+        self._next_s = 0.0
+
+    async def start(self, frame: StartFrame) -> None:
+        await super().start(frame)
+        await self.set_transport_ready(frame)
+
+    async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
+        now = time.perf_counter()
+        duration_s = len(frame.audio) / 2 / frame.sample_rate
+        self.writes.append((now, frame))
+        self._next_s = max(self._next_s, now) + duration_s
+        await asyncio.sleep(self._next_s - now)
+        return True
+
+    def heard(self, until: float) -> np.ndarray:
+        """The PCM (int16) played until ``until`` (perf_counter)."""
+        parts = []
+        for t, frame in self.writes:
+            samples = np.frombuffer(frame.audio, "<i2")
+            parts.append(samples[: max(0, round((until - t) * frame.sample_rate))])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int16)
+
+
+async def _run_pipeline(
+    base: str, body: Any, processors: list[FrameProcessor] | None = None, **params: Any
+) -> tuple[VoicewireTTSService, Collector]:
+    """Build [tts, *processors, collector], run it, let ``body(worker, collector)`` drive it, then
+    end it."""
     tts = VoicewireTTSService(url=f"http://{base}")
     collector = Collector()
     worker = PipelineWorker(
-        Pipeline([tts, collector]),
-        params=PipelineParams(audio_out_sample_rate=24_000),
+        Pipeline([tts, *(processors or []), collector]),
+        params=PipelineParams(audio_out_sample_rate=24_000, **params),
         cancel_on_idle_timeout=False,
     )
     started = asyncio.Event()
@@ -148,7 +189,9 @@ async def test_interruption_frame_cancels_the_turn(engine: Engine) -> None:
 
     audio = collector.audio()
     late = [t for t, _ in audio if t > marks["interrupt"] + 0.05]
-    assert not late, f"{len(late)} audio frames came {(late[-1] - marks['interrupt']) * 1000:.0f} ms after the interruption"
+    assert not late, (
+        f"{len(late)} audio frames came {(late[-1] - marks['interrupt']) * 1000:.0f} ms after the interruption"
+    )
     assert marks["streams_left"] == 0
     done = [d for d in tts.finished_turns if d.reason == "cancelled"]
     assert len(done) == 1, list(tts.finished_turns)
@@ -157,3 +200,61 @@ async def test_interruption_frame_cancels_the_turn(engine: Engine) -> None:
     assert len(done[0].text_spoken) < len(LONG_REPLY) / 2
     heard_s = sum(len(f.audio) for _, f in audio) / 2 / 24_000
     assert abs(heard_s * 1000 - done[0].played_ms) < 100
+
+
+async def test_each_of_two_back_to_back_turns_reports_its_own_ttfb_and_ttfa(engine: Engine) -> None:
+    first, second = REPLY, "And a reminder will reach your phone the evening before."
+    marks: dict[str, float] = {}
+    async with running_gateway(engine) as base:
+
+        async def body(worker: PipelineWorker, collector: Collector) -> None:
+            # The second reply comes while the first still plays: its audio waits behind it.
+            await _say(worker, first, words_per_s=30)
+            await collector.wait_for(TTSAudioRawFrame)
+            marks["second"] = time.perf_counter()
+            await _say(worker, second, words_per_s=30)
+            while sum(isinstance(f, TTSStoppedFrame) for _, f in collector.frames) < 2:
+                await collector.wait_for(TTSStoppedFrame)
+                await asyncio.sleep(0.05)
+
+        tts, collector = await _run_pipeline(base, body, [Speaker()], enable_metrics=True)
+
+    def metrics(kind: type) -> list[Any]:
+        return [
+            d
+            for _, f in collector.frames
+            if isinstance(f, MetricsFrame)
+            for d in f.data
+            if isinstance(d, kind) and d.processor == tts.name
+        ]
+
+    # Pipecat reports a zero TTFB for every processor at start; the turns' own come after.
+    ttfb = [d.value for d in metrics(TTFBMetricsData) if d.value > 0]
+    ttfa = [d.ttfa for d in metrics(TTFAMetricsData)]
+    done = list(tts.finished_turns)
+    print(f"TTFB {ttfb}, TTFA {ttfa}, server TTFP {[d.metrics.get('ttfp_ms') for d in done]}")
+    assert len(ttfb) == 2 and len(ttfa) == 2
+    # Each turn's own latency, first text to first audio: what the server measured for it (its
+    # TTFP, plus the loopback hop), not the wait behind the other turn (which plays for over 2 s
+    # after the second is sent), nor a stray measurement cut short by the first turn's end.
+    ttfp = [d.metrics["ttfp_ms"] / 1000 for d in done]
+    assert all(abs(b - p) < 0.05 for b, p in zip(ttfb, ttfp, strict=True)), (ttfb, ttfp)
+    assert all(b <= a < b + 0.5 for a, b in zip(ttfa, ttfb, strict=True)), (ttfa, ttfb)
+    assert [d.reason for d in done] == ["completed", "completed"]
+
+
+async def test_no_error_or_warning_is_logged_from_start_to_a_spoken_turn(engine: Engine) -> None:
+    records: list[str] = []
+    sink = logger.add(lambda m: records.append(str(m)), level="WARNING")
+    try:
+        async with running_gateway(engine) as base:
+
+            async def body(worker: PipelineWorker, collector: Collector) -> None:
+                await _say(worker, REPLY, words_per_s=30)
+                await collector.wait_for(TTSStoppedFrame)
+
+            tts, _ = await _run_pipeline(base, body, [Speaker()], enable_metrics=True)
+    finally:
+        logger.remove(sink)
+    assert tts.finished_turns[-1].reason == "completed"
+    assert not records, "".join(records)

@@ -8,17 +8,29 @@ One Pipecat turn context (an LLM reply, or a ``TTSSpeakFrame``) is one voicewire
 text goes out as ``text.delta`` as it comes (``TextAggregationMode.TOKEN`` by default: voicewire's
 own clause feeder starts speaking after a short first fragment, so Pipecat's sentence aggregation
 would only add its ~200-300 ms per sentence), the end of the reply is ``text.end``, and the audio
-comes back as ``TTSAudioRawFrame``s in the pipeline's output rate. An ``InterruptionFrame`` cancels
-the turn (``turn.cancel``): the server drops its queued audio and frees the engine slot at once;
-the turn's ``turn.done`` (``played_ms``, ``text_spoken``) lands in ``finished_turns``.
+comes back as ``TTSAudioRawFrame``s in the pipeline's output rate.
+
+Word timestamps: the server's ``turn.words`` become Pipecat word timestamps
+(``add_word_timestamps``), as Pipecat's own word-timestamp services do, so each word's
+``TTSTextFrame`` leaves the output transport when its audio plays and the assistant context
+aggregator holds only the words the listener heard when an ``InterruptionFrame`` comes. The
+interruption cancels the turn (``turn.cancel`` with the position Pipecat played to): the server
+drops its queued audio, frees the engine slot and reports ``text_spoken`` at that position; the
+turn's ``turn.done`` lands in ``finished_turns``.
+
+Settings (``VoicewireTTSService.Settings``, Pipecat's ``TTSSettings``): ``voice`` (None: the
+server's default; a ``TTSUpdateSettingsFrame`` changes it for the turns after it); ``model`` and
+``language`` are None, since the server decides them (``voicewire serve --model``), not a session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 from pipecat.frames.frames import (
@@ -28,18 +40,37 @@ from pipecat.frames.frames import (
     Frame,
     StartFrame,
     TTSAudioRawFrame,
+    TTSStartedFrame,
     TTSStoppedFrame,
 )
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, TTSService
 
-from .. import Turn, TurnDone, VoicewireClient, VoicewireError
+from .. import Turn, TurnDone, TurnWords, VoicewireClient, VoicewireError
 
 SERVER_RATES_HZ = (24_000, 48_000)  # what session.update offers; other pipeline rates are resampled here
 FINISHED_TURNS_KEPT = 64
 
 
+@dataclass
+class _Speech:
+    """One Pipecat audio context as a voicewire turn, and what the service knows of its playback."""
+
+    turn: Turn
+    reader: asyncio.Task[None] | None = None
+    text: str = ""  # the text sent, joined: what the word timings' char offsets index
+    t_first_text_s: float = 0.0  # time.time() of the first text.delta (Pipecat's metrics clock)
+    t_first_audio_s: float = 0.0  # time.time() when its first audio arrived
+    playback_start_s: float | None = None  # time.monotonic() its audio starts playing downstream
+    pushed_s: float = 0.0  # audio pushed downstream
+
+
 class VoicewireTTSService(TTSService):
     """Streams Pipecat's text frames to a voicewire server (protocol v1, WebSocket)."""
+
+    Settings = TTSSettings
+    _settings: TTSSettings
 
     def __init__(
         self,
@@ -47,25 +78,41 @@ class VoicewireTTSService(TTSService):
         url: str = "http://127.0.0.1:8080",
         voice: str | None = None,
         api_key: str | None = None,
+        settings: TTSSettings | None = None,
         text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,
         **kwargs: Any,
     ) -> None:
+        # Every field given (Pipecat checks at start that none is NOT_GIVEN); ``settings`` wins.
+        store = TTSSettings(model=None, voice=voice, language=None)
+        if settings is not None:
+            store.apply_update(settings)
         super().__init__(
             text_aggregation_mode=text_aggregation_mode,
-            push_start_frame=True,  # the base opens the audio context and sends TTSStartedFrame
+            # Word frames come from the server's word timings, as each word plays.
+            push_text_frames=False,
+            # run_tts opens each audio context itself: the base would also start a TTFB
+            # measurement there and stop it when the context's audio reaches the head of the
+            # playback queue, which for a turn queued behind another is that turn's playback.
+            push_start_frame=False,
             push_stop_frames=False,  # a turn's TTSStoppedFrame follows its turn.done
+            settings=store,
             **kwargs,
         )
         self._url = url
-        self._voice = voice
         self._api_key = api_key
         self._client: VoicewireClient | None = None
-        self._turns: dict[str, Turn] = {}  # Pipecat context id -> voicewire turn
-        self._readers: dict[str, asyncio.Task[None]] = {}
+        self._speeches: dict[str, _Speech] = {}  # Pipecat context id -> its voicewire turn
+        # When the audio pushed downstream so far has played out, on a listener that plays it in
+        # order at real time from when it is pushed (what an output transport does).
+        self._playout_end_s = 0.0
         self.finished_turns: deque[TurnDone] = deque(maxlen=FINISHED_TURNS_KEPT)
 
     def can_generate_metrics(self) -> bool:
         return True
+
+    @property
+    def supports_processing_metrics(self) -> bool:
+        return False  # run_tts only hands text off; TTFB and TTFA carry the latency
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self, frame: StartFrame) -> None:
@@ -84,34 +131,50 @@ class VoicewireTTSService(TTSService):
         if self._client is not None and not self._client.closed:
             return
         rate = self.sample_rate if self.sample_rate in SERVER_RATES_HZ else SERVER_RATES_HZ[0]
+        voice = self._settings.voice
         self._client = await VoicewireClient.connect(
-            self._url, sample_rate_hz=rate, voice=self._voice, api_key=self._api_key
+            self._url,
+            sample_rate_hz=rate,
+            voice=voice if isinstance(voice, str) else None,
+            api_key=self._api_key,
         )
         await self._call_event_handler("on_connected")
 
     async def _disconnect(self) -> None:
-        for task in self._readers.values():
-            await self.cancel_task(task)
-        self._readers.clear()
-        self._turns.clear()
+        for speech in self._speeches.values():
+            if speech.reader is not None:
+                await self.cancel_task(speech.reader)
+        self._speeches.clear()
         if self._client is not None:
             await self._client.close()
             self._client = None
             await self._call_event_handler("on_disconnected")
 
+    async def _update_settings(self, delta: TTSSettings) -> dict[str, Any]:  # type: ignore[override]
+        changed = await super()._update_settings(delta)
+        if "voice" in changed and self._client is not None and not self._client.closed:
+            # The session's voice: turns opened after this speak with it.
+            await self._client.send_message({"type": "session.update", "voice": self._settings.voice or ""})
+        self._warn_unhandled_updated_settings(changed.keys() - {"voice"})
+        return changed
+
     # --- text in ------------------------------------------------------------------------------------
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
-        """Send one piece of the context's text; its audio arrives through ``_read``."""
+        """Send one piece of the context's text; its audio and words arrive through ``_read``."""
         try:
-            turn = self._turns.get(context_id)
-            if turn is None:
+            speech = self._speeches.get(context_id)
+            if speech is None:
                 await self._connect()
                 assert self._client is not None
-                turn = await self._client.start_turn(turn_id=context_id)
-                self._turns[context_id] = turn
-                self._readers[context_id] = self.create_task(self._read(context_id, turn))
-            await turn.send(text)
-            await self.start_tts_usage_metrics(text)
+                speech = _Speech(await self._client.start_turn(turn_id=context_id))
+                self._speeches[context_id] = speech
+                await self.create_audio_context(context_id)
+                yield TTSStartedFrame(context_id=context_id)
+                speech.reader = self.create_task(self._read(context_id, speech))
+            if not speech.text:
+                speech.t_first_text_s = time.time()
+            speech.text += text
+            await speech.turn.send(text)
         except (VoicewireError, OSError) as err:
             yield ErrorFrame(error=f"voicewire: {err}")
             yield TTSStoppedFrame(context_id=context_id)
@@ -120,41 +183,78 @@ class VoicewireTTSService(TTSService):
 
     async def flush_audio(self, context_id: str | None = None) -> None:
         """The reply ended: ``text.end`` (the server speaks what is left, then ``turn.done``)."""
-        turn = self._turns.get(context_id or self.get_active_audio_context_id() or "")
-        if turn is not None:
-            await turn.end()
+        speech = self._speeches.get(context_id or self.get_active_audio_context_id() or "")
+        if speech is not None:
+            await speech.turn.end()
 
     async def on_audio_context_interrupted(self, context_id: str) -> None:
-        """Barge-in: cancel the voicewire turn; its queued audio is dropped server-side."""
+        """Barge-in: cancel the voicewire turn at the position played; the server drops the rest."""
         await self.stop_all_metrics()
-        turn = self._turns.pop(context_id, None)
-        if turn is not None and self._client is not None and not self._client.closed:
+        speech = self._speeches.pop(context_id, None)
+        if speech is not None and self._client is not None and not self._client.closed:
+            played_ms = 0.0
+            if speech.playback_start_s is not None:
+                played_s = min(time.monotonic() - speech.playback_start_s, speech.pushed_s)
+                played_ms = max(0.0, played_s) * 1000
             with contextlib.suppress(VoicewireError):
-                # Not awaiting turn.done: the interruption must not wait for a round trip.
-                await turn.send_cancel()
+                # Not awaiting turn.done (its reader records it): no round trip in the interruption.
+                await speech.turn.send_cancel(played_ms=played_ms)
+        self._playout_end_s = 0.0  # the output transport drops what it had not played
         await super().on_audio_context_interrupted(context_id)
 
-    # --- audio out ----------------------------------------------------------------------------------
-    async def _read(self, context_id: str, turn: Turn) -> None:
+    async def on_audio_context_completed(self, context_id: str) -> None:
+        self._speeches.pop(context_id, None)
+        await super().on_audio_context_completed(context_id)
+
+    # --- audio and words out ------------------------------------------------------------------------
+    async def _read(self, context_id: str, speech: _Speech) -> None:
         assert self._client is not None
         server_rate = self._client.sample_rate_hz
+        done: TurnDone | None = None
         try:
-            async for chunk in turn.audio():
-                audio = chunk.data
+            async for event in speech.turn.events():
+                if isinstance(event, TurnWords):
+                    # The words as the text has them (the sequencer matches them against it),
+                    # timed from the turn's first sample, which is its audio context's first.
+                    words = [(speech.text[w.char_start : w.char_end], w.start_ms / 1000) for w in event.words]
+                    await self.add_word_timestamps([(w, t) for w, t in words if w], context_id)
+                    continue
+                if not speech.t_first_audio_s:
+                    speech.t_first_audio_s = time.time()
+                audio = event.data
                 if server_rate != self.sample_rate:
                     audio = await self._resampler.resample(audio, server_rate, self.sample_rate)
                 await self.append_to_audio_context(
                     context_id, TTSAudioRawFrame(audio, self.sample_rate, 1, context_id=context_id)
                 )
-            done = await turn.done()
+            done = await speech.turn.done()
         except VoicewireError as err:
             await self.push_error(error_msg=f"voicewire turn {context_id}: {err}", exception=err)
-            done = None
         if done is not None:
             self.finished_turns.append(done)
-        self._turns.pop(context_id, None)
-        self._readers.pop(context_id, None)
+        speech.reader = None
         if self.audio_context_available(context_id):
-            await self.stop_ttfb_metrics()
             await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
             await self.remove_audio_context(context_id)
+
+    async def push_frame(self, frame: Frame, direction: FrameDirection = FrameDirection.DOWNSTREAM) -> None:
+        speech = self._speeches.get(frame.context_id or "") if isinstance(frame, TTSAudioRawFrame) else None
+        if speech is not None:
+            assert isinstance(frame, TTSAudioRawFrame)
+            now_s = time.monotonic()
+            duration_s = len(frame.audio) / 2 / frame.sample_rate
+            if speech.playback_start_s is None:
+                speech.playback_start_s = max(now_s, self._playout_end_s)
+                await self._report_latency(speech, frame)
+            self._playout_end_s = max(self._playout_end_s, now_s) + duration_s
+            speech.pushed_s += duration_s
+        await super().push_frame(frame, direction)
+
+    async def _report_latency(self, speech: _Speech, first: TTSAudioRawFrame) -> None:
+        """TTFB from the turn's own first text to its own first audio, and TTFA from its audio;
+        reported as its audio starts downstream, so a turn queued behind another still reports
+        its own latency, after that turn's."""
+        await self.start_ttfb_metrics(start_time=speech.t_first_text_s)
+        await self.stop_ttfb_metrics(end_time=speech.t_first_audio_s or time.time())
+        # The base scans the frames after this one for the audible onset.
+        await self.process_ttfa_metrics(first)
