@@ -21,6 +21,7 @@ from voicewire.engine.core import EngineGroup, GroupConfig
 from .audio import pcm16_bytes
 from .auth import AuthConfig
 from .config import GatewayConfig, IceServer, normalize_base_path, parse_networks
+from .voices import default_voices_dir
 
 
 class _UsageError(Exception):
@@ -184,8 +185,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--qwen-size",
         default="tiny",
-        choices=("tiny", "0.6b", "1.7b"),
-        help="qwen3-tts --random-weights: the shape of the random weights",
+        choices=("tiny", "tiny-base", "0.6b", "1.7b"),
+        help="qwen3-tts --random-weights: the shape of the random weights "
+        "(tiny-base: a Base model, which clones voices)",
     )
     p.add_argument("--device", default="cpu", help="qwen3-tts: torch device (cpu, cuda)")
     p.add_argument(
@@ -343,6 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=GatewayConfig.drain_timeout_s,
         help="on SIGTERM, seconds current turns may take to finish",
     )
+    serve.add_argument(
+        "--voices-dir",
+        default=str(default_voices_dir()),
+        help="where cloned voices (POST /v1/audio/voices) are kept, and loaded from at start "
+        "(default: %(default)s)",
+    )
     deploy = serve.add_argument_group("deployment (README: Deploying)")
     deploy.add_argument(
         "--base-path",
@@ -461,6 +469,7 @@ def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | 
         public_metrics=args.public_metrics,
         write_stall_timeout_s=args.write_stall_timeout,
         drain_timeout_s=args.drain_timeout,
+        voices_dir=args.voices_dir,
         base_path=args.base_path,
         trusted_proxies=tuple(args.trusted_proxy),
         tls_cert_file=args.tls_cert,

@@ -9,6 +9,7 @@ from voicewire.engine import EngineConfig
 
 from .auth import AuthConfig
 from .limits import SessionLimits
+from .reference_audio import ReferenceLimits
 
 ICE_URL_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
 
@@ -103,6 +104,10 @@ class GatewayConfig:
     write_stall_timeout_s: float = 10.0  # a client that stops reading this long is closed with 4008
     ws_send_buffer_bytes: int = 64 * 1024  # kernel send buffer per WebSocket: bounds memory per slow client
     drain_timeout_s: float = 10.0  # SIGTERM: how long current turns may take to finish
+    # Cloned voices (voices.py): persisted here and loaded at start; None keeps them in memory only
+    # (``voicewire serve`` passes --voices-dir, by default under the user's data directory).
+    voices_dir: str | None = None
+    voice_limits: ReferenceLimits = field(default_factory=ReferenceLimits)  # what an upload may be
 
     def __post_init__(self) -> None:
         if self.base_path != normalize_base_path(self.base_path):

@@ -27,6 +27,7 @@ from .auth import Authenticator, AuthError, api_key_from_headers, token_from_req
 from .config import GatewayConfig
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
+from .voices import VoiceStore
 
 if TYPE_CHECKING:
     from .session import Session
@@ -49,12 +50,15 @@ class Gateway:
     engine_start: asyncio.Future[Any] | None = None  # the background start of the engine(s) the app owns
     log_limiter: LogLimiter = field(default_factory=LogLimiter)  # refusals and client errors
     group: EngineGroup | None = None  # the engine cores, when the engine runs out of process
+    voices: VoiceStore = field(default_factory=VoiceStore)  # cloned voices (voices_api.py)
 
     @classmethod
     def create(cls, config: GatewayConfig, engine: Engine | EngineGroup) -> Gateway:
         engines: list[Replica] = list(engine.replicas) if isinstance(engine, EngineGroup) else [engine]
         group = engine if isinstance(engine, EngineGroup) else None
-        return cls(config, engines, Authenticator(config.auth), GatewayMetrics(engines), group=group)
+        voices = VoiceStore(config.voices_dir)
+        voices.load()  # small files (a few KB a voice): read before the port opens
+        return cls(config, engines, Authenticator(config.auth), GatewayMetrics(engines), group=group, voices=voices)
 
     @property
     def engine(self) -> Replica:

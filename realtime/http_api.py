@@ -1,5 +1,6 @@
 """HTTP API, OpenAI-compatible: ``POST /v1/audio/speech`` (streamed as raw audio or as SSE speech
-events), ``GET /v1/models``, ``GET /v1/audio/voices``; and ``GET /healthz`` (alias ``/health``)."""
+events), ``GET /v1/models``; and ``GET /healthz`` (alias ``/health``). The voices API is
+``voices_api.py``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import base64
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,8 +117,14 @@ def _optional(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     return value
 
 
-def parse_speech(body: Any, voices: tuple[str, ...], max_chars: int) -> SpeechRequest:
-    """Raises ValueError("code:message") for a body this server cannot take."""
+def parse_speech(
+    body: Any,
+    voices: tuple[str, ...],
+    max_chars: int,
+    cloned: Callable[[str], StreamParams | None] | None = None,
+) -> SpeechRequest:
+    """Raises ValueError("code:message") for a body this server cannot take. ``cloned``: a stored
+    voice's stream options by id or name (VoiceStore.stream_params), None for any other name."""
     if not isinstance(body, dict):
         raise ValueError("invalid_body:the body must be a JSON object")
     text = body.get("input")
@@ -125,7 +133,9 @@ def parse_speech(body: Any, voices: tuple[str, ...], max_chars: int) -> SpeechRe
     if len(text) > max_chars:
         raise ValueError(f"input_too_long:input is limited to {max_chars} characters")
     _optional(body, "model", str, "")  # any name: the server serves one model
-    voice = resolve_voice(_optional(body, "voice", str, ""), voices)
+    voice_name = _optional(body, "voice", str, "")
+    clone = cloned(voice_name) if cloned is not None and voice_name else None
+    voice = "" if clone is not None else resolve_voice(voice_name, voices)
     fmt = body.get("response_format", "wav")
     if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ValueError(f"unsupported_format:response_format must be one of {', '.join(FORMATS)}")
@@ -141,7 +151,7 @@ def parse_speech(body: Any, voices: tuple[str, ...], max_chars: int) -> SpeechRe
     _optional(body, "stream", bool, True)
     language = _optional(body, "language", str, "")
     instructions = _optional(body, "instructions", str, "")
-    extra: dict[str, object] = {}
+    extra: dict[str, object] = dict(clone.extra) if clone is not None else {}
     if instructions:
         extra["instruct"] = instructions  # Qwen3-TTS 1.7B; other models ignore it
     if _optional(body, "non_streaming_mode", bool, False):
@@ -160,7 +170,10 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         return error_response(413, "body_too_large", f"bodies are limited to {cfg.max_http_body_bytes} bytes")
     try:
         body = await read_json_body(request, cfg.http_body_timeout_s)
-        speech = parse_speech(body, engine.info.voices, cfg.max_speech_input_chars)
+        info = engine.info
+        speech = parse_speech(
+            body, info.voices, cfg.max_speech_input_chars, lambda v: gw.voices.stream_params(v, info)
+        )
     except RequestError as err:
         return err.response()
     except ValueError as err:
@@ -276,20 +289,6 @@ async def models_handler(request: web.Request) -> web.Response:
         name = gw.config.engine.model  # still loading: the name it was asked to serve
     model = {"id": name, "object": "model", "created": 0, "owned_by": "voicewire"}
     return web.json_response({"object": "list", "data": [model]})
-
-
-async def voices_handler(request: web.Request) -> web.Response:
-    """``GET /v1/audio/voices``: the model's voices, the default first (the API key when auth is on)."""
-    gw = request.app[GATEWAY]
-    refused = gw.check_key(request)
-    if refused is not None:
-        return refused
-    try:
-        voices = gw.engine.info.voices
-    except EngineNotReady as err:
-        return error_response(503, "not_ready", str(err))
-    data = [{"id": v, "name": v, "object": "voice", "default": i == 0} for i, v in enumerate(voices)]
-    return web.json_response({"object": "list", "data": data})
 
 
 async def healthz_handler(request: web.Request) -> web.Response:

@@ -35,6 +35,7 @@ class _EngineCollector(Collector):
             (counter("voicewire_engine_generate_seconds", "Time in model.generate"), lambda e: e.stats.generate_s),
             (counter("voicewire_engine_decode_seconds", "Time in model.decode"), lambda e: e.stats.decode_s),
             (counter("voicewire_engine_frames", "Frames generated"), lambda e: e.stats.frames_generated),
+            (counter("voicewire_engine_voices_cloned", "Voices cloned from reference audio"), lambda e: e.stats.voices_cloned),
             (gauge("voicewire_engine_last_step_seconds", "Duration of the last step"), lambda e: e.stats.last_step_s),
             (gauge("voicewire_engine_ready", "1 while the replica is warm and stepping"), lambda e: float(e.ready)),
         ]

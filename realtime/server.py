@@ -34,8 +34,9 @@ from voicewire.engine.core import CoreStartFailed, CoreState, EngineGroup
 from .auth import AuthError
 from .config import GatewayConfig
 from .gateway import GATEWAY, Gateway
-from .http_api import healthz_handler, models_handler, speech_handler, voices_handler
+from .http_api import healthz_handler, models_handler, speech_handler
 from .proxy import client_address, trusted_proxy_middleware
+from .voices_api import add_voice_routes
 from .webrtc import setup_webrtc
 from .websocket import stream_handler
 
@@ -91,7 +92,7 @@ def create_app(
     app.router.add_get(f"{base}/healthz", healthz_handler)
     app.router.add_get(f"{base}/health", healthz_handler)  # the name benchmark harnesses probe
     app.router.add_get(f"{base}/v1/models", models_handler)
-    app.router.add_get(f"{base}/v1/audio/voices", voices_handler)
+    add_voice_routes(app, base)  # /v1/audio/voices: list, upload; /v1/audio/voices/{voice}: get, delete
     app.router.add_get(f"{base}/readyz", readyz_handler)
     app.router.add_get(f"{base}/metrics", metrics_handler)
     app.router.add_post(f"{base}/v1/session-tokens", session_token_handler)

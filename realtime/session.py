@@ -15,7 +15,15 @@ import time
 from collections import deque
 from typing import Any
 
-from voicewire.engine import Engine, EngineBusy, EngineNotReady, Playout, StreamError, first_audible_sample
+from voicewire.engine import (
+    Engine,
+    EngineBusy,
+    EngineNotReady,
+    Playout,
+    StreamError,
+    StreamParams,
+    first_audible_sample,
+)
 
 from .limits import SessionLimits, TokenBucket
 from .log_limit import LogLimiter
@@ -36,6 +44,7 @@ from .protocol import (
 )
 from .truncation import TextSpan, spoken_text
 from .turn import AudioSettings, SessionSink, SinkStalled, Turn
+from .voices import VoiceStore
 
 log = logging.getLogger("voicewire.session")
 _log_limiter = LogLimiter()  # process-wide: client errors are logged at a bounded rate per code
@@ -52,8 +61,10 @@ class Session:
         limits: SessionLimits | None = None,
         metrics: GatewayMetrics | None = None,
         transport: str = "websocket",
+        voices: VoiceStore | None = None,
     ) -> None:
         self.engine = engine
+        self.voices = voices  # cloned voices a session.update may name (by id or name)
         self.sink = sink
         self.session_id = session_id
         self.limits = limits or SessionLimits()
@@ -207,8 +218,14 @@ class Session:
         elif isinstance(msg, TurnCancel):
             self._cancel(msg.turn_id)
 
+    def _cloned(self, voice: str) -> StreamParams | None:
+        """A stored cloned voice's stream options, or None when ``voice`` names none."""
+        if not voice or self.voices is None or voice in self.engine.info.voices:
+            return None
+        return self.voices.stream_params(voice, self.engine.info)
+
     def _update(self, msg: SessionUpdate) -> None:
-        if msg.voice is not None and msg.voice and msg.voice not in self.engine.info.voices:
+        if msg.voice and msg.voice not in self.engine.info.voices and self._cloned(msg.voice) is None:
             raise ProtocolError("invalid_voice", f"unknown voice {msg.voice!r}")
         if msg.format is not None:
             self.audio.format = msg.format
@@ -231,7 +248,8 @@ class Session:
                     "too_many_turns", f"at most {self.limits.max_open_turns} turns may be open at once", turn_id
                 )
             try:
-                stream = self.engine.open_stream(voice=self.audio.voice)
+                voice = self.audio.voice
+                stream = self.engine.open_stream(self._cloned(voice) or StreamParams(voice=voice))
             except EngineBusy as err:
                 raise ProtocolError("server_busy", str(err), turn_id) from None
             except EngineNotReady as err:

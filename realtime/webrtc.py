@@ -284,7 +284,9 @@ class WebRtcPeer:
             return
         gw = self._app[GATEWAY]
         sink = WebRtcSink(channel, self.track, gw.engine.info.sample_rate_hz)
-        self.session = Session(gw.pick_engine(), sink, self.peer_id, gw.config.limits, gw.metrics, "webrtc")
+        self.session = Session(
+            gw.pick_engine(), sink, self.peer_id, gw.config.limits, gw.metrics, "webrtc", gw.voices
+        )
         self.session.audio = AudioSettings(format="opus", sample_rate=SAMPLE_RATE_HZ)
         channel.on("message", self._inbox.put_nowait)
         channel.on("close", lambda: self.close("control channel closed"))

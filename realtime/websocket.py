@@ -103,7 +103,7 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
         # Bounded kernel buffering per client: a reader that stops is noticed in seconds, not megabytes.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.ws_send_buffer_bytes)
     sink = WebSocketSink(ws, engine.info.sample_rate_hz, cfg.write_stall_timeout_s)
-    session = Session(engine, sink, uuid.uuid4().hex[:12], cfg.limits, gw.metrics, "websocket")
+    session = Session(engine, sink, uuid.uuid4().hex[:12], cfg.limits, gw.metrics, "websocket", gw.voices)
     gw.sessions.add(session)
     gw.metrics.sessions.labels("websocket").inc()
     receiver = asyncio.create_task(_receive(ws, session))
