@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import numpy as np
-from livekit.agents import tts
+import pytest
+from livekit.agents import APIConnectionError, APIError, APIStatusError, tts
+from livekit.agents.types import APIConnectOptions
 
 from tests.asr import transcribe, wer
-from tests.conftest import running_gateway
+from tests.conftest import free_port, running_gateway
 from voicewire.engine import Engine
+from voicewire.realtime.auth import AuthConfig
 from voicewire.realtime.client.adapters.livekit import VoicewireTTS
 
 REPLY = "The package left our warehouse yesterday and should arrive soon."
@@ -119,3 +123,77 @@ async def test_synthesize_runs_through_the_stream(engine: Engine) -> None:
             frame = await chunked.collect()
         await voice.aclose()
     assert frame.sample_rate == 24_000 and 0.5 < frame.duration < 3.0
+
+
+async def _speak(stream: tts.SynthesizeStream, text: str) -> list[tts.SynthesizedAudio]:
+    """Push ``text`` a word at a time as an LLM would, end the input, read the stream to its end."""
+    for word in text.split(" "):
+        stream.push_text(word + " ")
+    stream.end_input()
+    return [ev async for ev in stream]
+
+
+def _pcm(events: list[tts.SynthesizedAudio]) -> np.ndarray:
+    return (
+        np.concatenate([np.frombuffer(e.frame.data, np.int16) for e in events]).astype(np.float32) / 32768.0
+    )
+
+
+async def test_a_16_khz_stream_is_resampled_and_intelligible(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        voice = VoicewireTTS(url=f"http://{base}", sample_rate=16_000)
+        async with voice.stream() as stream:
+            events = await _speak(stream, REPLY)
+        await voice.aclose()
+    assert events and all(e.frame.sample_rate == 16_000 and e.frame.num_channels == 1 for e in events)
+    assert events[-1].is_final
+    pcm = _pcm(events)
+    assert 2.0 < pcm.size / 16_000 < 8.0
+    heard = transcribe(pcm, 16_000)
+    assert wer(REPLY, heard) <= 0.15, heard
+
+
+@pytest.mark.parametrize("sample_rate", [0, -16_000, 16_000.0])
+def test_a_sample_rate_that_is_no_rate_is_refused_at_construction(sample_rate: object) -> None:
+    with pytest.raises(ValueError, match="sample_rate"):
+        VoicewireTTS(sample_rate=sample_rate)  # type: ignore[arg-type]
+
+
+NO_RETRY = APIConnectOptions(max_retry=0, timeout=5.0)
+
+
+async def _first_error(voice: VoicewireTTS) -> APIError:
+    with pytest.raises(APIError) as caught:
+        async with voice.stream(conn_options=NO_RETRY) as stream:
+            await _speak(stream, REPLY)
+    await voice.aclose()
+    return caught.value
+
+
+async def test_errors_are_livekit_api_errors(engine: Engine) -> None:
+    # Nothing listens: a connection error, which LiveKit may retry.
+    err = await _first_error(VoicewireTTS(url=f"http://127.0.0.1:{free_port()}"))
+    assert isinstance(err, APIConnectionError) and err.retryable
+    # A wrong key: refused with 401 at the handshake, never retried.
+    async with running_gateway(engine, auth=AuthConfig(api_keys=("k" * 24,))) as base:
+        err = await _first_error(VoicewireTTS(url=f"http://{base}", api_key="w" * 24))
+    assert isinstance(err, APIStatusError) and err.status_code == 401 and not err.retryable
+    assert err.body == {"code": "invalid_api_key", "message": err.body["message"]}  # type: ignore[index]
+    # The server is full: 503, worth a retry.
+    async with running_gateway(engine, max_sessions=0) as base:
+        err = await _first_error(VoicewireTTS(url=f"http://{base}"))
+    assert isinstance(err, APIStatusError) and err.status_code == 503 and err.retryable
+
+
+async def test_no_warning_or_error_is_logged_through_a_stream(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    async with running_gateway(engine) as base:
+        voice = VoicewireTTS(url=f"http://{base}")
+        voice.prewarm()
+        async with voice.stream() as stream:
+            events = await _speak(stream, REPLY)
+        await voice.aclose()
+    assert events and events[-1].is_final
+    assert not caplog.records, [r.getMessage() for r in caplog.records]

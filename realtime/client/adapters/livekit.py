@@ -1,17 +1,28 @@
 """voicewire as a LiveKit Agents TTS (``pip install voicewire[livekit]``).
 
     from voicewire.realtime.client.adapters.livekit import VoicewireTTS
-    session = AgentSession(stt=..., llm=..., tts=VoicewireTTS(url="http://127.0.0.1:8080"))
+    session = AgentSession(stt=..., llm=..., tts=VoicewireTTS(url="http://127.0.0.1:8080"),
+                           use_tts_aligned_transcript=True)
     await session.start(agent=Agent(instructions="..."), room=ctx.room)
 
 ``stream()`` gives a ``SynthesizeStream``: one stream is one voicewire turn. ``push_text`` sends a
 ``text.delta`` as it comes (no sentence tokenizer in between: voicewire's clause feeder starts
 speaking after a short first fragment), ``flush`` sends ``text.flush`` (speak what is buffered
-now), ``end_input`` sends ``text.end``; the stream yields 24 kHz PCM frames and ends after the
-turn's ``turn.done``. Interruption: LiveKit closes the stream (``aclose``, e.g. when the user
-barges in and the agent's ``tts_node`` is cancelled), which sends ``turn.cancel``; the server drops
-the turn's queued audio and frees its engine slot. ``synthesize`` (one text, non-streaming) runs
-through the same stream.
+now), ``end_input`` sends ``text.end``; the stream yields PCM frames at the TTS's ``sample_rate``
+(any rate: 24 and 48 kHz come from the server as they are, others are resampled here) and ends
+after the turn's ``turn.done``.
+
+Aligned transcripts: the server's ``turn.words`` become ``TimedString``s (the text sent, cut at
+each word, with its start and end in the turn's audio) on the frames they precede, so an agent
+with ``use_tts_aligned_transcript`` shows each word as it plays and, when the user barges in,
+keeps in its chat context only what was heard. Interruption: LiveKit closes the stream
+(``aclose``), which sends ``turn.cancel`` with the position played by then (audio is taken to
+play from its first frame at real time); the server drops the turn's queued audio and frees its
+engine slot. ``synthesize`` (one text, non-streaming) runs through the same stream.
+
+Errors are LiveKit's: ``APIConnectionError`` (cannot connect, connection lost), ``APITimeoutError``
+(the handshake timed out), ``APIStatusError`` for what the server refused, with the HTTP status
+its code stands for (503 ``server_busy``: retryable; 400 ``invalid_voice``: not).
 
 All streams of one ``VoicewireTTS`` share one WebSocket session (opened on first use or by
 ``prewarm``); the server speaks its turns in order.
@@ -21,14 +32,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
-from livekit.agents import APIConnectionError, APIError, tts, utils
-from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions
+from livekit import rtc
+from livekit.agents import APIConnectionError, APIError, APIStatusError, APITimeoutError, tts, utils
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions, TimedString
 
-from .. import Turn, VoicewireClient, VoicewireError
+from .. import Turn, TurnWords, VoicewireClient, VoicewireError
 
-SAMPLE_RATE_HZ = 24_000  # the engine's own rate (LiveKit's room output is 24 kHz too): no resampling
-RETRYABLE_CODES = frozenset({"server_busy", "connection_closed"})
+SERVER_RATES_HZ = (24_000, 48_000)  # what session.update offers; other rates are resampled here
+# The HTTP status each protocol v1 error code stands for (the gateway answers the same codes over
+# HTTP with these); LiveKit decides from it whether to retry (4xx but 408/429: never).
+STATUS_OF_CODE = {
+    "missing_credentials": 401,
+    "invalid_api_key": 401,
+    "invalid_token": 401,
+    "expired_token": 401,
+    "token_reused": 401,
+    "origin_not_allowed": 403,
+    "invalid_voice": 400,
+    "invalid_field": 400,
+    "missing_field": 400,
+    "text_too_long": 400,
+    "too_many_turns": 429,
+    "rate_limited": 429,
+    "text_overflow": 429,
+    "server_busy": 503,
+    "not_ready": 503,
+    "too_many_sessions": 503,
+    "draining": 503,
+}
+
+
+def api_error(err: VoicewireError) -> APIError:
+    """A voicewire error as the LiveKit error a plugin raises for it."""
+    message = f"voicewire: {err}"
+    if err.code in ("connection_closed", "closed"):
+        return APIConnectionError(message)
+    status = STATUS_OF_CODE.get(err.code)
+    if status is None and err.code.startswith("http_") and err.code[5:].isdigit():
+        status = int(err.code[5:])  # a refusal without a JSON body
+    return APIStatusError(message, status_code=status or 500, body={"code": err.code, "message": err.message})
 
 
 class VoicewireTTS(tts.TTS):
@@ -38,14 +82,21 @@ class VoicewireTTS(tts.TTS):
         url: str = "http://127.0.0.1:8080",
         voice: str | None = None,
         api_key: str | None = None,
-        sample_rate: int = SAMPLE_RATE_HZ,
+        sample_rate: int = SERVER_RATES_HZ[0],
     ) -> None:
+        if not isinstance(sample_rate, int) or sample_rate <= 0:
+            raise ValueError(
+                f"VoicewireTTS: sample_rate must be a positive number of Hz, not {sample_rate!r}"
+            )
         super().__init__(
-            capabilities=tts.TTSCapabilities(streaming=True), sample_rate=sample_rate, num_channels=1
+            capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
+            sample_rate=sample_rate,
+            num_channels=1,
         )
         self._url = url
         self._voice = voice
         self._api_key = api_key
+        self._server_rate_hz = sample_rate if sample_rate in SERVER_RATES_HZ else SERVER_RATES_HZ[0]
         self._client: VoicewireClient | None = None
         self._connecting = asyncio.Lock()
         self._streams: set[VoicewireSynthesizeStream] = set()
@@ -65,15 +116,24 @@ class VoicewireTTS(tts.TTS):
             if self._client is None or self._client.closed:
                 try:
                     self._client = await VoicewireClient.connect(
-                        self._url, sample_rate_hz=self.sample_rate, voice=self._voice, api_key=self._api_key
+                        self._url,
+                        sample_rate_hz=self._server_rate_hz,
+                        voice=self._voice,
+                        api_key=self._api_key,
                     )
-                except (OSError, TimeoutError) as err:
+                except VoicewireError as err:  # refused at the handshake, or session.update refused
+                    raise api_error(err) from err
+                except TimeoutError as err:
+                    raise APITimeoutError(f"voicewire: no session from {self._url} in time") from err
+                except OSError as err:
                     raise APIConnectionError(f"voicewire: cannot connect to {self._url}: {err}") from err
             return self._client
 
     def prewarm(self) -> None:
         """Open the session now, so the first turn does not pay for the WebSocket handshake."""
         self._prewarm = asyncio.ensure_future(self.client())
+        # A failed prewarm is seen again by the first stream; not retrieving it here would log it.
+        self._prewarm.add_done_callback(lambda fut: fut.cancelled() or fut.exception())
 
     def stream(
         self, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
@@ -97,7 +157,7 @@ class VoicewireTTS(tts.TTS):
 
 
 class VoicewireSynthesizeStream(tts.SynthesizeStream):
-    """One voicewire turn: text in as it is pushed, audio out as the server sends it."""
+    """One voicewire turn: text in as it is pushed, audio and its timed words out as they come."""
 
     def __init__(self, *, tts: VoicewireTTS, conn_options: APIConnectOptions) -> None:
         super().__init__(tts=tts, conn_options=conn_options)
@@ -105,19 +165,26 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
         self.turn: Turn | None = None  # the voicewire turn of the current attempt
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        rate_hz = self._vw_tts.sample_rate
         output_emitter.initialize(
             request_id=utils.shortuuid(),
-            sample_rate=self._vw_tts.sample_rate,
+            sample_rate=rate_hz,
             num_channels=1,
             mime_type="audio/pcm",
             stream=True,
         )
         client = await self._vw_tts.client()
-        turn = self.turn = await client.start_turn()
+        try:
+            turn = self.turn = await client.start_turn()
+        except VoicewireError as err:
+            raise api_error(err) from err
+        text = ""  # what was sent, joined: the word timings' char offsets index it
         segment_open = False
+        played_from_s: float | None = None  # time.monotonic() of the first audio frame
+        received_s = 0.0
 
         async def send_text() -> None:
-            nonlocal segment_open
+            nonlocal segment_open, text
             async for data in self._input_ch:
                 if isinstance(data, self._FlushSentinel):
                     await turn.flush()
@@ -126,28 +193,58 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
                     output_emitter.start_segment(segment_id=str(turn.turn_id))
                     segment_open = True
                 self._mark_started()
+                text += data
                 await turn.send(data)
             await turn.end()
 
-        async def receive_audio() -> None:
-            async for chunk in turn.audio():
-                output_emitter.push(chunk.data)
+        async def receive() -> None:
+            nonlocal played_from_s, received_s
+            resampler = (
+                rtc.AudioResampler(client.sample_rate_hz, rate_hz)
+                if client.sample_rate_hz != rate_hz
+                else None
+            )
+            spoken_to = 0  # end of the text given to timed strings so far
+            async for event in turn.events():
+                if isinstance(event, TurnWords):
+                    timed = []
+                    for w in event.words:
+                        # The text from the previous word's end to this one's: the strings
+                        # joined are the text sent, and each carries its word's times.
+                        timed.append(
+                            TimedString(text[spoken_to : w.char_end], w.start_ms / 1000, w.end_ms / 1000)
+                        )
+                        spoken_to = max(spoken_to, w.char_end)
+                    output_emitter.push_timed_transcript(timed)
+                    continue
+                if played_from_s is None:
+                    played_from_s = time.monotonic()
+                received_s += event.duration_s
+                if resampler is None:
+                    output_emitter.push(event.data)
+                    continue
+                for frame in resampler.push(bytearray(event.data)):
+                    output_emitter.push(frame.data.tobytes())
+            if resampler is not None:
+                for frame in resampler.flush():
+                    output_emitter.push(frame.data.tobytes())
             await turn.done()
             if segment_open:
                 output_emitter.end_segment()
 
-        tasks = [asyncio.create_task(send_text()), asyncio.create_task(receive_audio())]
+        tasks = [asyncio.create_task(send_text()), asyncio.create_task(receive())]
         try:
             await asyncio.gather(*tasks)
         except VoicewireError as err:
-            raise APIError(f"voicewire: {err}", retryable=err.code in RETRYABLE_CODES) from err
+            raise api_error(err) from err
         finally:
             await utils.aio.cancel_and_wait(*tasks)
             if turn.result is None and not client.closed:
-                # Closed early (an interruption, or an error): barge in. Not waiting for
-                # turn.done keeps aclose() as quick as LiveKit expects.
+                # Closed early (an interruption, or an error): barge in at what has played.
+                # Not waiting for turn.done keeps aclose() as quick as LiveKit expects.
+                played_s = 0.0 if played_from_s is None else min(time.monotonic() - played_from_s, received_s)
                 with contextlib.suppress(VoicewireError):
-                    await turn.send_cancel()
+                    await turn.send_cancel(played_ms=played_s * 1000)
 
     async def aclose(self) -> None:
         await super().aclose()
