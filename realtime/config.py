@@ -94,9 +94,11 @@ class GatewayConfig:
     ice_consent_interval_s: float = 1.0
     ice_consent_failures: int = 4
     max_webrtc_peers: int = 64  # each peer holds ~4 UDP sockets, a track task and a session
-    # ICE candidates one offer may carry (a browser sends a few per network interface): each is
-    # a target of the server's connectivity checks -> 400 too_many_candidates.
-    max_offer_candidates: int = 16
+    # ICE candidates one offer may carry: each is a target of the server's connectivity checks
+    # -> 400 too_many_candidates. A browser sends them per media section, interface and kind:
+    # Chromium with two interfaces (IPv4 + IPv6 each) offered 16 with no ICE server and 20 with
+    # one STUN server (tests/deploy), before any TURN relay candidate.
+    max_offer_candidates: int = 32
     # Security and limits (README, "Security and limits"). Auth is off unless API keys are set.
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: SessionLimits = field(default_factory=SessionLimits)

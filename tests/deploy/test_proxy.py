@@ -205,7 +205,7 @@ async def test_origin_allow_list_sees_the_browser_origin_through_the_proxy(deplo
             assert r.status == 403 and (await r.json())["error"]["code"] == "origin_not_allowed"
         # The page's own origin passes admission and reaches the offer's validation.
         async with http.post(f"{base}/offer", json={}, headers={"Origin": deployment.proxy.origin}) as r:
-            assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_request"
+            assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_type"
         async with http.post(
             f"{base}/v1/audio/speech", json={"input": "Hi."}, headers={"Origin": FOREIGN_ORIGIN}
         ) as r:

@@ -26,6 +26,7 @@ from voicewire.engine import ONSET_THRESHOLD_DBFS, Engine
 from voicewire.realtime.client import Turn
 from voicewire.realtime.client.simulated_llm import send_reply
 from voicewire.realtime.client.webrtc import FRAME_SAMPLES, WebRtcClient
+from voicewire.realtime.config import GatewayConfig
 from voicewire.realtime.gateway import GATEWAY
 from voicewire.realtime.webrtc import filter_candidates
 
@@ -322,7 +323,7 @@ async def test_bad_offers_get_4xx_json_errors(engine: Engine) -> None:
                 {
                     "sdp": real.replace(
                         "a=end-of-candidates",
-                        "".join(f"a=candidate:{i} 1 udp 2122260223 127.0.0.{i} 5000 typ host\r\n" for i in range(17))
+                        "".join(f"a=candidate:{i} 1 udp 2122260223 127.0.0.{i} 5000 typ host\r\n" for i in range(GatewayConfig.max_offer_candidates + 1))
                         + "a=end-of-candidates",
                     ),
                     "type": "offer",
