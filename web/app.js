@@ -11,6 +11,10 @@ const METER_POLL_MS = 33; // level history: ~30 bars per second
 const STATS_POLL_MS = 1000;
 const METER_FLOOR_DB = -60;
 const TTFA_GIVE_UP_MS = 15000;
+const HIGHLIGHT_POLL_MS = 20; // word highlight refresh: a word lasts ~250 ms
+// The engine keeps this much of the lead-in before a turn's first audible sample, so the page,
+// which hears the onset, puts the turn's sample 0 this far before it.
+const LEAD_IN_MS = 10;
 
 // Every server route sits under the page's base (/ or, behind a proxy, e.g. /voice/). This script
 // is served from <base>static/app.js, so the base is one level above it: nothing is hard-coded.
@@ -32,6 +36,7 @@ const state = {
   nextTurn: 1,
   turns: new Map(), // turn_id -> turn record
   onset: null, // { turn, t0, timer } while a TTFA is being measured
+  playhead: null, // { turn, timer }: the turn whose words are highlighted as this page plays them
   history: [], // recent peak levels, dBFS
   timers: [],
   lastTtfaMs: null,
@@ -90,6 +95,7 @@ function disconnect(reason = "Disconnected", isError = false) {
   for (const t of state.timers) clearInterval(t);
   state.timers = [];
   stopOnset();
+  stopPlayhead();
   for (const turn of state.turns.values()) {
     if (turn.llmTimer) clearTimeout(turn.llmTimer);
     if (!turn.done) setResult(turn, "closed", "error");
@@ -171,7 +177,16 @@ function onMessage(msg) {
       state.sessionId = msg.session_id;
       break;
     case "turn.started":
-      if (turn) setResult(turn, "playing", "playing");
+      if (turn) {
+        setResult(turn, "playing", "playing");
+        startPlayhead(turn);
+      }
+      break;
+    case "turn.words":
+      if (turn) {
+        turn.words.push(...msg.words);
+        if (state.playhead && state.playhead.turn === turn) renderWords(turn);
+      }
       break;
     case "turn.done":
       if (turn) finishTurn(turn, msg);
@@ -190,7 +205,7 @@ function speak(text = $("text").value, opts = {}) {
   const mode = opts.mode || document.querySelector("input[name=mode]:checked").value;
   const wordsPerS = opts.wordsPerS || Number($("rate").value);
   const idle = ![...state.turns.values()].some((t) => !t.done) && peakDbfs() < AUDIBLE_DBFS;
-  const turn = { id: state.nextTurn++, text, done: null, ttfaMs: null, llmTimer: null };
+  const turn = { id: state.nextTurn++, text, sent: "", words: [], t0: null, done: null, ttfaMs: null, llmTimer: null };
   turn.row = addRow(turn);
   state.turns.set(turn.id, turn);
   $("barge").disabled = false;
@@ -200,7 +215,7 @@ function speak(text = $("text").value, opts = {}) {
   else turn.row.querySelector(".ttfa").textContent = "queued";
   if (mode === "llm") streamWords(turn, wordsPerS);
   else {
-    send({ type: "text.delta", turn_id: turn.id, text });
+    sendText(turn, text);
     send({ type: "text.end", turn_id: turn.id });
   }
   return turn.id;
@@ -214,12 +229,18 @@ function streamWords(turn, wordsPerS) {
     turn.llmTimer = null;
     if (turn.done || !state.connected) return;
     const last = i === words.length - 1;
-    send({ type: "text.delta", turn_id: turn.id, text: last ? words[i] : words[i] + " " });
+    sendText(turn, last ? words[i] : words[i] + " ");
     i += 1;
     if (last) send({ type: "text.end", turn_id: turn.id });
     else turn.llmTimer = setTimeout(next, 1000 / wordsPerS);
   };
   next();
+}
+
+function sendText(turn, text) {
+  // turn.words' char offsets index the text as sent: its deltas joined.
+  turn.sent += text;
+  send({ type: "text.delta", turn_id: turn.id, text });
 }
 
 function bargeIn() {
@@ -242,6 +263,12 @@ function finishTurn(turn, msg) {
   cells[5].textContent = fmtSeconds(msg.audio_ms);
   cells[6].textContent = fmtSeconds(msg.played_ms);
   setResult(turn, msg.reason, msg.reason);
+  if (msg.reason === "cancelled") showHeard(turn, msg.text_spoken || "");
+  if (state.playhead && state.playhead.turn === turn && msg.reason !== "completed" && msg.reason !== "length") {
+    // Cut: the words stay highlighted as far as this page played them.
+    highlight(turn, turn.t0 === null ? 0 : performance.now() - turn.t0);
+    stopPlayhead();
+  }
   if (state.onset && state.onset.turn === turn && turn.ttfaMs === null) {
     stopOnset();
     cells[2].textContent = "—";
@@ -285,6 +312,59 @@ function levels() {
 }
 
 const peakDbfs = () => levels().peak;
+
+// --- words: turn.words highlighted as this page plays them ---------------------------------------------
+// A turn's word times count from its first sample. The page's clock for them starts at the first
+// audible sample it hears after the turn's turn.started (the server sends it as the turn's audio
+// starts going out), so the highlight follows this browser's playback, jitter buffer included.
+function startPlayhead(turn) {
+  stopPlayhead();
+  renderWords(turn);
+  const onset = setInterval(() => {
+    if (peakDbfs() <= AUDIBLE_DBFS) return;
+    turn.t0 = performance.now() - LEAD_IN_MS;
+    clearInterval(onset);
+    state.playhead.timer = setInterval(() => {
+      const playedMs = performance.now() - turn.t0;
+      highlight(turn, playedMs);
+      const last = turn.words[turn.words.length - 1];
+      if (turn.done && (!last || playedMs > last.end_ms)) stopPlayhead();
+    }, HIGHLIGHT_POLL_MS);
+  }, ONSET_POLL_MS);
+  state.playhead = { turn, timer: onset };
+}
+
+function stopPlayhead() {
+  if (state.playhead) clearInterval(state.playhead.timer);
+  state.playhead = null;
+}
+
+function renderWords(turn) {
+  // The text as sent, each timed word in a span; text the server has not timed yet stays plain.
+  const el = $("spoken");
+  el.textContent = "";
+  let at = 0;
+  turn.words.forEach((w, i) => {
+    if (w.char_start > at) el.append(turn.sent.slice(at, w.char_start));
+    const span = document.createElement("span");
+    span.className = "word";
+    span.dataset.index = i;
+    span.textContent = turn.sent.slice(w.char_start, w.char_end);
+    el.append(span);
+    at = Math.max(at, w.char_end);
+  });
+  el.append(turn.sent.slice(at));
+  if (turn.t0 !== null) highlight(turn, performance.now() - turn.t0);
+}
+
+function highlight(turn, playedMs) {
+  // A word is played once its end has played, current while it plays.
+  for (const span of $("spoken").querySelectorAll(".word")) {
+    const w = turn.words[span.dataset.index];
+    span.classList.toggle("played", w.end_ms <= playedMs);
+    span.classList.toggle("current", w.start_ms <= playedMs && playedMs < w.end_ms);
+  }
+}
 
 // --- read-outs --------------------------------------------------------------------------------------
 function drawMeter() {
@@ -351,6 +431,14 @@ function addRow(turn) {
   $("turns").querySelector("tbody").prepend(tr);
   $("turns-empty").classList.add("hidden");
   return tr;
+}
+
+function showHeard(turn, text) {
+  // A cut turn: what the listener heard, the text to keep in an agent's context.
+  const heard = document.createElement("div");
+  heard.className = "heard";
+  heard.textContent = `heard: “${text}”`;
+  turn.row.children[1].append(heard);
 }
 
 function setResult(turn, label, kind) {
