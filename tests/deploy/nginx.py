@@ -87,19 +87,21 @@ def nginx(cert: Path, key: Path, upstream: str, proxy_address: str) -> Iterator[
         render_site(port, prefix / "cert.pem", prefix / "key.pem", upstream)
     )
     (prefix / "nginx.conf").write_text(MAIN.format(prefix=prefix, proxy_address=proxy_address))
-    user: dict[str, object] = {}
+    uid = gid = None
     if os.geteuid() == 0:
         nobody = pwd.getpwnam("nobody")
+        uid, gid = nobody.pw_uid, nobody.pw_gid
         for path in [prefix, *prefix.rglob("*")]:
-            os.chown(path, nobody.pw_uid, nobody.pw_gid)
-        user = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+            os.chown(path, uid, gid)
     log = open(prefix / "stderr.log", "wb")  # noqa: SIM115 - closed below, after the process
     proc = subprocess.Popen(
         [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")],
         stdout=log,
         stderr=log,
         start_new_session=True,
-        **user,  # type: ignore[arg-type]
+        user=uid,
+        group=gid,
+        extra_groups=[] if uid is not None else None,
     )
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -32,7 +32,7 @@ from tests.conftest import free_port, speak_turn
 from tests.deploy.ice_log import MAPPED_HOST, IceLog, ice_log
 from tests.deploy.nginx import NGINX, Nginx, nginx
 from tests.deploy.tls import Certificate, self_signed
-from tests.realtime.cdp import CHROMIUM, chromium
+from tests.realtime.cdp import CHROMIUM, Page, chromium
 from voicewire.realtime.client import VoicewireClient, VoicewireError
 from voicewire.realtime.client.webrtc import WebRtcClient
 
@@ -215,6 +215,15 @@ async def test_origin_allow_list_sees_the_browser_origin_through_the_proxy(deplo
     assert refused.value.code == "origin_not_allowed"
 
 
+async def test_metrics_stay_off_the_public_proxy(deployment: Deployment) -> None:
+    connector = aiohttp.TCPConnector(ssl=deployment.tls())
+    async with aiohttp.ClientSession(connector=connector) as http:
+        async with http.get(f"{deployment.proxy.url}{BASE}/metrics") as r:
+            assert r.status == 404
+        async with http.get(f"{deployment.direct_url}/metrics") as r:  # the scraper's way in
+            assert r.status == 200 and "voicewire_sessions_active" in await r.text()
+
+
 def _srflx(sdp: str) -> list[str]:
     return [line for line in sdp.splitlines() if line.startswith("a=candidate:") and " typ srflx" in line]
 
@@ -247,8 +256,8 @@ SAMPLE_STATS_JS = """
 """
 
 
-async def _wait_js(page: object, condition: str, timeout_s: float) -> None:
-    await page.eval(  # type: ignore[attr-defined]
+async def _wait_js(page: Page, condition: str, timeout_s: float) -> None:
+    await page.eval(
         f"""new Promise((resolve, reject) => {{
           const t0 = performance.now();
           const tick = () => ({condition}) ? resolve(true)
