@@ -1,0 +1,64 @@
+"""An outside harness against our server: the requests and the audible-TTFA rule of the Nari Labs
+``tts_bench`` OpenAI-speech targets (``benchmarks/tts_bench_compat.py``) get streamed 24 kHz PCM,
+and their TTFA agrees with ``voicewire probe``'s on the same server and text within 20 ms."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+
+from benchmarks.tts_bench_compat import EXPECTED_RATE_HZ, audible_time_s, onset_sample, run, speech_body
+from tests.conftest import running_gateway
+from voicewire.engine import Engine
+from voicewire.realtime.client.probe import ProbeConfig, probe
+
+TEXT = "Your appointment is confirmed for Tuesday at ten in the morning."
+REQUESTS = 8
+AGREEMENT_MS = 20.0
+
+
+def test_the_onset_rule_is_the_harness_s() -> None:
+    rate = EXPECTED_RATE_HZ
+    tone_at = rate // 10  # 100 ms of a DC offset first: each window's mean is removed, so no sound
+    pcm = np.full(rate // 2, 5000, np.int16)
+    pcm[tone_at:] += (3000 * np.sin(np.arange(pcm.size - tone_at) * 0.3)).astype(np.int16)  # -21 dBFS
+    # windows start every 240 samples: the one that starts 10 ms before the tone holds its first
+    # 10 ms and is loud already, the next too: the onset is there
+    assert onset_sample(pcm, rate) == tone_at - 240
+    assert onset_sample(np.zeros(rate, np.int16), rate) is None
+    # played from the first audio: a late second chunk delays what is in it
+    assert audible_time_s([(0.010, 2400), (0.200, 2400)], 3000, rate) == pytest.approx(0.200 + 600 / rate)
+    assert audible_time_s([(0.010, 2400), (0.050, 2400)], 3000, rate) == pytest.approx(0.010 + 3000 / rate)
+    assert speech_body("hi", "vllm-omni")["stream_format"] == "audio" and "stream_format" not in speech_body(
+        "hi", "sglang-omni"
+    )
+
+
+async def test_tts_bench_requests_get_pcm_and_agree_with_the_probe(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        url = f"http://{base}"
+        bench = await run(url, [TEXT] * REQUESTS, "sglang-omni")
+        vllm = await run(url, [TEXT] * 2, "vllm-omni")
+        result = await probe(
+            # open loop: a closed-loop session waits for each turn's playout (3 s here) before the
+            # next; at 2 turns/s a turn's generation (~30 ms) rarely overlaps another's
+            ProbeConfig(url=url, duration_s=4.0, rate_per_s=2.0, tokens_per_s=None, texts=(TEXT,)),
+            out=None,
+        )
+    for r in bench + vllm:
+        assert not r.error, r.error
+        assert r.status == 200 and r.content_type == "audio/pcm" and r.sample_rate_header == str(EXPECTED_RATE_HZ)
+        assert r.audible_ttfa_ms is not None and r.ttfb_ms is not None and r.ttfb_ms <= r.audible_ttfa_ms
+        assert r.audio_ms > 1000 and len(r.arrivals) > 1  # streamed, not one body at the end
+    turns = [t for t in result["turns"] if t["reason"] == "completed"]
+    assert len(turns) >= REQUESTS // 2, result["summary"]
+    bench_ms = statistics.median(r.audible_ttfa_ms for r in bench if r.audible_ttfa_ms is not None)
+    probe_ms = statistics.median(t["ttfa_ms"] for t in turns)
+    # The two onset rules differ by design: ours is the first 10 ms window above -45 dBFS, the
+    # harness's the first of two 20 ms windows 10 ms apart, which starts up to 10 ms before the
+    # sound it holds; the engine's lead-in trim leaves 10 ms of pre-roll, so the harness reads
+    # ~10 ms less on the same audio (measured: TTFB 22 ms both ways, TTFA 22 vs 33 ms).
+    print(f"audible TTFA p50: tts_bench-style {bench_ms:.1f} ms, probe {probe_ms:.1f} ms over {len(turns)} turns")
+    assert abs(bench_ms - probe_ms) <= AGREEMENT_MS, (bench_ms, probe_ms)
