@@ -30,10 +30,20 @@ from .cloned_voice import ClonedVoice, CloningNotSupported
 from .commands import Cancel, End, Flush, PushText, Stop, StreamCommand
 from .config import EngineConfig
 from .level import LeadInTrimmer
-from .model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
+from .model import (
+    Decoded,
+    DecodeWork,
+    GenerateResult,
+    Model,
+    ModelError,
+    ModelInfo,
+    StreamParams,
+    TextGranularity,
+)
 from .scheduler import Request, Scheduler, StepPlan
 from .stream import AudioChunk, Stream, StreamError
 from .text_feeder import ClauseFeeder, WordFeeder
+from .word_timing import WordTiming, shifted
 
 log = logging.getLogger("voicewire.engine")
 
@@ -87,6 +97,8 @@ class _Live:
     trimmer: LeadInTrimmer
     buffered_chars: int = 0
     held_text: str = ""  # text of chunks the lead-in trimmer held back, emitted with the next audio
+    held_words: list[WordTiming] = field(default_factory=list)  # their words, samples from the held audio's start
+    held_samples: int = 0  # samples the lead-in trimmer holds
     compute_s: float = 0.0  # model time spent on this stream so far, as the model reports it
     frames_generated: int = 0
     stop_reason: str | None = None  # GenerateResult.stop_reason of its last frame, for the final chunk
@@ -385,7 +397,7 @@ class Engine:
     def _decode(self, due: list[DecodeWork]) -> None:
         work = [d for d in due if d.n_frames]
         try:
-            pcms = iter(self.model.decode(work) if work else [])
+            pcms = iter(self.model.decode_timed(work) if work else [])
         except Exception as err:
             log.exception("decode failed")
             for d in due:
@@ -394,19 +406,24 @@ class Engine:
             return
         for d in due:
             live = self._live.get(d.stream_id)
-            pcm = next(pcms) if d.n_frames else np.zeros(0, np.float32)
+            decoded = next(pcms) if d.n_frames else Decoded(np.zeros(0, np.float32))
             if live is None:
                 continue
-            self._emit(live, pcm, d.final, d.text)
+            self._emit(live, decoded, d.final, d.text)
 
-    def _emit(self, live: _Live, pcm: np.ndarray, final: bool, text: str) -> None:
+    def _emit(self, live: _Live, decoded: Decoded, final: bool, text: str) -> None:
         req = live.request
-        out = live.trimmer.push(np.asarray(pcm, np.float32), final)
+        pcm = np.asarray(decoded.pcm, np.float32)
+        out = live.trimmer.push(pcm, final)
         text = f"{live.held_text} {text}".strip() if live.held_text else text
+        # Words in samples of the held audio + this chunk; the trimmer cut what is not in ``out``.
+        words = live.held_words + shifted(decoded.words, live.held_samples)
         if not (out.size or final):
-            live.held_text = text
+            live.held_text, live.held_words = text, words
+            live.held_samples += pcm.size
             return
-        live.held_text = ""
+        cut = live.held_samples + pcm.size - out.size
+        live.held_text, live.held_words, live.held_samples = "", [], 0
         chunk = AudioChunk(
             out,
             req.sample_rate_hz,
@@ -414,6 +431,7 @@ class Engine:
             final=final,
             text=text,
             stop_reason=live.stop_reason if final else None,
+            words=tuple(shifted(words, req.samples_emitted - cut)),
         )
         if out.size and req.t_first_emit is None:
             req.t_first_emit = time.perf_counter()

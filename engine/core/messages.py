@@ -3,8 +3,8 @@
 Every message is one ZeroMQ multipart message: frame 0 is a msgpack array
 ``[kind, field, field, ...]`` (fields in the order of the dataclass below); an ``Audio`` message
 has a second frame with the chunk's PCM as raw little-endian float32 bytes, so audio crosses as
-one buffer copy and is never pickled. Float32 (not int16) keeps the audio bit-identical to the
-in-process engine; it is 96 KB/s per stream at 24 kHz, nothing next to a local socket's rate.
+one buffer copy and is never pickled (its words ride the header as ``[word, start, end]``).
+Float32 (not int16) keeps the audio bit-identical to the in-process engine; it is 96 KB/s per stream at 24 kHz, nothing next to a local socket's rate.
 
 Two sockets per core, both bound by the gateway side (so a restarted core just reconnects):
 ``to_core`` (PUSH -> PULL) carries stream commands, consumption reports and clone requests,
@@ -26,7 +26,15 @@ from typing import Any, TypeAlias
 import msgpack
 import numpy as np
 
-from voicewire.engine import AudioChunk, ClonedVoice, EngineStats, ModelInfo, StreamParams, TextGranularity
+from voicewire.engine import (
+    AudioChunk,
+    ClonedVoice,
+    EngineStats,
+    ModelInfo,
+    StreamParams,
+    TextGranularity,
+    WordTiming,
+)
 from voicewire.engine.commands import Cancel, End, Flush, PushText
 
 PCM_DTYPE = np.dtype("<f4")
@@ -234,7 +242,7 @@ def encode_from_core(msg: FromCore) -> list[bytes]:
         pcm = np.ascontiguousarray(c.pcm, PCM_DTYPE)
         header = _pack(
             Kind.AUDIO, msg.stream_id, c.sample_rate_hz, c.sample_offset, c.final, c.text, msg.trimmed_samples,
-            c.stop_reason,
+            c.stop_reason, [[w.word, w.start, w.end] for w in c.words],
         )  # fmt: skip
         return [header, pcm.tobytes()]
     if isinstance(msg, Failed):
@@ -259,10 +267,13 @@ def encode_from_core(msg: FromCore) -> list[bytes]:
 def decode_from_core(frames: list[bytes]) -> FromCore:
     kind, *rest = _unpack(frames[0])
     if kind == Kind.AUDIO:
-        sid, rate_hz, offset, final, text, trimmed, stop_reason = rest
+        sid, rate_hz, offset, final, text, trimmed, stop_reason, words = rest
         # A read-only view of the received buffer: no copy on this side either.
         pcm = np.frombuffer(frames[1], PCM_DTYPE)
-        chunk = AudioChunk(pcm, rate_hz, offset, final=final, text=text, stop_reason=stop_reason)
+        chunk = AudioChunk(
+            pcm, rate_hz, offset, final=final, text=text, stop_reason=stop_reason,
+            words=tuple(WordTiming(w, start, end) for w, start, end in words),
+        )  # fmt: skip
         return Audio(sid, chunk, trimmed)
     if kind == Kind.FAILED:
         return Failed(rest[0], rest[1], rest[2])

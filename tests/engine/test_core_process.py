@@ -28,6 +28,7 @@ from voicewire.engine import (
     StreamError,
     StreamParams,
     TextGranularity,
+    WordTiming,
 )
 from voicewire.engine.commands import Cancel, PushText
 from voicewire.engine.core import CoreClient, CoreState
@@ -88,9 +89,10 @@ async def test_a_turn_round_trips_with_the_in_process_engines_pcm(core: CoreClie
     here, here_chunks = await _speak(local, SHORT, seed=7)
     assert remote.size > RATE_HZ  # over a second of speech
     assert remote.dtype == np.float32 and np.array_equal(remote, here)  # bit-identical
-    assert [(c.sample_offset, c.final, c.text) for c in remote_chunks] == [
-        (c.sample_offset, c.final, c.text) for c in here_chunks
+    assert [(c.sample_offset, c.final, c.text, c.words) for c in remote_chunks] == [
+        (c.sample_offset, c.final, c.text, c.words) for c in here_chunks
     ]
+    assert sum(len(c.words) for c in remote_chunks) == len(SHORT.split())  # word timings crossed too
     await _until(lambda: core.active_streams() == 0, 1.0)
 
 
@@ -165,8 +167,10 @@ async def test_a_killed_core_ends_its_streams_with_model_error_and_starts_again(
 
 def test_the_wire_format_keeps_every_field_and_the_pcm_bytes() -> None:
     pcm = np.linspace(-1, 1, 1920, dtype=np.float32)
-    chunk = AudioChunk(pcm, RATE_HZ, 4800, final=True, text="a clause", stop_reason="length")
+    words = (WordTiming("a", 0, 700), WordTiming("clause", 900, 2500))  # an end may lie past the chunk
+    chunk = AudioChunk(pcm, RATE_HZ, 4800, final=True, text="a clause", stop_reason="length", words=words)
     audio = decode_from_core(encode_from_core(Audio(5, chunk, 120)))
+    assert audio.chunk.words == words  # type: ignore[union-attr]
     assert isinstance(audio, Audio) and audio.stream_id == 5 and audio.trimmed_samples == 120
     assert np.array_equal(audio.chunk.pcm, pcm) and audio.chunk.final and audio.chunk.text == "a clause"
     assert audio.chunk.stop_reason == "length"  # a guarded stream's turn.done says so across processes
