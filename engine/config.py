@@ -72,5 +72,10 @@ class EngineConfig:
     text: TextConfig = field(default_factory=TextConfig)
     level: LevelConfig = field(default_factory=LevelConfig)
     max_streams: int = 256  # streams open at once (engine-wide)
+    # Opens past the limit wait in a FIFO for a stream to end, at most this many and this long,
+    # before failing with server_busy: a burst rides on the streams that finish within the wait
+    # instead of being refused while capacity frees a few ms later.
+    max_queued_streams: int = 64
+    queue_wait_s: float = 0.5
     max_buffered_text_chars: int = 20_000  # per stream, not yet spoken
     max_ahead_s: float = 30.0  # a stream whose caller has not taken this much of its audio stops generating

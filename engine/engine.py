@@ -13,6 +13,8 @@ next drains its commands, between two steps (a step is a few ms for the embedded
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import itertools
 import logging
 import queue
@@ -72,6 +74,15 @@ class EngineNotReady(RuntimeError):
 
 
 @dataclass
+class _Queued:
+    """An open waiting for a free stream, with the commands its caller posted meanwhile."""
+
+    open: OpenStream
+    deadline: float  # perf_counter after which it fails with server_busy
+    commands: list[StreamCommand] = field(default_factory=list)
+
+
+@dataclass
 class EngineStats:
     """Counters read by metrics endpoints and benchmarks (written by the worker only)."""
 
@@ -81,6 +92,8 @@ class EngineStats:
     frames_generated: int = 0
     streams_opened: int = 0
     streams_failed: int = 0
+    streams_queued: int = 0  # opens that waited for a free stream
+    queue_timeouts: int = 0  # ...and failed with server_busy after waiting ``queue_wait_s``
     batch_sizes: Counter[int] = field(default_factory=Counter)
     last_step_s: float = 0.0
     voices_cloned: int = 0  # clone_voice calls that ran the model's encoders (counted on the caller's loop)
@@ -113,6 +126,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._live: dict[int, _Live] = {}
         self._free_slots: list[int] = []
+        self._queued: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
         self._open_count = 0  # streams opened and not yet finished, counted on the caller side
         self._open_lock = threading.Lock()
         self._stopping = False
@@ -187,8 +201,11 @@ class Engine:
         params = params or StreamParams(**kwargs)
         params.check(self.model.info)
         with self._open_lock:
-            if self._open_count >= min(self.config.max_streams, self.model.info.max_slots):
-                raise EngineBusy(f"engine is at its limit of {self._open_count} streams")
+            if self._open_count >= self.stream_limit + self.config.max_queued_streams:
+                raise EngineBusy(
+                    f"engine is at its limit of {self.stream_limit} streams"
+                    + (f" and {self.config.max_queued_streams} waiting" if self.config.max_queued_streams else "")
+                )
             self._open_count += 1
         stream = Stream(next(self._ids), asyncio.get_running_loop(), self._commands.put)
         self._commands.put(OpenStream(stream, params))
@@ -212,8 +229,13 @@ class Engine:
         return voice
 
     def active_streams(self) -> int:
-        """Streams the engine still holds (opened, not yet finished or freed)."""
+        """Streams the engine still holds (opened, not yet finished or freed), waiting ones included."""
         return self._open_count
+
+    @property
+    def stream_limit(self) -> int:
+        """Streams that run at once; up to ``max_queued_streams`` more wait for one of them to end."""
+        return min(self.config.max_streams, self.model.info.max_slots)
 
     # --- worker ----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -225,6 +247,7 @@ class Engine:
     def _loop_until_stopped(self) -> None:
         while not self._stopping:
             try:
+                self._expire_queued()
                 ready = self._ready()
                 idle = not ready and not self._decode_pending()
                 self._drain(block=idle)
@@ -236,6 +259,12 @@ class Engine:
                 time.sleep(0.01)
         for live in list(self._live.values()):
             self._fail(live, StreamError("engine_closed", "the engine is shutting down"))
+        for q in self._queued.values():
+            with contextlib.suppress(RuntimeError):
+                q.open.stream.loop.call_soon_threadsafe(
+                    q.open.stream.fail, StreamError("engine_closed", "the engine is shutting down")
+                )
+        self._queued.clear()
 
     def _ready(self) -> set[int]:
         model = self.model
@@ -251,8 +280,12 @@ class Engine:
         return any(lv.request.generation_done and not lv.request.final_sent for lv in self._live.values())
 
     def _drain(self, block: bool) -> None:
+        wait_s = IDLE_WAIT_S
+        if self._queued:  # wake for the oldest waiting open's deadline
+            head = next(iter(self._queued.values()))
+            wait_s = min(wait_s, max(0.0, head.deadline - time.perf_counter()))
         try:
-            cmd = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
+            cmd = self._commands.get(timeout=wait_s) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -267,7 +300,19 @@ class Engine:
             self._stopping = True
             return
         if isinstance(cmd, OpenStream):
+            if self._queued or len(self._live) >= self.stream_limit:
+                self._queued[cmd.stream.id] = _Queued(cmd, time.perf_counter() + self.config.queue_wait_s)
+                self.stats.streams_queued += 1
+                return
             self._open(cmd.stream, cmd.params)
+            return
+        queued = self._queued.get(cmd.stream_id)
+        if queued is not None:
+            if isinstance(cmd, Cancel):
+                del self._queued[cmd.stream_id]
+                self._finish_count()
+            else:
+                queued.commands.append(cmd)
             return
         live = self._live.get(cmd.stream_id)
         if live is None:
@@ -291,6 +336,31 @@ class Engine:
             self._fail(live, err)
         except ModelError as err:
             self._fail(live, StreamError("model_error", str(err)))
+
+    def _admit_queued(self) -> None:
+        """Waiting opens, oldest first, into the streams that are free now."""
+        while self._queued and len(self._live) < self.stream_limit and not self._stopping:
+            _, q = self._queued.popitem(last=False)
+            self._open(q.open.stream, q.open.params)
+            for cmd in q.commands:
+                self._handle(cmd)
+
+    def _expire_queued(self) -> None:
+        now = time.perf_counter()
+        while self._queued:
+            sid, q = next(iter(self._queued.items()))
+            if q.deadline > now:
+                return
+            del self._queued[sid]
+            self.stats.queue_timeouts += 1
+            self._finish_count()
+            err = StreamError(
+                "server_busy",
+                f"engine is at its limit of {self.stream_limit} streams; none ended within "
+                f"{self.config.queue_wait_s:g} s",
+            )
+            with contextlib.suppress(RuntimeError):  # its caller's loop is gone: nobody to tell
+                q.open.stream.loop.call_soon_threadsafe(q.open.stream.fail, err)
 
     def _give_text(self, live: _Live, pieces: list[str], final: bool) -> None:
         if pieces or final:
@@ -468,6 +538,7 @@ class Engine:
         finally:
             self._free_slots.append(live.request.slot)
             self._finish_count()
+        self._admit_queued()
 
     def _finish_count(self) -> None:
         with self._open_lock:

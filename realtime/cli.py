@@ -48,6 +48,16 @@ def _positive(value: str) -> int:
     return n
 
 
+def _non_negative(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    return n
+
+
 def _streams(value: str) -> int | str:
     if value == "auto":
         return value
@@ -107,6 +117,8 @@ def _qwen3_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    wait_s = args.queue_wait_ms / 1000
+    queued = args.max_queued if wait_s > 0 else 0
     if args.model == "qwen3-tts":
         options = _qwen3_options(args)
         slots = options["max_slots"]
@@ -114,6 +126,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
             model=args.model,
             model_options=options,
             max_streams=AUTO_MAX_STREAMS if slots == "auto" else int(slots),  # type: ignore[call-overload]
+            queue_wait_s=wait_s,
+            max_queued_streams=queued,
         )
     given = [
         flag
@@ -129,8 +143,10 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     if given:
         raise _UsageError(f"{given[0]} applies to --model qwen3-tts only")
     if isinstance(args.max_streams, int):
-        return EngineConfig(model=args.model, max_streams=args.max_streams)
-    return EngineConfig(model=args.model)
+        return EngineConfig(
+            model=args.model, max_streams=args.max_streams, queue_wait_s=wait_s, max_queued_streams=queued
+        )
+    return EngineConfig(model=args.model, queue_wait_s=wait_s, max_queued_streams=queued)
 
 
 def _needs_torch(args: argparse.Namespace) -> str | None:
@@ -200,6 +216,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         type=_streams,
         help="streams held at once; qwen3-tts: a number, or auto (default on cuda): as many as fit in "
         f"free GPU memory at --max-seq-len, at most {AUTO_MAX_STREAMS}; {CPU_MAX_STREAMS} on cpu",
+    )
+    p.add_argument(
+        "--queue-wait-ms",
+        type=_non_negative,
+        default=round(EngineConfig.queue_wait_s * 1000),
+        help="a turn that finds every stream busy waits this long for one to end before "
+        "server_busy (default %(default)s; 0: refuse at once)",
+    )
+    p.add_argument(
+        "--max-queued",
+        type=_non_negative,
+        default=EngineConfig.max_queued_streams,
+        help="turns that may wait at once, per engine (default %(default)s)",
     )
     p.add_argument(
         "--max-batch",

@@ -135,7 +135,7 @@ def _free_streams(engine: Replica) -> int:
     if not engine.ready:
         return 0
     try:
-        limit = engine.max_streams if isinstance(engine, CoreClient) else engine.config.max_streams
+        limit = engine.max_streams if isinstance(engine, CoreClient) else engine.stream_limit
         return min(limit, engine.info.max_slots) - engine.active_streams()
     except EngineNotReady:
         return 0

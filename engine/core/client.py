@@ -152,8 +152,13 @@ class CoreClient:
             raise EngineNotReady(f"the engine core {self.name} {what}; try again shortly")
         params = params or StreamParams(**kwargs)
         params.check(self.info)
-        if len(self._streams) >= self._max_streams:
-            raise EngineBusy(f"engine is at its limit of {len(self._streams)} streams")
+        # the core's engine queues opens past its limit (EngineConfig.max_queued_streams): counted here too
+        if len(self._streams) >= self._max_streams + self.config.max_queued_streams:
+            queued = self.config.max_queued_streams
+            raise EngineBusy(
+                f"engine is at its limit of {self._max_streams} streams"
+                + (f" and {queued} waiting" if queued else "")
+            )
         sid = next(self._ids)
         self._send(OpenStream(sid, params))  # ValueError before the stream exists, if it cannot go
         stream = Stream(sid, asyncio.get_running_loop(), self._post)

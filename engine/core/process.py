@@ -62,10 +62,6 @@ log = logging.getLogger("voicewire.engine.core")
 
 STATS_INTERVAL_S = 0.5  # counters (and the heartbeat) this often
 PARENT_CHECK_S = 1.0  # how often the core looks for the process that started it
-# A cancelled stream's slot is freed on the worker's next pass, a few ms after the client was
-# told so; an open in that window waits for it rather than failing with server_busy.
-OPEN_RETRY_S = 0.005
-OPEN_RETRY_LIMIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -156,7 +152,6 @@ class _Core:
         self._out = out
         self._streams: dict[int, Stream] = {}
         self._consumed: dict[int, int] = {}  # client stream id -> samples its caller took
-        self._waiting: dict[int, list[PushText | Flush | End]] = {}  # opens waiting for a slot
         self._tasks: set[asyncio.Task[None]] = set()  # forwarders and sends not awaited by anyone
 
     async def send(self, msg: FromCore) -> None:
@@ -169,17 +164,11 @@ class _Core:
             if isinstance(msg, Shutdown):
                 return
             if isinstance(msg, OpenStream):
-                self._open(msg, asyncio.get_running_loop().time() + OPEN_RETRY_LIMIT_S)
+                self._open(msg)
             elif isinstance(msg, Consumed):
                 self._consume(msg)
             elif isinstance(msg, CloneVoice):
                 self._spawn(self._clone(msg))
-            elif msg.stream_id in self._waiting:
-                if isinstance(msg, Cancel):
-                    del self._waiting[msg.stream_id]
-                    await self.send(Closed(msg.stream_id))
-                else:
-                    self._waiting[msg.stream_id].append(msg)
             else:
                 self._command(msg)
 
@@ -200,34 +189,24 @@ class _Core:
         else:
             await self.send(VoiceCloned(rid, voice))
 
-    def _open(self, msg: OpenStream, deadline_s: float) -> None:
+    def _open(self, msg: OpenStream) -> None:
+        # An open past the engine's limit waits in the engine's own queue (EngineConfig.max_queued_streams);
+        # the client counts the same limit, so EngineBusy here means a client and core disagree.
         sid = msg.stream_id
         try:
             stream = self.engine.open_stream(msg.params)
-        except EngineBusy as err:
-            loop = asyncio.get_running_loop()
-            if loop.time() < deadline_s:
-                self._waiting.setdefault(sid, [])
-                loop.call_later(OPEN_RETRY_S, self._retry_open, msg, deadline_s)
-                return
-            self._end_waiting(sid, Failed(sid, "server_busy", str(err)))
-            return
-        except (ValueError, EngineNotReady) as err:
-            code = "bad_request" if isinstance(err, ValueError) else "not_ready"
-            self._end_waiting(sid, Failed(sid, code, str(err)))
+        except (EngineBusy, ValueError, EngineNotReady) as err:
+            code = (
+                "server_busy"
+                if isinstance(err, EngineBusy)
+                else "bad_request"
+                if isinstance(err, ValueError)
+                else "not_ready"
+            )
+            self._spawn(self.send(Failed(sid, code, str(err))))
             return
         self._streams[sid] = stream
-        for cmd in self._waiting.pop(sid, []):
-            self._command(cmd)
         self._spawn(self._forward(sid, stream))
-
-    def _retry_open(self, msg: OpenStream, deadline_s: float) -> None:
-        if msg.stream_id in self._waiting:  # not cancelled meanwhile
-            self._open(msg, deadline_s)
-
-    def _end_waiting(self, sid: int, msg: Failed) -> None:
-        self._waiting.pop(sid, None)
-        self._spawn(self.send(msg))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

@@ -46,7 +46,7 @@ from voicewire.engine.core.messages import (
 module_loop = pytest.mark.asyncio(loop_scope="module")  # the loop the module's core lives on
 
 # A small limit and a short lead, so the limits are reached in a test's time.
-CONFIG = EngineConfig(max_streams=2, max_ahead_s=1.0)
+CONFIG = EngineConfig(max_streams=2, max_queued_streams=1, queue_wait_s=5.0, max_ahead_s=1.0)
 SHORT = "Hello there, this is the engine speaking from its own process."
 LONG = "This sentence keeps going so that the stream has much more audio than the bound allows. " * 6
 RATE_HZ = 24_000
@@ -118,18 +118,18 @@ async def test_backpressure_stops_the_core_where_the_in_process_engine_stops(
 
 
 @module_loop
-async def test_open_stream_is_refused_at_once_at_the_limit_and_frees_on_cancel(core: CoreClient) -> None:
+async def test_an_open_past_the_limit_waits_and_one_past_the_queue_is_refused_at_once(core: CoreClient) -> None:
     first, second = core.open_stream(), core.open_stream()
-    with pytest.raises(EngineBusy):
-        core.open_stream()
-    first.cancel()
-    # A slot counts as free once the core says the cancelled stream is gone.
-    await _until(lambda: core.active_streams() == 1, 1.0)
-    third = core.open_stream(seed=1)
+    third = core.open_stream(seed=1)  # waits in the core's queue, its text kept
     third.push_text("Still here.")
     third.end()
+    with pytest.raises(EngineBusy):
+        core.open_stream()
+    first.cancel()  # frees a stream: the waiting open runs
     assert sum([c.pcm.size async for c in third]) > 0
     second.cancel()
+    # A stream counts as free once the core says the cancelled one is gone.
+    await _until(lambda: core.active_streams() == 0, 1.0)
     await _until(lambda: core.active_streams() == 0, 1.0)
     with pytest.raises(ValueError, match="unknown voice"):
         core.open_stream(voice="nobody")

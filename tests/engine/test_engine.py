@@ -96,7 +96,7 @@ class _FaultyModel(HibariModel):
 
 
 async def test_a_failing_stream_ends_with_an_error_and_others_complete() -> None:
-    eng = Engine(EngineConfig(max_streams=4), model=_FaultyModel()).start()
+    eng = Engine(EngineConfig(max_streams=4, max_queued_streams=0), model=_FaultyModel()).start()
     try:
         good = eng.open_stream(seed=0)
         bad = eng.open_stream(StreamParams(extra={"fail": True}))
@@ -120,6 +120,37 @@ async def test_a_failing_stream_ends_with_an_error_and_others_complete() -> None
         for h in held:
             h.cancel()
         await wait_engine_idle(eng)
+    finally:
+        eng.close()
+
+
+async def test_opens_past_the_limit_wait_in_order_and_time_out_with_server_busy() -> None:
+    eng = Engine(EngineConfig(max_streams=1, max_queued_streams=2, queue_wait_s=0.6)).start()
+    try:
+        held = eng.open_stream(seed=0)  # runs, and holds the only stream until it is ended
+        held.push_text("Held open.")
+        waiting = eng.open_stream(seed=1)  # text while waiting is kept and spoken once it runs
+        waiting.push_text("Spoken after the wait.")
+        late = eng.open_stream(seed=2)
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(EngineBusy, match="2 waiting"):
+            eng.open_stream()  # one running + two waiting: the queue is full
+        await asyncio.sleep(0.2)
+        held.end()  # frees the stream once its audio is made: the oldest waiting open gets it
+        assert sum(c.pcm.size for c in await _collect(held)) > 0
+        with pytest.raises(StreamError) as err:
+            await _collect(late)  # its wait runs out while `waiting` holds the stream
+        assert err.value.code == "server_busy"
+        assert asyncio.get_running_loop().time() - t0 >= 0.6 - 0.05
+        waiting.end()
+        chunks = await _collect(waiting)
+        assert chunks[-1].final and sum(c.pcm.size for c in chunks) > 0
+        queued_then_cancelled = [eng.open_stream(), eng.open_stream()]
+        for s in queued_then_cancelled:
+            s.cancel()
+        await wait_engine_idle(eng)
+        assert eng.active_streams() == 0
+        assert (eng.stats.streams_queued, eng.stats.queue_timeouts) == (3, 1)
     finally:
         eng.close()
 
