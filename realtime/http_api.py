@@ -156,7 +156,12 @@ def parse_speech(
         extra["instruct"] = instructions  # Qwen3-TTS 1.7B; other models ignore it
     if _optional(body, "non_streaming_mode", bool, False):
         extra["whole_text"] = True  # Qwen3-TTS: the whole input in the prompt; others ignore it
-    params = StreamParams(voice=voice, speed=float(speed), language=language, extra=extra)
+    # Not OpenAI's: fixes the sampling noise of models that sample (same seed, voice and input:
+    # the same audio), for tests and A/B listening.
+    seed = _optional(body, "seed", int, None)
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ValueError("invalid_seed:seed must be an integer within 0..4294967295")
+    params = StreamParams(voice=voice, speed=float(speed), seed=seed, language=language, extra=extra)
     return SpeechRequest(text, params, fmt, stream_format == "sse")
 
 

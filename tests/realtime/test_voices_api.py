@@ -145,12 +145,23 @@ async def test_an_uploaded_voice_survives_a_restart_and_speaks(tmp_path: Path) -
             async with await VoicewireClient.connect(base, voice="Alice") as client:
                 _, heard = await speak_turn(client, "Spoken in a cloned voice over the WebSocket.", 40)
             assert heard.done.reason == "completed" and len(heard.data) >= 10 * 1920 * 2
-            # a speech request in it (by id)
-            body = {"input": "And over HTTP as well.", "voice": first["id"], "response_format": "pcm"}
-            async with http.post(f"{base}/v1/audio/speech", json=body) as r:
-                audio = await r.read()
-                assert r.status == 200, audio[:200]
-            assert len(audio) >= 10 * 1920 * 2 and len(audio) % (1920 * 2) == 0
+            # speech requests in it (by id): with a fixed seed the same voice gives the same audio
+            # and another voice (the x-vector-only one, the model's default) other audio, so the
+            # cloned voice is what speaks
+            async def speak(voice: str | None) -> bytes:
+                body = {"input": "And over HTTP as well.", "response_format": "pcm", "seed": 7}
+                if voice is not None:
+                    body["voice"] = voice
+                async with http.post(f"{base}/v1/audio/speech", json=body) as r:
+                    audio = await r.read()
+                    assert r.status == 200, audio[:200]
+                assert len(audio) >= 10 * 1920 * 2 and len(audio) % (1920 * 2) == 0
+                return audio
+
+            audio = await speak(first["id"])
+            assert await speak("alice") == audio
+            assert await speak(plain["id"]) != audio and await speak(None) != audio
+            body = {"input": "And over HTTP as well.", "voice": first["id"]}
             # uploading the reference once more after the restart computes nothing either
             async with http.post(f"{base}/v1/audio/voices", data=voice_form("Alice", reference, "Hello world.")) as r:
                 assert r.status == 200 and (await r.json())["id"] == first["id"]
@@ -224,6 +235,8 @@ async def test_malformed_requests_are_refused(base_gateway: str) -> None:
                 assert (r.status, (await r.json())["error"]["code"]) == (status, code)
         async with http.post(f"{base_gateway}/v1/audio/voices", json={"name": "x", "audio": "..."}) as r:
             assert (r.status, (await r.json())["error"]["code"]) == (415, "unsupported_media_type")
+        async with http.post(f"{base_gateway}/v1/audio/speech", json={"input": "Hi.", "seed": -1}) as r:
+            assert (r.status, (await r.json())["error"]["code"]) == (400, "invalid_seed")
         async with http.delete(f"{base_gateway}/v1/audio/voices/default") as r:
             assert (r.status, (await r.json())["error"]["code"]) == (400, "builtin_voice")
         async with http.post(f"{base_gateway}/v1/audio/voices", data=voice_form("Carol", good)) as r:
