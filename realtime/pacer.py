@@ -66,6 +66,9 @@ class Playback:
         self.t_first_frame_s: float | None = None  # time.monotonic() when its first frame left
         self.t_last_frame_s: float | None = None
         self.drained = asyncio.Event()  # set once its last frame has been sent (or it was dropped)
+        # Called as each of its frames is handed to the sender (``played_samples`` counts it): the
+        # owner sends what must not arrive before that audio (a turn's word timings).
+        self.on_frame: Callable[[], None] | None = None
 
     @property
     def played_ms(self) -> float:
@@ -222,6 +225,8 @@ class PacedAudioTrack(MediaStreamTrack):
             pb.t_first_frame_s = now
         pb.t_last_frame_s = now
         pb.played_samples += item.real_samples
+        if pb.on_frame is not None:
+            pb.on_frame()
         self._in_flight = pb
         self._idle = False
         self.stats.frames_out += 1

@@ -5,16 +5,42 @@ Client -> server (one JSON object per text message):
     text.delta      {"turn_id": T, "text": str}
     text.flush      {"turn_id": T}
     text.end        {"turn_id": T}
-    turn.cancel     {"turn_id": T}
+    turn.cancel     {"turn_id": T, "played_ms": number >= 0}   played_ms optional
 Server -> client:
     session.created {"session_id", "protocol": 1, "audio": {...}, "limits": {...}}
     session.updated {"audio": {...}}
     turn.started    {"turn_id"}
+    turn.words      {"turn_id", "words": [{"word", "start_ms", "end_ms", "char_start", "char_end"}, ...]}
     turn.done       {"turn_id", "reason": "completed"|"cancelled"|"error"|"timeout"|"length", "audio_ms", "played_ms",
-                     "text_spoken", "metrics": {...}}
+                     "played_source": "client"|"paced"|"sent", "text_spoken", "metrics": {...}}
     error           {"code", "message", "turn_id"?}
 T is a string or an integer, echoed back as given. Parsing is pure: bad input raises
 ``ProtocolError`` with a stable code, and nothing else.
+
+Word timings. ``turn.words`` gives the words whose audio starts in the audio that follows it: on
+the WebSocket it comes before the binary message holding each word's first sample; on WebRTC the
+data channel carries it when the pacer sends the frame holding that sample. ``start_ms`` /
+``end_ms`` count from the turn's first audio sample (sample-accurate, at the engine's rate); the
+words come in order, each once, and cover the text the voice speaks (text it cannot read, such as
+emoji, has no word); ``char_start`` / ``char_end`` are the word's span in the turn's text as the
+client sent it (its ``text.delta`` texts joined), so ``text[:char_end]`` is the text up to it. A
+client that ignores unknown message types keeps working. Example (WebSocket):
+
+    -> {"type":"text.delta","turn_id":1,"text":"Hello, wor"}
+    -> {"type":"text.delta","turn_id":1,"text":"ld."}
+    -> {"type":"text.end","turn_id":1}
+    <- {"type":"turn.started","turn_id":1}
+    <- {"type":"turn.words","turn_id":1,"words":[{"word":"Hello,","start_ms":20.0,"end_ms":320.0,
+        "char_start":0,"char_end":6},{"word":"world.","start_ms":370.0,"end_ms":805.0,"char_start":7,"char_end":13}]}
+    <- (binary audio messages)
+    -> {"type":"turn.cancel","turn_id":1,"played_ms":400}
+    <- {"type":"turn.done","turn_id":1,"reason":"cancelled","audio_ms":1035.0,"played_ms":400.0,
+        "played_source":"client","text_spoken":"Hello,","metrics":{...}}
+
+Played audio. ``played_ms`` of ``turn.done`` is ``"client"``: the position the client reported with
+``turn.cancel`` (capped at the audio sent); ``"paced"``: what the WebRTC pacer sent on the wall
+clock; ``"sent"``: the audio sent on the WebSocket (no report). ``text_spoken`` is the turn's text up
+to the last word whose first half played (from the word timings), or all of it when completed.
 """
 
 from __future__ import annotations
@@ -30,6 +56,7 @@ MAX_TURN_ID_CHARS = 128
 MAX_TURN_ID_INT = 2**53 - 1  # JavaScript's largest exact integer: every client can echo it back
 AUDIO_FORMATS = ("pcm16", "opus")
 SAMPLE_RATES_HZ = (24_000, 48_000)
+MAX_PLAYED_MS = 86_400_000.0  # a day: larger is no playback position (Infinity parses in Python)
 
 TurnId = str | int
 
@@ -70,6 +97,7 @@ class TextEnd:
 @dataclass(frozen=True)
 class TurnCancel:
     turn_id: TurnId
+    played_ms: float | None = None  # the client's playback position in the turn's audio
 
 
 ClientMessage = SessionUpdate | TextDelta | TextFlush | TextEnd | TurnCancel
@@ -139,7 +167,15 @@ def parse_client_message(raw: str | bytes) -> ClientMessage:
     if kind == "text.end":
         return TextEnd(_turn_id(msg))
     if kind == "turn.cancel":
-        return TurnCancel(_turn_id(msg))
+        tid = _turn_id(msg)
+        played = msg.get("played_ms")
+        if played is None:
+            return TurnCancel(tid)
+        if isinstance(played, bool) or not isinstance(played, (int, float)):
+            raise ProtocolError("invalid_field", "played_ms must be a number", tid)
+        if not 0 <= played < MAX_PLAYED_MS:  # also refuses NaN (every comparison is false)
+            raise ProtocolError("invalid_field", f"played_ms must be within 0..{MAX_PLAYED_MS}", tid)
+        return TurnCancel(tid, float(played))
     raise ProtocolError("unknown_type", f"unknown message type {kind[:64]!r}")
 
 

@@ -42,7 +42,7 @@ from .protocol import (
     error_message,
     parse_client_message,
 )
-from .truncation import TextSpan, spoken_text
+from .truncation import SpokenWord, TextSpan, spoken_by_words, spoken_text
 from .turn import AudioSettings, SessionSink, SinkStalled, Turn
 from .voices import VoiceStore
 
@@ -208,6 +208,7 @@ class Session:
                 )
             turn.chars_in += len(msg.text)
             turn.t_last_activity = time.monotonic()
+            turn.text_in.push(msg.text)
             turn.stream.push_text(msg.text)
         elif isinstance(msg, TextFlush):
             self._open_turn(msg.turn_id).stream.flush()
@@ -216,6 +217,9 @@ class Session:
             turn.ended = True
             turn.stream.end()
         elif isinstance(msg, TurnCancel):
+            cut = self._turns.get(msg.turn_id)
+            if cut is not None and msg.played_ms is not None:
+                cut.played_report_ms = msg.played_ms
             self._cancel(msg.turn_id)
 
     def _cloned(self, voice: str) -> StreamParams | None:
@@ -360,11 +364,20 @@ class Session:
                             )
                         turn.samples_sent += chunk.pcm.size
                         turn.t_last_activity = time.monotonic()
+                    if chunk.words:
+                        words = [
+                            SpokenWord(w.word, w.start, w.end, *turn.text_in.locate(w.word)) for w in chunk.words
+                        ]
+                        turn.words += words
+                        await self.sink.send_words(turn, words)
                     await self.sink.send_audio(turn, chunk)
             except StreamError as err:
                 error = err
         cancelled = turn.cancelled or turn.stream.cancelled
         played_ms = await self.sink.end_turn(turn, cancelled) if not cancelled or turn.samples_sent else 0.0
+        source = self.sink.played_source
+        if turn.played_report_ms is not None:  # the client knows what it played: never more than it got
+            played_ms, source = min(turn.played_report_ms, turn.samples_sent * 1000 / self.engine.info.sample_rate_hz), "client"
         # A sink that waits for playout (WebRTC) can see a barge-in land while it drains.
         cancelled = cancelled or turn.cancelled
         if error is not None:
@@ -375,7 +388,7 @@ class Session:
         if reason == "completed" and turn.stream.stop_reason == "length":
             reason = "length"  # a length cap or a runaway guard of the model ended it (all of it was sent)
         self.turns_completed += 1
-        done = self._done_message(turn, reason, played_ms)
+        done = self._done_message(turn, reason, played_ms, source)
         if self.metrics is not None:
             self.metrics.turns.labels(self.transport, reason).inc()
             if "ttfp_ms" in done["metrics"]:
@@ -392,16 +405,19 @@ class Session:
         )
         await self.sink.send_json(done)
 
-    def _done_message(self, turn: Turn, reason: str, played_ms: float) -> dict[str, Any]:
+    def _done_message(self, turn: Turn, reason: str, played_ms: float, played_source: str) -> dict[str, Any]:
         m = turn.stream.metrics
         rate = self.engine.info.sample_rate_hz
-        # A cut turn reports the words its played audio spoke (an estimate inside the last chunk:
-        # realtime/truncation.py), so the agent can truncate its context to what was heard.
-        text = (
-            " ".join(turn.text_sent)
-            if reason in ("completed", "length")
-            else spoken_text(turn.text_spans, round(played_ms * rate / 1000))
-        )
+        # A cut turn reports the words its played audio spoke (from the word timings, or an estimate
+        # inside the last chunk without them: realtime/truncation.py), so the agent can truncate its
+        # context to what was heard.
+        played = round(played_ms * rate / 1000)
+        if reason in ("completed", "length"):
+            text = " ".join(turn.text_sent)
+        elif turn.words:
+            text = spoken_by_words(turn.text_in.text, turn.words, played)
+        else:
+            text = spoken_text(turn.text_spans, played)
         metrics: dict[str, Any] = {
             "trimmed_ms": round(m.trimmed_samples * 1000 / rate, 1),
             "underruns": turn.underruns,
@@ -421,6 +437,7 @@ class Session:
             "reason": reason,
             "audio_ms": round(turn.samples_sent * 1000 / rate, 1),
             "played_ms": round(played_ms, 1),
+            "played_source": played_source,
             "text_spoken": text,
             "metrics": metrics,
         }

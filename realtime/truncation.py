@@ -1,7 +1,13 @@
 """Barge-in truncation: which words of a turn were spoken by the time its audio stopped.
 
-The engine tells which text each audio chunk speaks (a clause for the embedded voice, a few
-words for Qwen3-TTS), not when each word starts. So the text spoken up to ``played`` samples is:
+Where the model times its words (``AudioChunk.words``: the embedded voice from its duration
+predictor, Qwen3-TTS from the frames that read each word), a word counts as spoken once the first
+half of its time has played, and the text spoken is the turn's input text up to that word's end
+(``TextAligner`` maps each spoken word back to the characters the client sent). ``turn.words``
+carries the same words to the client.
+
+Without word timings the engine tells only which text each audio chunk speaks. Then the text
+spoken up to ``played`` samples is:
 
 - every chunk that played to its end, whole;
 - in the chunk that was playing, an estimate: its words are laid over the chunk's voiced part
@@ -17,11 +23,93 @@ does the same with ``audio_end_ms``).
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
 from voicewire.engine import first_audible_sample
+
+
+@dataclass(frozen=True)
+class SpokenWord:
+    """One timed word of a turn: where it lies in the audio (engine samples from the turn's first)
+    and in the turn's input text (characters, as the client sent them)."""
+
+    word: str
+    start_sample: int
+    end_sample: int
+    char_start: int
+    char_end: int
+
+    def describe(self, rate_hz: int) -> dict[str, object]:
+        """The word as ``turn.words`` sends it."""
+        return {
+            "word": self.word,
+            "start_ms": round(self.start_sample * 1000 / rate_hz, 2),
+            "end_ms": round(self.end_sample * 1000 / rate_hz, 2),
+            "char_start": self.char_start,
+            "char_end": self.char_end,
+        }
+
+
+def _keys(text: str) -> list[str]:
+    """Each character's letters and digits, accents and case aside ("É" -> "e", "ß" -> "ss")."""
+    return ["".join(c for c in unicodedata.normalize("NFKD", ch).casefold() if c.isalnum()) for ch in text]
+
+
+class TextAligner:
+    """Finds the engine's spoken words, in order, in the text a client sent.
+
+    The engine speaks the text after its guards (NFC, no control characters, long runs split) and
+    the voice's own clean-up (no emoji), so a spoken word is found by its letters and digits from
+    the end of the word before; what it skipped (emoji, markup) belongs to no word. A word with no
+    letter or digit ("—") is searched as written, and sits at the cursor when not found nearby.
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._stream = ""  # letters and digits of ``text``, folded
+        self._index: list[int] = []  # the character of ``text`` each one comes from
+        self._cursor = 0  # in ``text``: end of the last word found
+        self._key_cursor = 0  # in ``_stream``
+
+    def push(self, delta: str) -> None:
+        base = len(self.text)
+        self.text += delta
+        for i, key in enumerate(_keys(delta)):
+            self._stream += key
+            self._index += [base + i] * len(key)
+
+    def locate(self, word: str) -> tuple[int, int]:
+        """(char_start, char_end) of the next occurrence of ``word``."""
+        key = "".join(_keys(word))
+        if not key:
+            at = self.text.find(word.strip(), self._cursor, self._cursor + 8 + len(word))
+            start, end = (at, at + len(word.strip())) if at >= 0 else (self._cursor, self._cursor)
+        else:
+            at = self._stream.find(key, self._key_cursor)
+            if at < 0:
+                return self._cursor, self._cursor
+            start, end = self._index[at], self._index[at + len(key) - 1] + 1
+            self._key_cursor = at + len(key)
+            # The word's own punctuation ("Hello," / "$9.99" / "(yes)") up to the whitespace around it.
+            while start > self._cursor and not self.text[start - 1].isspace() and not _keys(self.text[start - 1])[0]:
+                start -= 1
+            while end < len(self.text) and not self.text[end].isspace() and not _keys(self.text[end])[0]:
+                end += 1
+        self._cursor = max(self._cursor, end)
+        return start, end
+
+
+def spoken_by_words(text: str, words: list[SpokenWord], played_samples: int) -> str:
+    """The input text up to the last word whose first half lies within ``played_samples``."""
+    end = 0
+    for w in words:
+        if played_samples * 2 < w.start_sample + w.end_sample:
+            break
+        end = w.char_end
+    return text[:end].strip()
 
 
 @dataclass(frozen=True)

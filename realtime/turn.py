@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from voicewire.engine import AudioChunk, Stream
 
 from .protocol import TurnId
-from .truncation import TextSpan
+from .truncation import SpokenWord, TextAligner, TextSpan
 
 
 @dataclass
@@ -36,6 +36,9 @@ class Turn:
     text_sent: list[str] = field(default_factory=list)
     text_spans: list[TextSpan] = field(default_factory=list)  # where each chunk's text lies in the audio
     underruns: int = 0  # audio handed over after a listener (playing from the first audio) ran dry
+    text_in: TextAligner = field(default_factory=TextAligner)  # the text the client sent, to place words in
+    words: list[SpokenWord] = field(default_factory=list)  # timed words of the audio sent so far
+    played_report_ms: float | None = None  # the client's playback position, from turn.cancel
     ended: bool = False
     cancelled: bool = False
     timed_out: bool = False  # ended by the session: no text and no audio for the idle time
@@ -55,6 +58,14 @@ class SessionSink(Protocol):
     async def send_json(self, msg: dict[str, Any]) -> None: ...
 
     async def start_turn(self, turn: Turn) -> None: ...
+
+    # What ``end_turn`` measures: "paced" (what left on the wall clock) or "sent" (what was written).
+    played_source: str
+
+    async def send_words(self, turn: Turn, words: list[SpokenWord]) -> None:
+        """``turn.words`` for words that start in the next ``send_audio``'s chunk: sent no later
+        than the audio holding each word's first sample."""
+        ...
 
     async def send_audio(self, turn: Turn, chunk: AudioChunk) -> None: ...
 

@@ -25,7 +25,8 @@ import ipaddress
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import aioice.ice
@@ -49,6 +50,7 @@ from .http_api import read_json_body
 from .pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
 from .protocol import dumps
 from .session import Session
+from .truncation import SpokenWord
 from .turn import AudioSettings, Turn
 
 log = logging.getLogger("voicewire.webrtc")
@@ -186,6 +188,7 @@ class _TurnOut:
     resampler: Resampler  # engine rate -> 48 kHz, once, stateful over the turn
     cutter: FrameCutter  # exact 960-sample frames
     playback: Playback
+    words: deque[SpokenWord] = field(default_factory=deque)  # timed words not sent yet, in order
 
 
 class WebRtcSink:
@@ -195,6 +198,8 @@ class WebRtcSink:
     WebSocket audio). ``end_turn`` returns once the turn's last frame has left the pacer, so
     ``turn.done`` follows the audio, and ``played_ms`` is what was paced out, not what was queued.
     """
+
+    played_source = "paced"
 
     def __init__(self, channel: RTCDataChannel, track: PacedAudioTrack, engine_rate_hz: int) -> None:
         self._channel = channel
@@ -208,9 +213,24 @@ class WebRtcSink:
 
     async def start_turn(self, turn: Turn) -> None:
         playback = Playback(is_cancelled=lambda: turn.cancelled)
-        self._turns[id(turn)] = _TurnOut(
-            Resampler(self._rate, SAMPLE_RATE_HZ), FrameCutter(FRAME_SAMPLES), playback
-        )
+        out = _TurnOut(Resampler(self._rate, SAMPLE_RATE_HZ), FrameCutter(FRAME_SAMPLES), playback)
+        playback.on_frame = lambda: self._pace_words(turn, out)
+        self._turns[id(turn)] = out
+
+    async def send_words(self, turn: Turn, words: list[SpokenWord]) -> None:
+        # Held until the pacer sends the frame holding each word's first sample (_pace_words).
+        out = self._turns.get(id(turn))
+        if out is not None:
+            out.words.extend(words)
+
+    def _pace_words(self, turn: Turn, out: _TurnOut) -> None:
+        """The pacer is sending a frame of this turn: the words starting up to its end go now."""
+        played = out.playback.played_samples * self._rate // SAMPLE_RATE_HZ  # at the engine's rate
+        due = []
+        while out.words and out.words[0].start_sample < played:
+            due.append(out.words.popleft().describe(self._rate))
+        if due and self._channel.readyState == "open":
+            self._channel.send(dumps({"type": "turn.words", "turn_id": turn.turn_id, "words": due}))
 
     async def send_audio(self, turn: Turn, chunk: AudioChunk) -> None:
         out = self._turns[id(turn)]
@@ -237,6 +257,10 @@ class WebRtcSink:
         except TimeoutError:
             log.warning("turn %r: audio was not pulled by the track; dropping it", turn.turn_id)
             self._track.drop(pb)
+        if out.words and not pb.dropped:  # words timed at the very end of the audio (none is left unsaid)
+            out.playback.played_samples += FRAME_SAMPLES
+            self._pace_words(turn, out)
+            out.playback.played_samples -= FRAME_SAMPLES
         return pb.played_ms
 
 

@@ -19,6 +19,7 @@ from .auth import TOKEN_SUBPROTOCOL_PREFIX
 from .gateway import GATEWAY, Gateway
 from .protocol import MAX_MESSAGE_BYTES, dumps
 from .session import Session
+from .truncation import SpokenWord
 from .turn import SinkStalled, Turn
 
 log = logging.getLogger("voicewire.ws")
@@ -46,10 +47,17 @@ class WebSocketSink:
         self._rate = engine_rate_hz
         self._encoders: dict[int, TurnAudioEncoder] = {}
 
+    played_source = "sent"  # the server knows what it sent, not what played (turn.cancel may say)
+
     async def send_json(self, msg: dict[str, Any]) -> None:
         async with self._lock:
             if not self._ws.closed:
                 await self._guarded(self._ws.send_str(dumps(msg)))
+
+    async def send_words(self, turn: Turn, words: list[SpokenWord]) -> None:
+        # Before the chunk's binary messages, in the same ordered stream of sends.
+        described = [w.describe(self._rate) for w in words]
+        await self.send_json({"type": "turn.words", "turn_id": turn.turn_id, "words": described})
 
     async def start_turn(self, turn: Turn) -> None:
         self._encoders[id(turn)] = TurnAudioEncoder(turn.audio.format, self._rate, turn.audio.sample_rate)
