@@ -109,6 +109,7 @@ class VoiceStore:
         self.directory = Path(directory).expanduser() if directory is not None else None
         self._voices: dict[str, Voice] = {}
         self._pending: dict[str, asyncio.Future[Voice]] = {}  # clones under way, by id
+        self._pending_names: set[tuple[str, str]] = set()  # (encoder, casefolded name) of those
 
     # --- lookups --------------------------------------------------------------------------------
     def voices(self, encoder: str) -> list[Voice]:
@@ -165,9 +166,13 @@ class VoiceStore:
             raise VoiceError(
                 409, "voice_name_taken", f"a voice named {taken.name!r} exists already ({taken.id})"
             )
+        key = (encoder, name.casefold())
+        if key in self._pending_names:  # another reference under this name is being cloned now
+            raise VoiceError(409, "voice_name_taken", f"a voice named {name!r} is being created")
         future: asyncio.Future[Voice] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda f: f.cancelled() or f.exception())  # waiters may be none
         self._pending[vid] = future
+        self._pending_names.add(key)
         try:
             cloned = await engine.clone_voice(ref.pcm, ref.sample_rate_hz, transcript)
             voice = Voice(vid, name, cloned, ref.duration_s, ref.sample_rate_hz, time.time())
@@ -180,6 +185,7 @@ class VoiceStore:
             raise
         finally:
             del self._pending[vid]
+            self._pending_names.discard(key)
         log.info("voice %s (%r) cloned from %.1f s of audio", vid, name, ref.duration_s)
         return voice, True
 

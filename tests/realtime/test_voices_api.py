@@ -261,6 +261,16 @@ async def test_concurrent_uploads_of_one_reference_clone_once(base_gateway: str,
     assert sorted(s for s, _ in results) == [200, 200, 200, 201] and len({i for _, i in results}) == 1
     assert base_engine.stats.voices_cloned == before + 1
 
+    # two references under one name at once: one voice, one refusal
+    async with aiohttp.ClientSession() as http:
+
+        async def upload_other(seed: int) -> int:
+            form = voice_form("Frank", wav_bytes(clip(2.0, seed=seed)))
+            async with http.post(f"{base_gateway}/v1/audio/voices", data=form) as r:
+                return r.status
+
+        assert sorted(await asyncio.gather(upload_other(21), upload_other(22))) == [201, 409]
+
 
 @module_loop
 async def test_uploads_need_the_api_key_when_auth_is_on(base_engine: Engine) -> None:
