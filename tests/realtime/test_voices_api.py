@@ -222,6 +222,36 @@ async def test_bad_uploads_get_stable_codes(
 
 
 @module_loop
+async def test_a_chunked_upload_is_cut_at_the_limit(base_gateway: str, base_engine: Engine) -> None:
+    """No Content-Length to refuse up front: the reading stops at the byte limit."""
+    with aiohttp.MultipartWriter("form-data") as writer:
+        writer.append("big").set_content_disposition("form-data", name="name")
+        audio = writer.append(wav_bytes(clip(9.0, rate_hz=48_000)), {"Content-Type": "audio/wav"})
+        audio.set_content_disposition("form-data", name="audio", filename="big.wav")
+    body = io.BytesIO()
+
+    class Sink:
+        async def write(self, data: bytes) -> None:
+            body.write(data)
+
+    await writer.write(Sink())  # type: ignore[arg-type]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        data = body.getvalue()
+        for i in range(0, len(data), 32 * 1024):
+            yield data[i : i + 32 * 1024]
+
+    before = base_engine.stats.voices_cloned
+    headers = {"Content-Type": f"multipart/form-data; boundary={writer.boundary}"}
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{base_gateway}/v1/audio/voices", data=chunks(), headers=headers
+    ) as r:
+        assert r.request_info.headers.get("Transfer-Encoding") == "chunked"
+        assert (r.status, (await r.json())["error"]["code"]) == (413, "upload_too_large")
+    assert base_engine.stats.voices_cloned == before
+
+
+@module_loop
 async def test_malformed_requests_are_refused(base_gateway: str) -> None:
     good = wav_bytes(clip(2.0, seed=3))
     async with aiohttp.ClientSession() as http:
