@@ -214,6 +214,7 @@ class VoicewireTTSService(TTSService):
         try:
             async for event in speech.turn.events():
                 if isinstance(event, TurnWords):
+                    await self._promote_sent_text(context_id)
                     # The words as the text has them (the sequencer matches them against it),
                     # timed from the turn's first sample, which is its audio context's first.
                     words = [(speech.text[w.char_start : w.char_end], w.start_ms / 1000) for w in event.words]
@@ -236,6 +237,20 @@ class VoicewireTTSService(TTSService):
         if self.audio_context_available(context_id):
             await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
             await self.remove_audio_context(context_id)
+
+    async def _promote_sent_text(self, context_id: str) -> None:
+        """Make the text sent so far a unit the words can complete, before the words come.
+
+        Streaming tokens, Pipecat gathers them back into sentences and holds a sentence's words
+        until the next sentence begins (or the reply ends); an interruption drops what it holds,
+        so a reply cut inside its first long sentence would leave no word in the context, however
+        much of it played. The server times only text it has committed to speak, so each
+        ``turn.words`` closes the pending text as Pipecat's own reply end does (and Cartesia's
+        service on a voice change); the bot-output segments are then clauses, not sentences.
+        """
+        if self._is_streaming_tokens:
+            frames = await self._aggregated_frame_sequencer.finalize(context_id)
+            await self._push_sequencer_frames(frames, context_id)
 
     async def push_frame(self, frame: Frame, direction: FrameDirection = FrameDirection.DOWNSTREAM) -> None:
         speech = self._speeches.get(frame.context_id or "") if isinstance(frame, TTSAudioRawFrame) else None
