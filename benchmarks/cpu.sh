@@ -8,6 +8,7 @@
 #                          WebRTC (2 sessions), an LLM at 30 words/s     -> probe_{ws,webrtc}_cpu.{json,png}
 #     soak                 100 sessions for 5 min, 0.5-2 s pauses (overloads 2 cores) -> soak_cpu.json
 #     soak-conversational  the same with 3-6 s pauses                   -> soak_cpu_conversational.json
+#     words                the embedded voice's word timings vs onsets and faster-whisper -> word_timing_cpu.json
 #
 # Files go to $OUT (default benchmarks/results, where the README's rows point), each with a "meta"
 # object first (command, commit, machine, date: benchmarks/meta.sh). Each benchmark starts its own
@@ -51,6 +52,11 @@ step() {
 if want ws; then
   step ws 1500 "$PY" benchmarks/ws_bench.py --out "$OUT/ws_cpu.json" --turns 60 --sweep 25,50,75,100
   stamp "$OUT/ws_cpu.json"
+fi
+
+if want words; then
+  step words 600 "$PY" benchmarks/word_timing.py --out "$OUT/word_timing_cpu.json"
+  stamp "$OUT/word_timing_cpu.json"
 fi
 
 if want webrtc; then

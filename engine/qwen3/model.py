@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ..cloned_voice import ClonedVoice, CloningNotSupported
 from ..model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
+from ..word_timing import TokenWords, WordTiming
 from .clone_prefill import SlotVoice, prefill_embedded, slot_voice
 from .codec_runner import CodecRunner
 from .config import Qwen3TTSConfig
@@ -68,6 +69,8 @@ class _Slot:
     whole_text: bool  # wait for the end of the text and put all of it in the prompt (see prompt.py)
     guard: GuardLimits | None  # runaway limits (guards.py); None: a forced length, no guards
     voice: SlotVoice | None = None  # a cloned voice (Base; clone_prefill.py)
+    words: TokenWords | None = None  # the word of each text id (None in whole-text mode: no reading order)
+    words_reported: int = 0  # words already reported in a GenerateResult
     prefilled: bool = False
     frames: int = 0  # frames emitted
     position: int = 0  # talker positions written (KV length)
@@ -176,6 +179,7 @@ class Qwen3TTSModel(Model):
             greedy=req.sampling.greedy,
             whole_text=req.whole_text,
             guard=guard,
+            words=None if req.whole_text else TokenWords(self.tokenizer.split, self.tokenizer.encode),
             voice=None
             if (profile := req.profile) is None
             else slot_voice(
@@ -186,10 +190,14 @@ class Qwen3TTSModel(Model):
     def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
         st = self._slot(slot)
         before = len(self._fed_ids(st))
+        n_ids, pending = len(st.text.ids), st.text.pending_text
         try:
             st.text.push(pieces, final)
         except ValueError as err:
             raise ModelError(slot, str(err)) from None
+        if st.words is not None:  # the text just tokenized: what was pending and given, less what still is
+            given = pending + "".join(pieces)
+            st.words.add(given[: len(given) - len(st.text.pending_text)], len(st.text.ids) - n_ids)
         # the device queue holds max_seq_len tokens: a stream needs one position per streamed token, so
         # it stops before reading past them (a too-long whole-text prompt is refused by generate)
         room = self.state.max_text_tokens
@@ -370,9 +378,10 @@ class Qwen3TTSModel(Model):
         st.frames += 1
         forced = self._forced(st)
         frames = codes[None].copy()
+        words = self._words_read(st)
         if forced is not None and st.frames >= forced:
             st.done = True
-            return GenerateResult(slot, frames, 1, True)
+            return GenerateResult(slot, frames, 1, True, words=words)
         guard = st.guard
         st.done = (
             st.frames >= self.cfg.generation.max_new_tokens
@@ -380,7 +389,24 @@ class Qwen3TTSModel(Model):
             or (guard is not None and looped)
             or (guard is not None and st.text.final and st.frames >= guard.frame_budget(len(st.text.ids)))
         )
-        return GenerateResult(slot, frames, 1, st.done, stop_reason="length" if st.done else None)
+        return GenerateResult(slot, frames, 1, st.done, stop_reason="length" if st.done else None, words=words)
+
+    def _words_read(self, st: _Slot) -> tuple[WordTiming, ...]:
+        """Words whose first text token the frame just made was fed with (frame k reads token k of
+        the queue, see _fed_ids): each spans the frames that read its tokens, from this one. This is
+        where the talker read the word, not where its voice says it: the audio trails the reading by
+        the talker's lag (not measured here: random weights), so starts are early, never late."""
+        if st.words is None:
+            return ()
+        k = st.frames - 1  # the frame just made
+        shift = 0 if st.voice is None else st.voice.text_shift
+        w, out = st.words, []
+        while st.words_reported < len(w.words) and max(0, w.first_token[st.words_reported] + shift) <= k:
+            i = st.words_reported
+            start = max(0, w.first_token[i] + shift) - k  # 0, or < 0 for a word read before (clamped)
+            out.append(WordTiming(w.words[i], start, start + max(1, w.token_counts[i])))
+            st.words_reported += 1
+        return tuple(out)
 
     # --- decode --------------------------------------------------------------------------------------
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
