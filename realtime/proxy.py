@@ -26,7 +26,7 @@ from multidict import CIMultiDictProxy
 
 from .config import parse_networks
 
-CLIENT = "voicewire.client"  # request state: the client's address as the logs name it
+CLIENT = web.RequestKey("voicewire.client", str)  # the client's address as the logs name it
 # A host, optionally with a port: a name or an IPv4 literal, or a bracketed IPv6 literal.
 _HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
 
@@ -43,9 +43,12 @@ class Forwarded:
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(text.strip().strip("[]"))
+        address = ipaddress.ip_address(text.strip().strip("[]"))
     except ValueError:
         return None
+    # A dual-stack socket reports an IPv4 peer as ::ffff:a.b.c.d; --trusted-proxy names a.b.c.d.
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return mapped or address
 
 
 def _trusted(address: ipaddress.IPv4Address | ipaddress.IPv6Address, networks: tuple[Network, ...]) -> bool:

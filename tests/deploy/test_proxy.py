@@ -134,8 +134,7 @@ def _access_lines(deployment: Deployment, path: str) -> list[str]:
     """The gateway's access-log messages for ``path`` (JSON log lines)."""
     out = []
     for line in deployment.log_lines():
-        with_json = line.startswith("{")
-        record = json.loads(line) if with_json else {}
+        record = json.loads(line) if line.startswith("{") else {}  # print()ed lines are not JSON
         if record.get("logger") == "aiohttp.access" and f" {path}" in record.get("message", ""):
             out.append(record["message"])
     return out
