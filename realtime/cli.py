@@ -384,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument(
         "--base-path",
         type=_base_path,
+        metavar="PATH",
         default="",
         help="serve everything under this prefix, e.g. /voice behind a proxy that passes /voice/... "
         "through unchanged (the page, its assets, /v1/stream, /offer, speech, probes, metrics)",
@@ -391,24 +392,27 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument(
         "--trusted-proxy",
         type=_network,
+        metavar="ADDRESS",
         action="append",
         default=[],
         help="believe X-Forwarded-For/-Proto/-Host from this address or network (repeatable; "
         "default: from no one)",
     )
-    deploy.add_argument("--tls-cert", help="serve HTTPS/WSS on the port itself: PEM certificate chain")
-    deploy.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    deploy.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS/WSS on the port itself: PEM certificate chain")
+    deploy.add_argument("--tls-key", metavar="PEM", help="the PEM private key of --tls-cert")
     deploy.add_argument(
         "--ice-server",
         action="append",
+        metavar="URL",
         default=[],
         help="a STUN or TURN server for WebRTC, given to the page and used by the server's peers "
         "(repeatable): stun:stun.example.com:3478, turn:turn.example.com:3478?transport=udp, "
         "turns:turn.example.com:5349?transport=tcp",
     )
-    deploy.add_argument("--ice-username", help="the TURN username of the turn: --ice-server URLs")
+    deploy.add_argument("--ice-username", metavar="NAME", help="the TURN username of the turn: --ice-server URLs")
     deploy.add_argument(
         "--ice-credential",
+        metavar="SECRET",
         help="the TURN credential (prefer VOICEWIRE_ICE_CREDENTIAL: arguments are visible to every user)",
     )
     _add_model_args(serve)
