@@ -69,17 +69,18 @@ class TextAligner:
 
     def __init__(self) -> None:
         self.text = ""
-        self._stream = ""  # letters and digits of ``text``, folded
-        self._index: list[int] = []  # the character of ``text`` each one comes from
+        # Letters and digits of the text not yet spoken, folded, and the character of ``text``
+        # each comes from: what a word is searched in (the spoken part is dropped as it goes).
+        self._stream = ""
+        self._index: list[int] = []
         self._cursor = 0  # in ``text``: end of the last word found
-        self._key_cursor = 0  # in ``_stream``
 
     def push(self, delta: str) -> None:
         base = len(self.text)
         self.text += delta
-        for i, key in enumerate(_keys(delta)):
-            self._stream += key
-            self._index += [base + i] * len(key)
+        keys = _keys(delta)
+        self._stream += "".join(keys)
+        self._index += [base + i for i, key in enumerate(keys) for _ in key]
 
     def locate(self, word: str) -> tuple[int, int]:
         """(char_start, char_end) of the next occurrence of ``word``."""
@@ -88,11 +89,12 @@ class TextAligner:
             at = self.text.find(word.strip(), self._cursor, self._cursor + 8 + len(word))
             start, end = (at, at + len(word.strip())) if at >= 0 else (self._cursor, self._cursor)
         else:
-            at = self._stream.find(key, self._key_cursor)
+            at = self._stream.find(key)
             if at < 0:
                 return self._cursor, self._cursor
             start, end = self._index[at], self._index[at + len(key) - 1] + 1
-            self._key_cursor = at + len(key)
+            self._stream = self._stream[at + len(key) :]
+            del self._index[: at + len(key)]
             # The word's own punctuation ("Hello," / "$9.99" / "(yes)") up to the whitespace around it.
             while start > self._cursor and not self.text[start - 1].isspace() and not _keys(self.text[start - 1])[0]:
                 start -= 1

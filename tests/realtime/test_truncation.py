@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from voicewire.realtime.truncation import TextSpan, spoken_text, spoken_words
+from voicewire.realtime.truncation import (
+    SpokenWord,
+    TextAligner,
+    TextSpan,
+    spoken_by_words,
+    spoken_text,
+    spoken_words,
+)
 
 RATE_HZ = 24_000
 
@@ -45,3 +52,27 @@ def test_spoken_text_whole_chunks_then_a_cut() -> None:
     assert spoken_text(spans, half) == "Sure, I can help. Your order shipped"
     assert spoken_text(spans, b.end_sample) == "Sure, I can help. Your order shipped this morning."
     assert spoken_text(spans, 10**9) == spoken_text(spans, b.end_sample)
+
+
+def test_spoken_words_are_found_in_the_text_the_client_sent() -> None:
+    aligner = TextAligner()
+    for delta in ("Hello, wor", "ld! Café ", "😀 costs $9.99", " — the the end"):
+        aligner.push(delta)
+    text = aligner.text
+    # What the engine speaks: guarded, NFC, without the emoji; "Café" may come decomposed.
+    spoken = ["Hello,", "world!", "Cafe\u0301", "costs", "$9.99", "—", "the", "the", "end"]
+    spans = [aligner.locate(w) for w in spoken]
+    assert [text[a:b] for a, b in spans] == ["Hello,", "world!", "Café", "costs", "$9.99", "—", "the", "the", "end"]
+    assert spans[6] < spans[7]  # a repeated word is the next one, not the first again
+    missing = TextAligner()
+    missing.push("abc def")
+    assert missing.locate("xyz") == (0, 0) and missing.locate("def") == (4, 7)  # not found: a point
+
+
+def test_text_spoken_ends_at_the_last_word_half_played() -> None:
+    text = "Sure, I can help."
+    words = [SpokenWord("Sure,", 0, 100, 0, 5), SpokenWord("I", 150, 200, 6, 7), SpokenWord("can", 220, 400, 8, 11)]
+    assert spoken_by_words(text, words, 49) == ""
+    assert spoken_by_words(text, words, 50) == "Sure,"
+    assert spoken_by_words(text, words, 309) == "Sure, I"
+    assert spoken_by_words(text, words, 310) == "Sure, I can"
