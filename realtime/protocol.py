@@ -26,16 +26,19 @@ emoji, has no word); ``char_start`` / ``char_end`` are the word's span in the tu
 client sent it (its ``text.delta`` texts joined), so ``text[:char_end]`` is the text up to it. A
 client that ignores unknown message types keeps working. Example (WebSocket):
 
-    -> {"type":"text.delta","turn_id":1,"text":"Hello, wor"}
-    -> {"type":"text.delta","turn_id":1,"text":"ld."}
-    -> {"type":"text.end","turn_id":1}
+    -> {"type":"text.delta","turn_id":1,"text":"Sure, I can "}
     <- {"type":"turn.started","turn_id":1}
-    <- {"type":"turn.words","turn_id":1,"words":[{"word":"Hello,","start_ms":20.0,"end_ms":320.0,
-        "char_start":0,"char_end":6},{"word":"world.","start_ms":370.0,"end_ms":805.0,"char_start":7,"char_end":13}]}
-    <- (binary audio messages)
-    -> {"type":"turn.cancel","turn_id":1,"played_ms":400}
-    <- {"type":"turn.done","turn_id":1,"reason":"cancelled","audio_ms":1035.0,"played_ms":400.0,
-        "played_source":"client","text_spoken":"Hello,","metrics":{...}}
+    <- {"type":"turn.words","turn_id":1,"words":[{"word":"Sure,","start_ms":45.0,"end_ms":395.0,
+        "char_start":0,"char_end":5}]}
+    <- (binary: the audio of "Sure,")
+    -> {"type":"text.delta","turn_id":1,"text":"help with that."}
+    -> {"type":"text.end","turn_id":1}
+    <- {"type":"turn.words","turn_id":1,"words":[{"word":"I","start_ms":520.0,"end_ms":645.0,
+        "char_start":6,"char_end":7},{"word":"can","start_ms":695.0,"end_ms":770.0,"char_start":8,"char_end":11},...]}
+    <- (binary: the audio of "I can help with that.")
+    -> {"type":"turn.cancel","turn_id":1,"played_ms":700}
+    <- {"type":"turn.done","turn_id":1,"reason":"cancelled","audio_ms":1820.0,"played_ms":700.0,
+        "played_source":"client","text_spoken":"Sure, I","metrics":{...}}
 
 Played audio. ``played_ms`` of ``turn.done`` is ``"client"``: the position the client reported with
 ``turn.cancel`` (capped at the audio sent); ``"paced"``: what the WebRTC pacer sent on the wall
