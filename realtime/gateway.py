@@ -27,6 +27,7 @@ from .auth import Authenticator, AuthError, api_key_from_headers, token_from_req
 from .config import GatewayConfig
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
+from .proxy import client_address
 from .voices import VoiceStore
 
 if TYPE_CHECKING:
@@ -84,7 +85,11 @@ class Gateway:
     def refuse(self, request: web.Request, status: int, code: str, message: str) -> web.Response:
         """Refuse a request before anything is allocated for it."""
         self.metrics.errors.labels(code).inc()
-        self.log_limiter.log(log, "refused %s %s: %s", request.method, request.path, code, key=code)
+        # The client as a trusted proxy names it (realtime/proxy.py), so a refused browser behind
+        # the proxy is told apart from the proxy itself.
+        self.log_limiter.log(
+            log, "refused %s %s from %s: %s", request.method, request.path, client_address(request), code, key=code
+        )
         return error_response(status, code, message)
 
     def admit(self, request: web.Request, *, opens_session: bool, json_body: bool = False) -> web.Response | None:

@@ -194,7 +194,7 @@ async def test_speech_streams_through_the_proxy(deployment: Deployment) -> None:
 
 
 async def test_origin_allow_list_sees_the_browser_origin_through_the_proxy(deployment: Deployment) -> None:
-    connector = aiohttp.TCPConnector(ssl=deployment.tls())
+    connector = aiohttp.TCPConnector(ssl=deployment.tls(), local_addr=(CLIENT_ADDRESS, 0))
     base = f"{deployment.proxy.url}{BASE}"
     async with aiohttp.ClientSession(connector=connector) as http:
         for origin, status in ((deployment.proxy.origin, 200), (FOREIGN_ORIGIN, 403)):
@@ -212,6 +212,9 @@ async def test_origin_allow_list_sees_the_browser_origin_through_the_proxy(deplo
     with pytest.raises(VoicewireError) as refused:
         await VoicewireClient.connect(f"{base}/v1/stream", ssl=deployment.tls(), origin=FOREIGN_ORIGIN)
     assert refused.value.code == "origin_not_allowed"
+    # The refusals name the client behind the proxy, not nginx.
+    refusals = [line for line in deployment.log_lines() if f"refused POST {BASE}/offer from" in line]
+    assert refusals and all(f"from {CLIENT_ADDRESS}: origin_not_allowed" in line for line in refusals), refusals
 
 
 async def test_metrics_stay_off_the_public_proxy(deployment: Deployment) -> None:
