@@ -14,6 +14,11 @@
 #       linear     the fused decode linear against cuBLAS, 1 and 64 rows   -> linear_h200.json
 #       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
 #       codec      codec graphs: SnakeBeta kernel vs torch ops, cuDNN-timed vs heuristic convs -> codec_h200.json
+#   COMMIT=<sha> bash benchmarks/gpu.sh throughput [STEP...] # README "Throughput levers" (~8 min)
+#       levers     1.7B engine alone, open loop past the knee, one build: the served engine against
+#                  the same engine with each lever off (VARIANTS, RATES override) -> throughput_h200.json
+#       tests      tests/engine/qwen3/test_gpu.py (overlapped decode and long chunks equal the serial
+#                  audio; streaming equals offline for every chunk cadence)      -> gpu_tests_qwen3_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh side-by-side         # README "against the official qwen-tts" (~6 min)
 #       the official qwen-tts 0.1.1 and ours on the same saved random weights, one call
 #                                                            -> side_by_side_h200.json, .png, official.log, ours.log
@@ -49,7 +54,7 @@ SHOW='^\[|^== |Error|error|passed|failed|Traceback'
 declare -a STATUS=()
 
 usage() { sed -n '2,/^set -o pipefail/p' "$0" | grep '^#'; exit 2; }
-case "$MODE" in headline | kernels | side-by-side | parity | clone | profile) ;; *) usage ;; esac
+case "$MODE" in headline | kernels | throughput | side-by-side | parity | clone | profile) ;; *) usage ;; esac
 : > "$LOG"
 
 # voicewire.* is not installed on the device: a link tree makes the folders importable under that name.
@@ -149,6 +154,20 @@ if [ "$MODE" = headline ]; then
     stamp "$OUT/step_0.6b_h200.json"
   fi
   if want tests; then gpu_tests "$OUT/gpu_tests_h200.json"; fi
+fi
+
+if [ "$MODE" = throughput ]; then
+  if want tests; then
+    step tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py
+    suites_json "$OUT/gpu_tests_qwen3_h200.json" "the Qwen3 GPU tests on the lent GPU" "$CMD|$RC|$SECS"
+    stamp "$OUT/gpu_tests_qwen3_h200.json"
+  fi
+  if want levers; then
+    step levers 420 python3 benchmarks/serving_bench.py --size 1.7b --sections codec,serve \
+      --serve-variants "${VARIANTS:-serial-b128,serial,overlap,served}" --max-batch 256 --max-slots 512 \
+      --rates "${RATES:-120,160,200,240}" --rate-duration-s 8 --concurrency '' --out "$OUT/throughput_h200.json"
+    stamp "$OUT/throughput_h200.json"
+  fi
 fi
 
 if [ "$MODE" = kernels ]; then

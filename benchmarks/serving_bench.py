@@ -78,7 +78,7 @@ from engine_load import (  # noqa: E402  (this script's folder is on sys.path)
 )
 from kernels_bench import copy_rate_gb_s  # noqa: E402
 
-from voicewire.engine.config import EngineConfig, LevelConfig  # noqa: E402
+from voicewire.engine.config import ChunkSchedule, EngineConfig, LevelConfig  # noqa: E402
 from voicewire.engine.engine import Engine  # noqa: E402
 from voicewire.engine.model import StreamParams  # noqa: E402
 from voicewire.engine.qwen3 import (  # noqa: E402
@@ -316,7 +316,7 @@ def section_codec(model: Qwen3TTSModel, args: argparse.Namespace, dev: torch.dev
         return rows
 
     for b in (1, 4, 16, 64):
-        for t in (1, 2, 4, 12):
+        for t in (1, 2, 4, 12, 24, 48):
             if b > model.codec_runner.buckets[-1] or not model.graphs.has(("codec", b, t)):
                 continue
             rows = packed(b, t)
@@ -330,11 +330,26 @@ def section_codec(model: Qwen3TTSModel, args: argparse.Namespace, dev: torch.dev
     return res
 
 
-def section_serve(model: Qwen3TTSModel, args: argparse.Namespace) -> dict[str, Any]:
+# --serve-variants: the engine's throughput levers on one built model (its graphs cover all of them)
+SERVE_VARIANTS: dict[str, dict[str, Any]] = {
+    "served": {},  # the defaults: the codec beside the frame step, long chunks when ahead
+    "serial": {"overlap_decode": False, "chunks": ChunkSchedule(slack_frames=())},
+    "serial-b128": {"overlap_decode": False, "chunks": ChunkSchedule(slack_frames=()), "max_batch": 128},
+    "overlap": {"chunks": ChunkSchedule(slack_frames=())},
+    "slack": {"overlap_decode": False},
+    "b128": {"max_batch": 128},
+}
+
+
+def section_serve(
+    model: Qwen3TTSModel, args: argparse.Namespace, variant: dict[str, Any] | None = None
+) -> dict[str, Any]:
     cfg = EngineConfig(
         model="qwen3-tts",
         max_streams=args.max_slots,
         level=LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0),
+        max_queued_streams=0,  # an open past the slots is a rejection here, as before the queue existed
+        **(variant or {}),
     )
     engine = Engine(cfg, model=model).start()
     res: dict[str, Any] = {"open_loop": [], "closed_loop": [], "single_10s": None}
@@ -441,6 +456,12 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--max-slots", type=int, default=256)
     ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--codec-frames", type=int, default=48, help="codec graphs up to this many frames")
+    ap.add_argument(
+        "--serve-variants",
+        default="",
+        help=f"serve: engine variants on the one model, each a sweep ({', '.join(SERVE_VARIANTS)}); '' = served",
+    )
     ap.add_argument("--rates", default="1,10,20,40,60,80")
     ap.add_argument("--rate-duration-s", type=float, default=12.0)
     ap.add_argument("--concurrency", default="1,16,64,128")
@@ -481,6 +502,10 @@ def main() -> None:
     args.rates = [float(x) for x in args.rates.split(",") if x]
     args.concurrency = [int(x) for x in args.concurrency.split(",") if x]
     args.bursts = [int(x) for x in args.bursts.split(",") if x]
+    args.serve_variants = [v for v in args.serve_variants.split(",") if v]
+    unknown = set(args.serve_variants) - set(SERVE_VARIANTS)
+    if unknown:
+        ap.error(f"unknown --serve-variants {sorted(unknown)}")
     dev = torch.device(args.device)
     res: dict[str, Any] = {
         "command": args.command,
@@ -518,6 +543,7 @@ def main() -> None:
                 codec_snake_kernel=False if args.torch_snake else None,
             ),
             codec_cudnn_benchmark=not args.cudnn_heuristics,
+            codec_graph_frames=args.codec_frames,
         )
         res["serve_model"] = {
             "compile_elementwise": args.compile,
@@ -532,7 +558,11 @@ def main() -> None:
         }
         if "codec" in args.sections:
             run("codec", lambda: section_codec(model, args, dev))
-        if {"single", "serve"} & set(args.sections):
+        for name in args.serve_variants:
+            run(f"serve_{name}", lambda name=name: section_serve(model, args, SERVE_VARIANTS[name]))
+            for p in res.get(f"serve_{name}", {}).get("open_loop", []):
+                p.pop("arrivals", None)
+        if {"single", "serve"} & set(args.sections) and not args.serve_variants:
             run("serve", lambda: section_serve(model, args))
             for p in res.get("serve", {}).get("open_loop", []) + res.get("serve", {}).get("closed_loop", []):
                 p.pop("arrivals", None)

@@ -19,18 +19,27 @@ class ChunkSchedule:
     first_frames: int = 1
     ramp_frames: tuple[int, ...] = (2, 4, 8)
     steady_frames: int = 12
+    # (seconds of playback slack, frames): a later chunk of a stream at least that far ahead of its
+    # listener is this long, so streams with time to spare make fewer, fuller decoder calls. Only
+    # sizes a model decodes efficiently belong here; None: the model's (ModelInfo.slack_chunk_frames).
+    slack_frames: tuple[tuple[float, int], ...] | None = None
 
     def __post_init__(self) -> None:
-        sizes = (self.first_frames, *self.ramp_frames, self.steady_frames)
+        sizes = (self.first_frames, *self.ramp_frames, self.steady_frames, *(f for _, f in self.slack_frames or ()))
         if any(s < 1 for s in sizes):
             raise ValueError(f"chunk sizes must be >= 1 frame, got {sizes}")
 
-    def frames_for(self, chunk_index: int, first_override: int | None = None) -> int:
-        """Frames that make chunk number ``chunk_index`` (0-based) due."""
+    def frames_for(self, chunk_index: int, first_override: int | None = None, slack_s: float = 0.0) -> int:
+        """Frames that make chunk number ``chunk_index`` (0-based) due, for a stream ``slack_s``
+        seconds of audio ahead of a listener who started at its first chunk."""
         if chunk_index == 0:
             return first_override if first_override is not None else self.first_frames
         i = chunk_index - 1
-        return self.ramp_frames[i] if i < len(self.ramp_frames) else self.steady_frames
+        frames = self.ramp_frames[i] if i < len(self.ramp_frames) else self.steady_frames
+        for min_slack_s, n in self.slack_frames or ():
+            if slack_s >= min_slack_s:
+                frames = max(frames, n)
+        return frames
 
 
 @dataclass(frozen=True)
@@ -79,3 +88,7 @@ class EngineConfig:
     queue_wait_s: float = 0.5
     max_buffered_text_chars: int = 20_000  # per stream, not yet spoken
     max_ahead_s: float = 30.0  # a stream whose caller has not taken this much of its audio stops generating
+    # decode the chunks of earlier steps while the next frame step runs (Model.decode_start); a
+    # model without a stage 2 of its own queue does both in turn either way
+    overlap_decode: bool = True
+    max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import queue
@@ -167,7 +168,11 @@ class Engine:
             self._model = load_model(self.config.model, self.config.model_options)
         self._model.warmup()
         self._free_slots = list(range(self._model.info.max_slots))[::-1]
-        self._scheduler = Scheduler(self.config.chunks, self._model.info.max_batch_size)
+        chunks = self.config.chunks
+        if chunks.slack_frames is None:
+            chunks = dataclasses.replace(chunks, slack_frames=tuple(self._model.info.slack_chunk_frames))
+        batch = min(self.config.max_batch or self._model.info.max_batch_size, self._model.info.max_batch_size)
+        self._scheduler = Scheduler(chunks, batch)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         # Set before the thread runs so a caller may open streams as soon as start() returns;
@@ -406,18 +411,27 @@ class Engine:
     def _step(self, ready: set[int]) -> None:
         plan = self._scheduler.plan_generate(ready)
         t0 = time.perf_counter()
-        frames = self._generate(plan) if not plan.empty else 0
-        t1 = time.perf_counter()
-        due = self._scheduler.plan_decode()
-        if due:
-            self._decode(due)
+        if self.config.overlap_decode and self.model.decode_overlaps:
+            # The chunks completed by earlier steps decode while this step generates, on the model's
+            # own device queue: a chunk leaves one step later, and the frame step and the codec no
+            # longer take turns on the device.
+            due = self._scheduler.plan_decode(t0)
+            finish = self._decode_start(due)
+            frames = self._generate(plan) if not plan.empty else 0
+            t1 = time.perf_counter()
+            self._decode_finish(due, finish)
+        else:
+            frames = self._generate(plan) if not plan.empty else 0
+            t1 = time.perf_counter()
+            due = self._scheduler.plan_decode(t1)
+            self._decode_finish(due, self._decode_start(due))
         t2 = time.perf_counter()
         if not frames and not due:
             return  # nothing was made (or a model's work is still running): not a step
         st = self.stats
         st.steps += 1
         st.generate_s += t1 - t0
-        st.decode_s += t2 - t1
+        st.decode_s += t2 - t1  # overlapped: only the wait for the codec after the frame step
         st.last_step_s = t2 - t0
         st.batch_sizes[len(plan.generate_slots)] += 1
 
@@ -464,22 +478,37 @@ class Engine:
                 ),
             )
 
-    def _decode(self, due: list[DecodeWork]) -> None:
+    def _decode_start(self, due: list[DecodeWork]) -> Callable[[], list[Decoded]] | None:
+        """The due chunks' decode, begun; None when it failed (its streams are failed already)."""
         work = [d for d in due if d.n_frames]
+        if not work:
+            return lambda: []
         try:
-            pcms = iter(self.model.decode_timed(work) if work else [])
+            return self.model.decode_start(work)
         except Exception as err:
-            log.exception("decode failed")
-            for d in due:
-                if d.stream_id in self._live:
-                    self._fail(self._live[d.stream_id], StreamError("model_error", f"decoder failed: {err}"))
+            self._decode_failed(due, err)
+            return None
+
+    def _decode_finish(self, due: list[DecodeWork], finish: Callable[[], list[Decoded]] | None) -> None:
+        if finish is None or not due:
+            return
+        try:
+            decoded = iter(finish())
+        except Exception as err:
+            self._decode_failed(due, err)
             return
         for d in due:
             live = self._live.get(d.stream_id)
-            decoded = next(pcms) if d.n_frames else Decoded(np.zeros(0, np.float32))
+            chunk = next(decoded) if d.n_frames else Decoded(np.zeros(0, np.float32))
             if live is None:
-                continue
-            self._emit(live, decoded, d.final, d.text)
+                continue  # failed or cancelled meanwhile
+            self._emit(live, chunk, d.final, d.text)
+
+    def _decode_failed(self, due: list[DecodeWork], err: Exception) -> None:
+        log.error("decode failed", exc_info=err)
+        for d in due:
+            if d.stream_id in self._live:
+                self._fail(self._live[d.stream_id], StreamError("model_error", f"decoder failed: {err}"))
 
     def _emit(self, live: _Live, decoded: Decoded, final: bool, text: str) -> None:
         req = live.request

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .word_timing import WordTiming, shifted
-
 from .cloned_voice import ClonedVoice, CloningNotSupported
+from .word_timing import WordTiming, shifted
 
 
 class TextGranularity(enum.Enum):
@@ -48,6 +47,9 @@ class ModelInfo:
     max_slots: int  # most streams the model holds at once
     voices: tuple[str, ...]  # accepted voice names; the first is the default
     random_weights: bool = False  # untrained weights (benchmarks, tests): the audio is noise
+    # (seconds of playback slack, frames): the longer chunks the model decodes efficiently, for
+    # streams that far ahead of their listener (ChunkSchedule.slack_frames, when a config gives none)
+    slack_chunk_frames: tuple[tuple[float, int], ...] = ()
     # what derives this model's cloned voices ("" = it cannot clone); a ClonedVoice fits only the
     # encoder that made it (cloned_voice.py)
     voice_encoder: str = ""
@@ -122,6 +124,9 @@ class Model(ABC):
     """A TTS model served by the engine. See the module docstring for the life of a slot."""
 
     info: ModelInfo
+    # decode_start returns before its work is done (stage 2 on a device queue of its own): the engine
+    # then decodes one step's chunks while the next step generates (EngineConfig.overlap_decode)
+    decode_overlaps: bool = False
 
     @abstractmethod
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -148,11 +153,14 @@ class Model(ABC):
         DecodeWork, scaled by ``info.frame_samples`` (exact for a model whose decoder puts out
         exactly that many samples per frame); a model whose stage 2 changes the timing (trims
         pauses) overrides it."""
-        frame = self.info.frame_samples
-        return [
-            Decoded(pcm, tuple(shifted(w.words, 0, frame)))
-            for w, pcm in zip(work, self.decode(work), strict=True)
-        ]
+        return with_frame_words(work, self.decode(work), self.info.frame_samples)
+
+    def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[Decoded]]:
+        """``decode_timed``, begun: the returned function gives its result. By default all of the work
+        is done here; a model whose stage 2 runs on a device queue of its own returns once it is
+        queued, and the engine runs the next frame step while it runs."""
+        out = self.decode_timed(work)
+        return lambda: out
 
     @abstractmethod
     def close_slot(self, slot: int) -> None:
@@ -169,6 +177,14 @@ class Model(ABC):
         of its own while the worker keeps stepping (a clone costs 100-300 ms on real encoders,
         which would stall every stream), so it must not touch slot state."""
         raise CloningNotSupported(f"{self.info.name} cannot clone voices")
+
+
+def with_frame_words(work: Sequence[DecodeWork], pcms: Sequence[np.ndarray], frame_samples: int) -> list[Decoded]:
+    """Each chunk's PCM with its frame-unit words in samples (a decoder of exactly ``frame_samples``
+    samples per frame)."""
+    return [
+        Decoded(pcm, tuple(shifted(w.words, 0, frame_samples))) for w, pcm in zip(work, pcms, strict=True)
+    ]
 
 
 class ModelError(Exception):

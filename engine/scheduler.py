@@ -9,6 +9,7 @@ schedule says the next chunk is complete, or when it has finished.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from .config import ChunkSchedule
@@ -86,13 +87,16 @@ class Scheduler:
             if res.finished:
                 req.generation_done = True
 
-    def plan_decode(self) -> list[DecodeWork]:
-        """Chunks complete now, per the chunk schedule (or flushed because generation finished)."""
+    def plan_decode(self, now: float | None = None) -> list[DecodeWork]:
+        """Chunks complete at ``now`` (perf_counter; default: now), per the chunk schedule (or flushed
+        because generation finished)."""
+        now = time.perf_counter() if now is None else now
         due: list[DecodeWork] = []
         for req in sorted(self.requests.values(), key=Request.deadline):
             if req.final_sent:
                 continue
-            need = self._chunks.frames_for(req.chunks_decoded, req.first_chunk_frames)
+            slack_s = req.deadline() - now if req.t_first_emit is not None else 0.0
+            need = self._chunks.frames_for(req.chunks_decoded, req.first_chunk_frames, slack_s)
             if req.pending_frames >= need or (
                 req.generation_done and (req.pending_frames or not req.final_sent)
             ):

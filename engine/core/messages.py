@@ -293,6 +293,7 @@ def decode_from_core(frames: list[bytes]) -> FromCore:
         values = dict(zip([f.name for f in fields(ModelInfo)], info, strict=True))
         values["text_granularity"] = TextGranularity(values["text_granularity"])
         values["voices"] = tuple(values["voices"])
+        values["slack_chunk_frames"] = tuple((float(s), int(n)) for s, n in values["slack_chunk_frames"])
         return Ready(ModelInfo(**values), max_streams, pid)
     if kind == Kind.START_FAILED:
         return StartFailed(rest[0])

@@ -49,6 +49,9 @@ log = logging.getLogger("voicewire.engine.qwen3")
 # Codec graph buckets stop here: 64 x 12 frames is 22k frames/s on the H200 already, and a larger
 # bucket's graph would cost memory and capture time for little (docs/performance-history.md).
 CODEC_MAX_BATCH = 64
+# Codec graphs up to this many frames on CUDA (1, 2, 4, 8, 12, 24, 48): streams seconds ahead of their
+# listener decode in 24- and 48-frame chunks (ModelInfo.slack_chunk_frames), fewer and fuller calls.
+CODEC_MAX_FRAMES_CUDA = 48
 
 _DTYPES = {
     "fp32": torch.float32,
@@ -134,6 +137,7 @@ def load_qwen3(
             codec_mode=codec_mode,
             windowed_left_context=windowed_left_context,
             codec_batch_buckets=powers_of_two(min(batch, CODEC_MAX_BATCH)),
+            codec_graph_frames=CODEC_MAX_FRAMES_CUDA if dev.type == "cuda" else ServeOptions.codec_graph_frames,
         )
     log.info(
         "qwen3-tts %s: %s, %s on %s, %d slots of %d positions, batch %d",

@@ -3,7 +3,10 @@
     stateful (the default)  every slot's decoder state is a row of a CodecStatePool (codec_state.py);
                             a tick's chunks go into the codec calls ``plan_codec_calls`` picks, each
                             padded to a common graphed frame count and a batch bucket (one CUDA graph
-                            per (bucket, frames)), every call queued before the one device->host copy
+                            per (bucket, frames)), every call queued before the one device->host copy.
+                            On CUDA the calls run on the codec's own stream (``decode_start``), so the
+                            engine can run the next frame step while they do; their graphs have their
+                            own memory pool for that reason
     windowed                the stateless reference: each chunk re-decodes ``windowed_left_context``
                             earlier frames of its slot and keeps the new samples
 
@@ -12,7 +15,7 @@ The model (model.py) owns the slots and the frame step; this owns what a slot's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -22,7 +25,7 @@ from ..model import DecodeWork
 from .codec_decoder import CodecDecoder
 from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
-from .cuda_graphs import CudaGraphs, bucket_for, powers_of_two
+from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .options import ServeOptions
 
 
@@ -41,14 +44,19 @@ class CodecRunner:
         # one row per slot and one for the padding slot of the graph buckets
         self.states = CodecStatePool(pad_slot + 1, codec.state_width, next(codec.parameters()).dtype, device)
         self.buckets = options.codec_batch_buckets or powers_of_two(options.max_batch_size)
-        # the default chunk schedule's sizes (1, 2, 4, 8, 12): its steady chunks pad nothing, a final
-        # remainder pads to the next size
-        self.frames = powers_of_two(options.codec_graph_frames)
+        # the chunk schedule's sizes (1, 2, 4, 8, 12, and 24, 48 for streams far ahead): its chunks
+        # pad nothing, a final remainder pads to the next size
+        self.frames = frame_ladder(options.codec_graph_frames)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
 
     # --- slots -----------------------------------------------------------------------------------
     def open(self, slot: int) -> None:
         """A new stream on ``slot``: fresh decoder state, no frames before."""
+        if self.stream is not None:
+            # the reset runs on the caller's stream: after any codec call still writing the slot's
+            # state for its previous owner
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.states.reset(slot)
         self._history[slot] = []
 
@@ -65,7 +73,7 @@ class CodecRunner:
             for t in self.frames:
                 example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
                 example[:, -1] = self.pad_slot
-                self.graphs.add(("codec", b, t), self.body, example)
+                self.graphs.add(("codec", b, t), self.body, example, pool="codec")
 
     def body(self, packed: Tensor) -> Tensor:
         """packed (B, 16 T + 2): codes (frame-major) | valid frames n_b | slot -> pcm (B, T * 1920).
@@ -82,26 +90,55 @@ class CodecRunner:
         return pcm
 
     # --- decode ----------------------------------------------------------------------------------
-    @torch.no_grad()
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
-        """All due chunks of all streams in the codec calls ``plan_codec_calls`` picks (usually one), every
-        call queued before the one device->host copy of the PCM."""
+        """All due chunks of all streams -> their PCM (``decode_start`` and its result at once)."""
+        return self.decode_start(work)()
+
+    @torch.no_grad()
+    def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[np.ndarray]]:
+        """Queue the due chunks' codec calls (those ``plan_codec_calls`` picks, usually one) and the one
+        device->host copy of their PCM, and return the function that waits for it. On CUDA the calls
+        run on the codec's stream, after what the caller's stream has queued so far (new slots'
+        state resets) and beside what it queues next (the frame step)."""
         out = [np.zeros(0, np.float32) for _ in work]
         if self.options.codec_mode == "windowed":
-            return [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
+            pcm = [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
+            return lambda: pcm
         due = sorted((i for i, w in enumerate(work) if w.n_frames), key=lambda i: -work[i].n_frames)
         if not due:
-            return out
+            return lambda: out
         frames = [work[i].n_frames for i in due]
         groups = [[due[j] for j in g] for g in plan_codec_calls(frames, self.frames, self.buckets)]
-        pcms = [self._run([work[i] for i in group]) for group in groups]
         frame_samples = self.codec.cfg.frame_samples
-        for group, pcm_host in zip(groups, self._pcm_to_host(pcms), strict=True):
-            for r, i in enumerate(group):
-                out[i] = pcm_host[r, : work[i].n_frames * frame_samples]
-        return out
 
-    def _run(self, chunks: list[DecodeWork]) -> Tensor:
+        def fill(hosts: list[np.ndarray]) -> list[np.ndarray]:
+            for group, pcm_host in zip(groups, hosts, strict=True):
+                for r, i in enumerate(group):
+                    out[i] = pcm_host[r, : work[i].n_frames * frame_samples]
+            return out
+
+        if self.stream is None:  # run now, as on CUDA: a slot opened before the result keeps its reset
+            hosts_now = [self._run([work[i] for i in g]).numpy() for g in groups]
+            return lambda: fill(hosts_now)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        staged: list[Tensor] = []  # pinned inputs, alive until the copy back is waited for
+        with torch.cuda.stream(self.stream):
+            pcms = [self._run([work[i] for i in group], staged) for group in groups]
+            hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in pcms]
+            for h, p in zip(hosts, pcms, strict=True):
+                h.copy_(p, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+
+        def finish() -> list[np.ndarray]:
+            done.synchronize()
+            staged.clear()
+            pcms.clear()
+            return fill([h.numpy() for h in hosts])
+
+        return finish
+
+    def _run(self, chunks: list[DecodeWork], staged: list[Tensor] | None = None) -> Tensor:
         """One codec call: the chunks padded to a common frame count T -> pcm (len(chunks), T * 1920)
         on the device, row r's audio in its first n_frames * 1920 samples."""
         longest = max(w.n_frames for w in chunks)
@@ -113,22 +150,14 @@ class CodecRunner:
             rows[r, : self.q * w.n_frames] = _frames(w).reshape(-1)
             rows[r, -2:] = (w.n_frames, w.slot)
         if self.graphs.has(("codec", b, t)):
-            pcm = self.graphs.run(("codec", b, t), rows)
+            pcm = self.graphs.run(("codec", b, t), rows, staged)
         else:  # a chunk longer than the graphed frame counts: eager, exact shape
-            pcm = self.body(torch.from_numpy(rows).to(self.device))
+            x = torch.from_numpy(rows)
+            if staged is not None and self.device.type == "cuda":
+                x = x.pin_memory()
+                staged.append(x)
+            pcm = self.body(x.to(self.device, non_blocking=True))
         return pcm[: len(chunks)].clone()  # the static output is overwritten by the next replay
-
-    @staticmethod
-    def _pcm_to_host(pcms: list[Tensor]) -> list[np.ndarray]:
-        if pcms[0].device.type != "cuda":
-            return [p.numpy() for p in pcms]
-        hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in pcms]
-        for h, p in zip(hosts, pcms, strict=True):
-            h.copy_(p, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        done.synchronize()
-        return [h.numpy() for h in hosts]
 
     def _decode_windowed(self, w: DecodeWork) -> np.ndarray:
         history = self._history.get(w.slot)

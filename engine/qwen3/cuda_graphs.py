@@ -9,8 +9,10 @@ the padding slot) that returns one output tensor, reading and writing only devic
 raises), stages them through pinned memory with one non-blocking copy, replays, and returns the
 static output; the caller copies what it needs before the next replay of the same key.
 
-All graphs share one memory pool and are captured largest first, so the pool is sized by the largest
-body (nano-vllm's habit): replays are sequential on one stream, so intermediates can share memory.
+Graphs of one pool share its memory and are captured largest first, so a pool is sized by its largest
+body (nano-vllm's habit): replays of one pool are sequential on one stream, so intermediates can share
+memory. A body that replays on another stream at the same time as the others (the codec beside the
+frame step) is registered in a pool of its own.
 
 Off CUDA (or with graphs disabled) the same static buffers feed the same body eagerly: the CPU tests
 run exactly the code that is captured on the GPU.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +38,7 @@ class _Entry:
     input: Tensor  # static, int64
     output: Tensor | None = None  # static once captured (or after the first eager run)
     graph: torch.cuda.CUDAGraph | None = None
+    pool: str = "main"
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
@@ -43,6 +47,18 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
         if b >= n:
             return b
     raise ValueError(f"{n} rows exceed the largest graph bucket {buckets[-1]}")
+
+
+def frame_ladder(limit: int) -> tuple[int, ...]:
+    """Codec chunk lengths with a graph: 1, 2, 4, 8, then 12, 24, 48 ... and ``limit`` itself. The chunk
+    schedule's sizes (engine/config.py ChunkSchedule) are on it, so a chunk pads only when it is a
+    stream's last."""
+    out = [n for n in (1, 2, 4, 8) if n < limit]
+    n = 12
+    while n < limit:
+        out.append(n)
+        n *= 2
+    return (*out, limit)
 
 
 def powers_of_two(limit: int) -> tuple[int, ...]:
@@ -58,17 +74,17 @@ class CudaGraphs:
         self.device = device
         self.enabled = enabled and device.type == "cuda"
         self._entries: dict[Hashable, _Entry] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self._pools: dict[str, Any] = {}  # pool name -> torch's graph pool handle
         self.capture_s = 0.0
 
-    def add(self, key: Hashable, body: Body, example: Tensor) -> None:
+    def add(self, key: Hashable, body: Body, example: Tensor, pool: str = "main") -> None:
         """Register a body for inputs shaped like ``example`` (int64; its rows must be harmless to run:
-        padding slots). Captured by ``capture``."""
+        padding slots), in memory pool ``pool``. Captured by ``capture``."""
         if key in self._entries:
             raise ValueError(f"graph {key!r} registered twice")
         if example.dtype != torch.int64:
             raise TypeError(f"graph inputs are int64, got {example.dtype} for {key!r}")
-        self._entries[key] = _Entry(body, example.to(self.device).clone())
+        self._entries[key] = _Entry(body, example.to(self.device).clone(), pool=pool)
 
     def capture(self) -> None:
         """Warm and capture every registered body, largest input first."""
@@ -90,7 +106,10 @@ class CudaGraphs:
             if e.graph is not None:
                 continue
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool):
+            pool = self._pools.get(e.pool)
+            if pool is None:
+                pool = self._pools[e.pool] = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(g, pool=pool):
                 e.output = e.body(e.input)
             e.graph = g
         torch.cuda.synchronize(self.device)
@@ -99,8 +118,12 @@ class CudaGraphs:
     def has(self, key: Hashable) -> bool:
         return key in self._entries
 
-    def run(self, key: Hashable, rows: np.ndarray) -> Tensor:
-        """rows: the full static input of ``key`` (padding included), int64 -> the static output."""
+    def run(self, key: Hashable, rows: np.ndarray, staged: list[Tensor] | None = None) -> Tensor:
+        """rows: the full static input of ``key`` (padding included), int64 -> the static output.
+
+        ``staged``: copy the rows through pinned memory without waiting, and keep the pinned buffer
+        there until the caller has synchronized (a pageable copy first waits for the stream's earlier
+        work, which would hold the host while an earlier call of an overlapped stream runs)."""
         e = self._entries.get(key)
         if e is None:
             raise KeyError(f"no graph {key!r}; registered: {sorted(map(str, self._entries))}")
@@ -111,7 +134,12 @@ class CudaGraphs:
         # a plain (pageable) copy: it returns once the rows are staged, so the host may reuse them at
         # once; a few hundred bytes, ~10 us. A pinned non-blocking copy would need its buffer kept
         # until the copy lands; for this size the plain copy is simpler (not timed against it).
-        e.input.copy_(torch.from_numpy(rows))
+        if staged is not None and self.device.type == "cuda":
+            pinned = torch.from_numpy(rows).pin_memory()
+            e.input.copy_(pinned, non_blocking=True)
+            staged.append(pinned)
+        else:
+            e.input.copy_(torch.from_numpy(rows))
         if e.graph is not None:
             e.graph.replay()
         else:

@@ -28,7 +28,7 @@ never waits on the host except for the one copy of the sampled codes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -37,12 +37,22 @@ import torch
 from torch import Tensor
 
 from ..cloned_voice import ClonedVoice, CloningNotSupported
-from ..model import DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
+from ..model import (
+    Decoded,
+    DecodeWork,
+    GenerateResult,
+    Model,
+    ModelError,
+    ModelInfo,
+    StreamParams,
+    TextGranularity,
+    with_frame_words,
+)
 from ..word_timing import TokenWords, WordTiming
 from .clone_prefill import SlotVoice, prefill_embedded, slot_voice
 from .codec_runner import CodecRunner
 from .config import Qwen3TTSConfig
-from .cuda_graphs import CudaGraphs, bucket_for, powers_of_two
+from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
 from .guards import GuardLimits, RepetitionDetector
 from .kv_cache import SlotKVCache
@@ -111,6 +121,14 @@ class Qwen3TTSModel(Model):
             voices=voices,
             random_weights=random_weights,
             voice_encoder=cloner.encoder_id if cloner is not None else "",
+            # chunks of 24 and 48 frames for streams seconds ahead, where the codec has graphs of them
+            slack_chunk_frames=tuple(
+                (slack_s, n)
+                for slack_s, n in ((2.0, 24), (6.0, 48))
+                if options.cuda_graphs
+                and self.device.type == "cuda"
+                and n in frame_ladder(options.codec_graph_frames)
+            ),
         )
         n, dev = options.max_slots, self.device
         # one extra row everywhere: the padding slot of the graph buckets (slot_state.py)
@@ -143,6 +161,7 @@ class Qwen3TTSModel(Model):
         self.codec_runner = CodecRunner(
             self.codec, t.num_code_groups, options, self.graphs, self.pad_slot, dev
         )
+        self.decode_overlaps = self.codec_runner.stream is not None
         self._register_graphs()
         self._slots: dict[int, _Slot] = {}
         self.repetition = RepetitionDetector(options.max_slots)
@@ -412,6 +431,11 @@ class Qwen3TTSModel(Model):
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
         """All due chunks of all streams, through the slots' streaming codec (codec_runner.py)."""
         return self.codec_runner.decode(work)
+
+    def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[Decoded]]:
+        """``decode_timed`` queued on the codec's own CUDA stream; the engine runs a frame step meanwhile."""
+        finish = self.codec_runner.decode_start(work)
+        return lambda: with_frame_words(work, finish(), self.info.frame_samples)
 
     # --- cloning -------------------------------------------------------------------------------------
     def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str) -> ClonedVoice:

@@ -23,6 +23,23 @@ def test_deadline_first_and_batch_limit() -> None:
     assert s.plan_generate({1}).generate_streams == [1]  # only ready streams
 
 
+def test_a_stream_far_ahead_of_its_listener_gets_longer_chunks() -> None:
+    sched = ChunkSchedule(slack_frames=((2.0, 24), (6.0, 48)))
+    assert [sched.frames_for(i, slack_s=0.5) for i in range(7)] == [1, 2, 4, 8, 12, 12, 12]
+    assert [sched.frames_for(i, slack_s=3.0) for i in range(6)] == [1, 24, 24, 24, 24, 24]
+    assert sched.frames_for(0, slack_s=60.0) == 1  # the first chunk stays small whatever the slack
+    assert sched.frames_for(9, slack_s=6.0) == 48
+    s = Scheduler(sched, max_batch_size=1)
+    r = _req(1, 0.0)
+    r.t_first_emit, r.samples_emitted, r.chunks_decoded = 100.0, 24_000 * 4, 5  # runs dry at t=104
+    s.add(r)
+    for step in range(23):
+        s.record(s.plan_generate({1}), [GenerateResult(r.slot, f"f{step}", 1, False, text_spoken="")])
+    assert s.plan_decode(now=101.0) == []  # 3 s ahead: waits for 24 frames
+    (chunk,) = s.plan_decode(now=103.0)  # 1 s ahead: 12 are enough
+    assert chunk.n_frames == 23
+
+
 def test_chunk_schedule_first_then_ramp_then_final_flush() -> None:
     s = Scheduler(ChunkSchedule(first_frames=1, ramp_frames=(2,), steady_frames=3), max_batch_size=4)
     r = _req(1, 0.0)

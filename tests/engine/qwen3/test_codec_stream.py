@@ -17,6 +17,8 @@ SCHEDULES = {
     "first-1-then-1": ChunkSchedule(first_frames=1, ramp_frames=(), steady_frames=1),
     "first-2-3-then-7": ChunkSchedule(first_frames=2, ramp_frames=(3,), steady_frames=7),
     "first-1-then-40": ChunkSchedule(first_frames=1, ramp_frames=(), steady_frames=40),
+    # the lengths the slack-following cadence reaches (ChunkSchedule.slack_frames)
+    "ramp-to-12-then-24-then-48": ChunkSchedule(first_frames=1, ramp_frames=(2, 4, 8, 12, 24), steady_frames=48),
 }
 
 

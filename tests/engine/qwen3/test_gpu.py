@@ -56,7 +56,8 @@ def test_cuda_streaming_equals_offline(size: str, record_property: pytest.Record
         randomize(mods, 1)
         codec = mods.codec.eval()
         codec.prepare()
-        err = max(streaming_deviation(codec, 90, s) for s in (ChunkSchedule(), ChunkSchedule(1, (), 1)))
+        schedules = (ChunkSchedule(), ChunkSchedule(1, (), 1), ChunkSchedule(1, (2, 4, 8, 12, 24), 48))
+        err = max(streaming_deviation(codec, 130, s) for s in schedules)
         record_property(f"{size}-{dtype}-stream-vs-offline-max-abs", err)
         print(f"{size} {dtype}: streamed vs offline max abs diff {err:.3g}")
         assert err <= tol
@@ -120,6 +121,43 @@ def test_codec_graphs_stream_like_the_offline_decode() -> None:
     for s in range(3):
         offline = model.codec.decode(torch.from_numpy(codes[s]).T[None].cuda())[0].cpu().numpy()
         np.testing.assert_allclose(np.concatenate(pieces[s]), offline, rtol=0, atol=1e-4)
+
+
+def test_overlapped_decode_and_long_chunks_give_the_serial_audio() -> None:
+    """The engine with the codec on its own stream beside the frame step, and chunks growing to the
+    24- and 48-frame graphs, speaks what the serial engine with the fixed cadence speaks."""
+    import asyncio
+
+    from voicewire.engine import Engine, EngineConfig
+    from voicewire.engine.config import LevelConfig
+    from voicewire.engine.qwen3 import ServeOptions
+
+    opts = ServeOptions(max_slots=8, max_batch_size=8, max_seq_len=256, codec_graph_frames=48)
+    model = load_qwen3(None, "tiny", device="cuda", seed=4, options=opts, warmup=True)
+    assert model.decode_overlaps and model.graphs.has(("codec", 8, 48))
+    lengths = (1, 7, 30, 61, 90, 130)
+
+    async def speak(cfg: EngineConfig) -> list[np.ndarray]:
+        engine = Engine(cfg, model=model).start()
+        try:
+            streams = []
+            for i, n in enumerate(lengths):
+                st = engine.open_stream(StreamParams(voice="ryan", greedy=True, forced_frames=n, seed=i))
+                st.push_text("Every stream speaks the same codes in both engines.")
+                st.end()
+                streams.append(st)
+            return [np.concatenate([c.pcm async for c in st]) for st in streams]
+        finally:
+            engine.close()
+
+    flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)  # no lead-in trim: whole audio
+    serial = asyncio.run(speak(EngineConfig(model="qwen3-tts", level=flat, overlap_decode=False)))
+    # slack of 0 s or more: every later chunk is 24 frames, 48 once 0.5 s ahead
+    grown = ChunkSchedule(slack_frames=((0.0, 24), (0.5, 48)))
+    overlapped = asyncio.run(speak(EngineConfig(model="qwen3-tts", level=flat, chunks=grown)))
+    for n, a, b in zip(lengths, serial, overlapped, strict=True):
+        assert a.size == b.size == n * 1920
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-4, err_msg=f"{n} frames")
 
 
 def test_fused_step_matches_the_unfused_layers_in_bf16() -> None:
