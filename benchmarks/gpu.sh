@@ -157,16 +157,16 @@ if [ "$MODE" = headline ]; then
 fi
 
 if [ "$MODE" = throughput ]; then
-  if want tests; then
-    step tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py
-    suites_json "$OUT/gpu_tests_qwen3_h200.json" "the Qwen3 GPU tests on the lent GPU" "$CMD|$RC|$SECS"
-    stamp "$OUT/gpu_tests_qwen3_h200.json"
-  fi
   if want levers; then
     step levers 420 python3 benchmarks/serving_bench.py --size 1.7b --sections codec,serve \
       --serve-variants "${VARIANTS:-serial-b128,serial,overlap,served}" --max-batch 256 --max-slots 512 \
       --rates "${RATES:-120,160,200,240}" --rate-duration-s 8 --concurrency '' --out "$OUT/throughput_h200.json"
     stamp "$OUT/throughput_h200.json"
+  fi
+  if want tests; then
+    step tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py
+    suites_json "$OUT/gpu_tests_qwen3_h200.json" "the Qwen3 GPU tests on the lent GPU" "$CMD|$RC|$SECS"
+    stamp "$OUT/gpu_tests_qwen3_h200.json"
   fi
 fi
 
