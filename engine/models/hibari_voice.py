@@ -33,6 +33,7 @@ the pauses it trims.
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 import time
 import unicodedata
@@ -49,6 +50,8 @@ from ..model import Decoded, DecodeWork, GenerateResult, Model, ModelInfo, Strea
 from ..text_guard import cut_to_length
 from ..word_timing import WordTiming
 from .hibari_graph import DURATION_TENSOR, with_durations
+
+log = logging.getLogger("voicewire.hibari")
 
 SAMPLE_RATE_HZ = 24_000
 FRAME_SAMPLES = 300  # hibari's STFT hop: 12.5 ms
@@ -287,10 +290,19 @@ class HibariModel(Model):
         """``clause`` (made ``speakable`` as ``text``) as network calls of bounded length, each
         with the plan of its words' times."""
         parts: list[tuple[str, list[_WordPlan]]] = []
-        for sentence in self._tts.split_sentences(text):
-            phonemes, spans = self._phonemize_words(sentence)
-            if phonemes:
-                parts += _calls(phonemes, spans, sentence.split(), self._tts.vocab)
+        try:
+            for sentence in self._tts.split_sentences(text):
+                phonemes, spans = self._phonemize_words(sentence)
+                if phonemes:
+                    parts += _calls(phonemes, spans, sentence.split(), self._tts.vocab)
+        except Exception:  # the word plan must never cost the audio: hibari's own path, untimed
+            log.warning("word timing failed for a clause of %d characters; speaking it untimed", len(text),
+                        exc_info=True)  # fmt: skip
+            parts = [
+                (part, [])
+                for sentence in self._tts.phonemize(text)
+                for part in cut_to_length(sentence, MAX_PHONEMES_PER_CALL)
+            ]
         last = len(parts) - 1
         return [
             _Utterance(
