@@ -95,14 +95,20 @@ def serve(voices_dir: Path) -> Iterator[str]:
 
 
 async def clones_counted(http: aiohttp.ClientSession, base: str) -> float:
-    """The engine core's clone counter as /metrics shows it, once two heartbeats (0.5 s each) have
-    brought it over from the core."""
-    await asyncio.sleep(1.2)
-    async with http.get(f"{base}/metrics") as r:
-        text = await r.text()
-    m = re.search(r'^voicewire_engine_voices_cloned_total\{replica="0"\} (\S+)$', text, re.M)
-    assert m is not None, text
-    return float(m.group(1))
+    """The engine core's clone counter as /metrics shows it. It crosses from the core with the
+    heartbeat (every 0.5 s), so this waits for it to hold still over three of them."""
+    seen: list[float] = []
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        async with http.get(f"{base}/metrics") as r:
+            text = await r.text()
+        m = re.search(r'^voicewire_engine_voices_cloned_total\{replica="0"\} (\S+)$', text, re.M)
+        assert m is not None, text
+        seen.append(float(m.group(1)))
+        if len(seen) >= 4 and len(set(seen[-4:])) == 1:
+            return seen[-1]
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the clone counter did not settle: {seen}")
 
 
 async def test_an_uploaded_voice_survives_a_restart_and_speaks(tmp_path: Path) -> None:
