@@ -303,9 +303,12 @@ def _ice_servers(args: argparse.Namespace) -> tuple[IceServer, ...]:
         )
     if (username or args.ice_credential) and not turn:
         raise _UsageError("--ice-username / --ice-credential apply to a turn: --ice-server; none was given")
-    servers = [IceServer(stun)] if stun else []
-    if turn:
-        servers.append(IceServer(turn, username=username, credential=credential))
+    try:
+        servers = [IceServer(stun)] if stun else []
+        if turn:
+            servers.append(IceServer(turn, username=username, credential=credential))
+    except ValueError as err:
+        raise _UsageError(f"--ice-server: {err}") from None
     return tuple(servers)
 
 

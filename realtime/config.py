@@ -25,6 +25,17 @@ class IceServer:
     def __post_init__(self) -> None:
         if not self.urls or not all(u.startswith(ICE_URL_SCHEMES) for u in self.urls):
             raise ValueError(f"ICE server urls must start with one of {ICE_URL_SCHEMES}, got {self.urls}")
+        # aiortc parses the urls only when a call's ICE gatherer is made: a malformed one would
+        # fail every offer. Parsed here, with its own parser, it fails the start instead.
+        from aiortc.rtcicetransport import parse_stun_turn_uri
+
+        for url in self.urls:
+            try:
+                parse_stun_turn_uri(url)
+            except ValueError:
+                raise ValueError(
+                    f"malformed ICE server url {url!r} (e.g. stun:host:3478, turn:host:3478?transport=udp)"
+                ) from None
         turn = any(u.startswith(("turn:", "turns:")) for u in self.urls)
         if turn and (not self.username or not self.credential):
             # A browser refuses the whole RTCConfiguration (InvalidAccessError) for a TURN url
