@@ -14,8 +14,8 @@ import websockets
 from tests.conftest import running_gateway
 from tests.realtime.test_client import LONG_REPLY, _check_prefix, fake_chat_completion
 from voicewire.engine import Engine
-from voicewire.realtime.client import ReceivedAudio, TurnWords, VoicewireClient, WordTiming
-from voicewire.realtime.client.webrtc import SAMPLE_RATE_HZ, WebRtcClient
+from voicewire.realtime.client import ReceivedAudio, Turn, TurnWords, VoicewireClient, WordTiming
+from voicewire.realtime.client.webrtc import SAMPLE_RATE_HZ, SOUND_DBFS, WebRtcClient
 from voicewire.realtime.protocol import ProtocolError, TurnCancel, parse_client_message
 
 CUT_MS = 1500.0
@@ -83,26 +83,36 @@ async def test_webrtc_words_come_on_the_channel_before_their_audio_and_a_cancel_
         client = await WebRtcClient.connect(f"http://{base}")
         turn = client.speak(fake_chat_completion(LONG_REPLY, tokens_per_s=40))
         frames: list[ReceivedAudio] = []
-        sound_ms = 0.0  # the turn's frames with sound so far (the server sends silence around a turn)
+        sound_ms = 0.0  # the turn's frames with sound out of aiortc's receiver (silence around a turn)
         async for event in turn.events():
             if isinstance(event, TurnWords):
+                # every word of the message starts in audio that has not come out of the receiver yet
                 assert all(w.start_ms >= sound_ms - 20 for w in event.words), (event, sound_ms)
                 continue
             frames.append(event)
             if sound_ms or np.any(event.pcm()):
                 sound_ms += event.duration_s * 1000
-            if sound_ms >= CUT_MS:
+            if _arrived_sound_ms(client, turn) >= CUT_MS:
                 break
         done = await turn.cancel()
         words = turn.words()
         await client.close()
     assert done.reason == "cancelled" and done.played_source == "paced"
-    # Paced out is a little ahead of what came out of aiortc's jitter buffer (80 ms) here.
+    # The listener cut when 1.5 s of the turn's sound had arrived; the server counts what its pacer
+    # sent. (aiortc's jitter buffer then holds 80 ms more before playing: the client's own delay.)
     assert abs(done.played_ms - CUT_MS) <= 100, done.played_ms
+    assert 0 <= CUT_MS - sound_ms <= 200, sound_ms
     _check_words(words, LONG_REPLY)
     assert done.text_spoken == _spoken_at(words, LONG_REPLY, done.played_ms)
     pcm = np.concatenate([f.pcm() for f in frames if np.any(f.pcm())]).astype(np.float32) / 32768.0
     _check_prefix(done.text_spoken, LONG_REPLY, pcm, SAMPLE_RATE_HZ)
+
+
+def _arrived_sound_ms(client: WebRtcClient, turn: Turn) -> float:
+    """RTP audio of the turn that has arrived, from its first packet with sound (ms)."""
+    packets = client.turn_packets(turn, tail_s=0.0)
+    first = next((i for i, p in enumerate(packets) if p.level_dbfs > SOUND_DBFS), None)
+    return 0.0 if first is None else sum(p.samples for p in packets[first:]) * 1000 / SAMPLE_RATE_HZ
 
 
 async def test_a_client_that_ignores_unknown_messages_still_gets_its_turn(engine: Engine) -> None:
