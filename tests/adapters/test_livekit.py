@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from livekit.agents import APIConnectionError, APIError, APIStatusError, tts
-from livekit.agents.types import APIConnectOptions
+from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT, APIConnectOptions, TimedString
 
 from tests.asr import transcribe, wer
 from tests.conftest import free_port, running_gateway
@@ -98,6 +98,7 @@ async def test_closing_the_stream_mid_speech_cancels_the_turn(engine: Engine) ->
             assert ev is not None
             received_s += ev.frame.duration
         feeding.cancel()
+        t_close = time.perf_counter()
         await stream.aclose()  # what LiveKit does when the agent is interrupted
         assert stream.turn is not None
         done = await stream.turn.done(timeout_s=2.0)
@@ -112,7 +113,11 @@ async def test_closing_the_stream_mid_speech_cancels_the_turn(engine: Engine) ->
     assert streams_left == 0
     assert done.text_spoken and LONG_REPLY.startswith(done.text_spoken)
     assert len(done.text_spoken) < len(LONG_REPLY) / 2
-    assert done.played_ms >= received_s * 1000 - 1
+    # The cancel reports what a listener playing from the first frame at real time has heard by
+    # then (the adapter saw the first audio a little before this reader did).
+    heard_s = min(t_close - t_first, received_s)
+    assert done.played_source == "client"
+    assert heard_s * 1000 - 50 < done.played_ms < heard_s * 1000 + 150, (done.played_ms, heard_s)
 
 
 async def test_synthesize_runs_through_the_stream(engine: Engine) -> None:
@@ -197,3 +202,27 @@ async def test_no_warning_or_error_is_logged_through_a_stream(
         await voice.aclose()
     assert events and events[-1].is_final
     assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+async def test_frames_carry_the_words_as_timed_strings_before_their_audio(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        voice = VoicewireTTS(url=f"http://{base}")
+        assert voice.capabilities.aligned_transcript
+        async with voice.stream() as stream:
+            events = await _speak(stream, REPLY)
+        await voice.aclose()
+    timed: list[tuple[float, TimedString]] = []  # (where the frame carrying it starts, s; the string)
+    at_s = 0.0
+    for ev in events:
+        timed += [(at_s, t) for t in ev.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+        at_s += ev.frame.duration
+    strings = [t for _, t in timed]
+    # Joined, the strings are the text sent; each is one word (with the space before it) and its times.
+    assert "".join(strings) == REPLY
+    assert [s.strip() for s in strings] == REPLY.split(" ")
+    spans = [(s.start_time, s.end_time) for s in strings]
+    assert all(isinstance(a, float) and isinstance(b, float) and a < b for a, b in spans), spans
+    starts = [float(a) for a, _ in spans]  # type: ignore[arg-type]
+    assert starts == sorted(starts) and float(spans[-1][1]) <= at_s + 0.05  # type: ignore[arg-type]
+    # Never late: a word rides a frame that starts no later than the word does.
+    assert all(frame_s <= start + 0.02 for (frame_s, _), start in zip(timed, starts, strict=True)), timed

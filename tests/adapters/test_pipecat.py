@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 from loguru import logger
 from pipecat.frames.frames import (
     EndFrame,
@@ -25,6 +26,8 @@ from pipecat.frames.frames import (
 from pipecat.metrics.metrics import TTFAMetricsData, TTFBMetricsData
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import TransportParams
@@ -168,6 +171,7 @@ async def test_pipeline_speaks_a_reply_as_tts_audio_frames(engine: Engine) -> No
 
 async def test_interruption_frame_cancels_the_turn(engine: Engine) -> None:
     marks: dict[str, float] = {}
+    speaker = Speaker()
     async with running_gateway(engine) as base:
 
         async def body(worker: PipelineWorker, collector: Collector) -> None:
@@ -185,7 +189,7 @@ async def test_interruption_frame_cancels_the_turn(engine: Engine) -> None:
                 await asyncio.sleep(0.02)
             marks["streams_left"] = engine.active_streams()
 
-        tts, collector = await _run_pipeline(base, body)
+        tts, collector = await _run_pipeline(base, body, [speaker])
 
     audio = collector.audio()
     late = [t for t, _ in audio if t > marks["interrupt"] + 0.05]
@@ -198,8 +202,9 @@ async def test_interruption_frame_cancels_the_turn(engine: Engine) -> None:
     # Cut short: the server spoke a strict prefix of the reply, and said so.
     assert done[0].text_spoken and LONG_REPLY.startswith(done[0].text_spoken)
     assert len(done[0].text_spoken) < len(LONG_REPLY) / 2
-    heard_s = sum(len(f.audio) for _, f in audio) / 2 / 24_000
-    assert abs(heard_s * 1000 - done[0].played_ms) < 100
+    # The cancel said how far the listener got, and the server cut the turn there.
+    heard_s = speaker.heard(marks["interrupt"]).size / 24_000
+    assert done[0].played_source == "client" and abs(heard_s * 1000 - done[0].played_ms) < 100
 
 
 async def test_each_of_two_back_to_back_turns_reports_its_own_ttfb_and_ttfa(engine: Engine) -> None:
@@ -258,3 +263,68 @@ async def test_no_error_or_warning_is_logged_from_start_to_a_spoken_turn(engine:
         logger.remove(sink)
     assert tts.finished_turns[-1].reason == "completed"
     assert not records, "".join(records)
+
+
+SENTENCE = (  # one sentence of short clauses: an LLM at 20 words/s stays ahead of speech
+    "Thanks for calling today, my name is Avery, and I will be glad to help you, step by step, "
+    "with moving your account to the new plan, before the end of the month, without any extra "
+    "cost, and with all of your saved settings, your contacts, and your history kept as they are."
+)
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,?!").lower() for w in text.split()]
+
+
+@pytest.mark.parametrize(
+    "words_per_s",
+    [
+        # An LLM faster than speech, still streaming when the user barges in: the server cancels
+        # the turn at the position the adapter reports.
+        pytest.param(20, id="reply-streaming"),
+        # The whole reply in at once: generated and sent long before it plays, the turn has
+        # completed on the server, and only the word timings tell what the listener heard.
+        pytest.param(60, id="reply-all-sent"),
+    ],
+)
+async def test_interruption_keeps_only_the_played_words_in_the_assistant_context(
+    engine: Engine, words_per_s: float
+) -> None:
+    context = LLMContext(messages=[{"role": "user", "content": "Can you move my account?"}])
+    pair = LLMContextAggregatorPair(context)
+    speaker = Speaker()
+    marks: dict[str, float] = {}
+    async with running_gateway(engine) as base:
+
+        async def body(worker: PipelineWorker, collector: Collector) -> None:
+            speaking = asyncio.create_task(_say(worker, SENTENCE, words_per_s=words_per_s))
+            while not speaker.writes:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(1.5 - (time.perf_counter() - speaker.writes[0][0]))
+            marks["interrupt"] = time.perf_counter()
+            await worker.queue_frame(InterruptionFrame())
+            speaking.cancel()  # the LLM service is interrupted too
+            await asyncio.sleep(1.0)
+
+        tts, _ = await _run_pipeline(base, body, [speaker, pair.assistant()])
+
+    pcm = speaker.heard(marks["interrupt"])
+    heard_s = pcm.size / 24_000
+    heard = transcribe(pcm.astype(np.float32) / 32768.0, 24_000)
+    played = [m for m in context.messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    assert len(played) == 1, context.messages
+    kept = str(played[0].get("content"))
+    done = tts.finished_turns[-1]
+    print(
+        f"heard {heard_s:.2f} s {heard!r}; context {kept!r}; server {done.played_ms:.0f} ms {done.text_spoken!r}"
+    )
+    assert 1.2 < heard_s < 1.6  # 1.5 s, less any stall of the 2 shared cores
+    # The context holds a prefix of the reply with as many words as the listener heard (Whisper
+    # on the played audio), give or take the word that was playing.
+    assert SENTENCE.startswith(kept), kept
+    assert abs(len(_words(kept)) - len(_words(heard))) <= 1
+    if words_per_s < 30:
+        # The server cut text_spoken at the position the adapter reported: what the speaker played.
+        assert done.reason == "cancelled" and done.played_source == "client"
+        assert abs(done.played_ms - heard_s * 1000) < 100
+        assert abs(len(_words(kept)) - len(_words(done.text_spoken))) <= 1

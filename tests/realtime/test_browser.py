@@ -33,6 +33,16 @@ TURN = (
 )
 BARGE_IN_SILENT_WITHIN_MS = 300.0
 
+# Runs inside the page: the words the "Now speaking" panel shows as played so far, and the one it
+# highlights as playing.
+HIGHLIGHT_JS = """
+(() => ({
+  played: [...document.querySelectorAll('#spoken .word.played')].map((s) => s.textContent),
+  current: [...document.querySelectorAll('#spoken .word.current')].map((s) => s.textContent),
+  words: document.querySelectorAll('#spoken .word').length,
+}))()
+"""
+
 # Runs inside the page: sample getStats every 50 ms (its cache period, T7) for ``ms``.
 SAMPLE_STATS_JS = """
 (async (ms) => {
@@ -102,9 +112,14 @@ async def test_demo_page_plays_a_turn_shows_ttfa_and_barges_in(engine: Engine) -
         await page.eval("document.getElementById('speak').click()")
         await _wait_js(page, "/\\d+ ms/.test(document.querySelector('#turns tbody td.ttfa').textContent)", 10)
         ttfa_text = await page.eval("document.querySelector('#turns tbody td.ttfa').textContent")
+        lit_early = await page.eval(HIGHLIGHT_JS)
         playing = await page.eval(SAMPLE_STATS_JS % 1500)
+        lit_late = await page.eval(HIGHLIGHT_JS)
         barge = await page.eval(BARGE_IN_JS % (AUDIBLE_DBFS, 800))
         await _wait_js(page, "document.querySelector('#turns tbody .tag').textContent === 'cancelled'", 5)
+        lit_cut = await page.eval(HIGHLIGHT_JS)
+        done = await page.eval("voicewire.state.turns.get(1).done")
+        heard = await page.eval("document.querySelector('#turns tbody td.text-col .heard').textContent")
         await asyncio.sleep(0.3)  # let the meter show the silence, and the stats panel refresh
         await page.screenshot(ARTIFACTS / "webrtc_demo.png")
         after = await page.eval("voicewire.audioStats()")
@@ -123,6 +138,8 @@ async def test_demo_page_plays_a_turn_shows_ttfa_and_barges_in(engine: Engine) -
         "barge_in_get_stats_levels": barge["stats"],
         "page_close_cleanup_ms": round(gone_s * 1000),
         "turn_row": row,
+        "highlight": {"early": lit_early, "late": lit_late, "cut": lit_cut},
+        "text_spoken": done["text_spoken"],
         "stats_before_turn": before,
         "stats_after": after,
     }
@@ -143,6 +160,17 @@ async def test_demo_page_plays_a_turn_shows_ttfa_and_barges_in(engine: Engine) -
     # getStats' audioLevel is cached and lags the analyser by 25-130 ms (T7): it must agree by the end.
     assert barge["stats"][-1]["level"] < 0.01, barge["stats"]
     assert row[-1] == "cancelled"
+    # The cancelled turn shows what was heard: the server's text_spoken, a prefix of the turn.
+    assert done["text_spoken"] and TURN.startswith(done["text_spoken"])
+    assert heard == f"heard: “{done['text_spoken']}”"
+    # Words light up as the page plays them: a few right after the onset, more 1.5 s on, one at a
+    # time, in the turn's order; at the cut, as many as the server says were heard (the page plays
+    # ~a jitter buffer behind the server's pacer, and a word counts once its end has played).
+    spoken = TURN.split()
+    assert lit_early["words"] > 0 and len(lit_early["played"]) < len(lit_late["played"]) < len(spoken)
+    assert all(len(lit["current"]) <= 1 for lit in (lit_early, lit_late, lit_cut))
+    assert lit_late["played"] == spoken[: len(lit_late["played"])]
+    assert abs(len(lit_cut["played"]) - len(done["text_spoken"].split())) <= 1, (lit_cut, done["text_spoken"])
     # Loopback: nothing lost. Concealment stays small; it is not zero on 2 shared cores, where the
     # browser, the engine's synthesis threads and the gateway's loop compete (a 100 ms stall of the
     # loop is 100 ms of concealment), so the bound is loose: a pacing fault shows far above it.
