@@ -376,8 +376,9 @@ class Session:
         cancelled = turn.cancelled or turn.stream.cancelled
         played_ms = await self.sink.end_turn(turn, cancelled) if not cancelled or turn.samples_sent else 0.0
         source = self.sink.played_source
-        if turn.played_report_ms is not None:  # the client knows what it played: never more than it got
-            played_ms, source = min(turn.played_report_ms, turn.samples_sent * 1000 / self.engine.info.sample_rate_hz), "client"
+        if turn.played_report_ms is not None:  # the client knows what it played, never more than it got
+            sent_ms = turn.samples_sent * 1000 / self.engine.info.sample_rate_hz
+            played_ms, source = min(turn.played_report_ms, sent_ms), "client"
         # A sink that waits for playout (WebRTC) can see a barge-in land while it drains.
         cancelled = cancelled or turn.cancelled
         if error is not None:
