@@ -148,3 +148,20 @@ def test_turn_cancel_takes_an_optional_played_ms() -> None:
             assert err.code == "invalid_field" and err.turn_id == 1
         else:
             raise AssertionError(f"played_ms {bad} was taken")
+
+
+async def test_a_reported_position_is_capped_at_the_audio_sent_and_a_bad_one_refused(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        client = await VoicewireClient.connect(f"http://{base}")
+        turn = client.speak(fake_chat_completion(LONG_REPLY, tokens_per_s=40))
+        async for event in turn.events():
+            if isinstance(event, ReceivedAudio):
+                break  # some audio has come: the turn is open and speaking
+        refused = client.expect("error")
+        await client.send_message({"type": "turn.cancel", "turn_id": turn.turn_id, "played_ms": "1500"})
+        error = await refused
+        assert error["code"] == "invalid_field" and error["turn_id"] == turn.turn_id
+        done = await turn.cancel(played_ms=3_600_000.0)  # an hour: more than the server sent
+        await client.close()
+    assert done.reason == "cancelled" and done.played_source == "client"
+    assert done.played_ms == done.audio_ms > 0  # capped at what was sent
