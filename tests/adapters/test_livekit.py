@@ -8,8 +8,11 @@ import time
 
 import numpy as np
 import pytest
+from livekit import rtc
 from livekit.agents import APIConnectionError, APIError, APIStatusError, tts
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT, APIConnectOptions, TimedString
+from livekit.agents.voice import io
+from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
 
 from tests.asr import transcribe, wer
 from tests.conftest import free_port, running_gateway
@@ -18,6 +21,10 @@ from voicewire.realtime.auth import AuthConfig
 from voicewire.realtime.client.adapters.livekit import VoicewireTTS
 
 REPLY = "The package left our warehouse yesterday and should arrive soon."
+SENTENCE = (  # one sentence of short clauses: an LLM at 20 words/s stays ahead of speech
+    "Thanks for calling today, my name is Avery, and I will be glad to help you, step by step, "
+    "with moving your account to the new plan, before the end of the month, without any extra cost."
+)
 LONG_REPLY = (
     "Thanks for calling, I can help with that. Your order shipped this morning and the tracking "
     "number is on its way to your inbox. It should arrive by Thursday, and you can change the "
@@ -226,3 +233,114 @@ async def test_frames_carry_the_words_as_timed_strings_before_their_audio(engine
     assert starts == sorted(starts) and float(spans[-1][1]) <= at_s + 0.05  # type: ignore[arg-type]
     # Never late: a word rides a frame that starts no later than the word does.
     assert all(frame_s <= start + 0.02 for (frame_s, _), start in zip(timed, starts, strict=True)), timed
+
+
+class Speaker(io.AudioOutput):
+    """LiveKit's end of the audio chain as a device that plays in real time: frames queue up as they
+    come and play one after another on the wall clock, with the playback events a room output sends."""
+
+    def __init__(self) -> None:
+        super().__init__(label="speaker", capabilities=io.AudioOutputCapabilities(pause=False))
+        self._frames: asyncio.Queue[rtc.AudioFrame | None] = asyncio.Queue()
+        self.started = asyncio.Event()
+        self._played_s = 0.0  # the frames played to their end
+        self._frame_from_s: float | None = None  # time.monotonic() the frame playing now began
+        self._player = asyncio.ensure_future(self._play())
+
+    @property
+    def position_s(self) -> float:
+        playing_s = 0.0 if self._frame_from_s is None else time.monotonic() - self._frame_from_s
+        return self._played_s + playing_s
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        self._frames.put_nowait(frame)
+
+    def flush(self) -> None:
+        super().flush()
+        self._frames.put_nowait(None)
+
+    def clear_buffer(self) -> None:
+        position_s = self.position_s
+        self._player.cancel()
+        self.on_playback_finished(playback_position=position_s, interrupted=True)
+
+    async def _play(self) -> None:
+        while (frame := await self._frames.get()) is not None:
+            if not self.started.is_set():
+                self.started.set()
+                self.on_playback_started(created_at=time.time())
+            self._frame_from_s = time.monotonic()
+            await asyncio.sleep(frame.duration)
+            self._played_s += frame.duration
+            self._frame_from_s = None
+        self.on_playback_finished(playback_position=self._played_s, interrupted=False)
+
+
+class Transcript(io.TextOutput):
+    def __init__(self) -> None:
+        super().__init__(label="transcript", next_in_chain=None)
+        self.text = ""
+
+    async def capture_text(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+async def test_livekit_keeps_the_words_played_when_the_user_barges_in(engine: Engine) -> None:
+    # What an agent does with the stream: its frames to the audio output and their timed strings
+    # to the text output, both through LiveKit's TranscriptSynchronizer, whose transcript at the
+    # cut is what the agent keeps in its chat context.
+    speaker = Speaker()
+    sync = TranscriptSynchronizer(next_in_chain_audio=speaker, next_in_chain_text=Transcript())
+    finished: asyncio.Future[io.PlaybackFinishedEvent] = asyncio.get_running_loop().create_future()
+
+    def on_finished(ev: io.PlaybackFinishedEvent) -> None:
+        if not finished.done():
+            finished.set_result(ev)
+
+    sync.audio_output.on("playback_finished", on_finished)
+    async with running_gateway(engine) as base:
+        voice = VoicewireTTS(url=f"http://{base}")
+        stream = voice.stream()
+
+        async def llm() -> None:  # faster than speech, still streaming at the cut
+            for word in SENTENCE.split(" "):
+                stream.push_text(word + " ")
+                await asyncio.sleep(1 / 20)
+            stream.end_input()
+
+        async def forward() -> None:
+            async for ev in stream:
+                for timed in ev.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, []):
+                    await sync.text_output.capture_text(timed)
+                await sync.audio_output.capture_frame(ev.frame)
+
+        tasks = [asyncio.create_task(llm()), asyncio.create_task(forward())]
+        await asyncio.wait_for(speaker.started.wait(), 10.0)
+        await asyncio.sleep(1.5)
+        # The user barged in: the agent stops its reply and clears the audio output.
+        for task in tasks:
+            task.cancel()
+        await stream.aclose()
+        sync.audio_output.clear_buffer()
+        cut = await asyncio.wait_for(finished, 5.0)
+        assert stream.turn is not None
+        done = await stream.turn.done(timeout_s=2.0)
+        words = stream.turn.words()
+        await voice.aclose()
+    await sync.aclose()
+
+    kept = cut.synchronized_transcript or ""
+    # The words that had begun playing at the cut, by the server's timings (checked against real
+    # word onsets in the engine's tests).
+    begun = [w for w in words if w.start_ms < cut.playback_position * 1000]
+    print(
+        f"cut at {cut.playback_position:.2f} s: kept {kept!r}; begun {len(begun)}; server {done.text_spoken!r}"
+    )
+    assert 1.3 < cut.playback_position < 1.7
+    assert SENTENCE.startswith(kept.strip())
+    assert abs(len(kept.split()) - len(begun)) <= 1
+    assert done.reason == "cancelled" and abs(done.played_ms - cut.playback_position * 1000) < 100, done.played_ms

@@ -163,6 +163,10 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
         super().__init__(tts=tts, conn_options=conn_options)
         self._vw_tts = tts
         self.turn: Turn | None = None  # the voicewire turn of the current attempt
+        # The audio handed to the reader (the agent's audio output), and when it has played out
+        # for a reader that plays each frame as it takes it, in real time (time.monotonic()).
+        self._handed_s = 0.0
+        self._playout_end_s = 0.0
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         rate_hz = self._vw_tts.sample_rate
@@ -180,8 +184,7 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
             raise api_error(err) from err
         text = ""  # what was sent, joined: the word timings' char offsets index it
         segment_open = False
-        played_from_s: float | None = None  # time.monotonic() of the first audio frame
-        received_s = 0.0
+        self._handed_s, self._playout_end_s = 0.0, 0.0
 
         async def send_text() -> None:
             nonlocal segment_open, text
@@ -198,7 +201,6 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
             await turn.end()
 
         async def receive() -> None:
-            nonlocal played_from_s, received_s
             resampler = (
                 rtc.AudioResampler(client.sample_rate_hz, rate_hz)
                 if client.sample_rate_hz != rate_hz
@@ -217,9 +219,6 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
                         spoken_to = max(spoken_to, w.char_end)
                     output_emitter.push_timed_transcript(timed)
                     continue
-                if played_from_s is None:
-                    played_from_s = time.monotonic()
-                received_s += event.duration_s
                 if resampler is None:
                     output_emitter.push(event.data)
                     continue
@@ -240,11 +239,17 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
         finally:
             await utils.aio.cancel_and_wait(*tasks)
             if turn.result is None and not client.closed:
-                # Closed early (an interruption, or an error): barge in at what has played.
-                # Not waiting for turn.done keeps aclose() as quick as LiveKit expects.
-                played_s = 0.0 if played_from_s is None else min(time.monotonic() - played_from_s, received_s)
+                # Closed early (an interruption, or an error): barge in at what the reader has
+                # played. Not waiting for turn.done keeps aclose() as quick as LiveKit expects.
+                played_s = self._handed_s - max(0.0, self._playout_end_s - time.monotonic())
                 with contextlib.suppress(VoicewireError):
                     await turn.send_cancel(played_ms=played_s * 1000)
+
+    async def __anext__(self) -> tts.SynthesizedAudio:
+        ev = await super().__anext__()
+        self._handed_s += ev.frame.duration
+        self._playout_end_s = max(self._playout_end_s, time.monotonic()) + ev.frame.duration
+        return ev
 
     async def aclose(self) -> None:
         await super().aclose()

@@ -62,8 +62,8 @@ class _Speech:
     text: str = ""  # the text sent, joined: what the word timings' char offsets index
     t_first_text_s: float = 0.0  # time.time() of the first text.delta (Pipecat's metrics clock)
     t_first_audio_s: float = 0.0  # time.time() when its first audio arrived
-    playback_start_s: float | None = None  # time.monotonic() its audio starts playing downstream
     pushed_s: float = 0.0  # audio pushed downstream
+    playout_end_s: float | None = None  # time.monotonic() that audio has played out by (None: none pushed)
 
 
 class VoicewireTTSService(TTSService):
@@ -102,8 +102,9 @@ class VoicewireTTSService(TTSService):
         self._api_key = api_key
         self._client: VoicewireClient | None = None
         self._speeches: dict[str, _Speech] = {}  # Pipecat context id -> its voicewire turn
-        # When the audio pushed downstream so far has played out, on a listener that plays it in
-        # order at real time from when it is pushed (what an output transport does).
+        # When the audio pushed downstream so far has played out (time.monotonic()), for a
+        # listener that plays each frame in order, in real time, from when it is pushed (what an
+        # output transport does): a cancel reports the position this gives.
         self._playout_end_s = 0.0
         self.finished_turns: deque[TurnDone] = deque(maxlen=FINISHED_TURNS_KEPT)
 
@@ -193,9 +194,9 @@ class VoicewireTTSService(TTSService):
         speech = self._speeches.pop(context_id, None)
         if speech is not None and self._client is not None and not self._client.closed:
             played_ms = 0.0
-            if speech.playback_start_s is not None:
-                played_s = min(time.monotonic() - speech.playback_start_s, speech.pushed_s)
-                played_ms = max(0.0, played_s) * 1000
+            if speech.playout_end_s is not None:
+                unplayed_s = max(0.0, speech.playout_end_s - time.monotonic())
+                played_ms = max(0.0, speech.pushed_s - unplayed_s) * 1000
             with contextlib.suppress(VoicewireError):
                 # Not awaiting turn.done (its reader records it): no round trip in the interruption.
                 await speech.turn.send_cancel(played_ms=played_ms)
@@ -258,10 +259,10 @@ class VoicewireTTSService(TTSService):
             assert isinstance(frame, TTSAudioRawFrame)
             now_s = time.monotonic()
             duration_s = len(frame.audio) / 2 / frame.sample_rate
-            if speech.playback_start_s is None:
-                speech.playback_start_s = max(now_s, self._playout_end_s)
+            if speech.playout_end_s is None:
                 await self._report_latency(speech, frame)
             self._playout_end_s = max(self._playout_end_s, now_s) + duration_s
+            speech.playout_end_s = self._playout_end_s
             speech.pushed_s += duration_s
         await super().push_frame(frame, direction)
 
