@@ -16,7 +16,8 @@ Word timestamps: the server's ``turn.words`` become Pipecat word timestamps
 aggregator holds only the words the listener heard when an ``InterruptionFrame`` comes. The
 interruption cancels the turn (``turn.cancel`` with the position Pipecat played to): the server
 drops its queued audio, frees the engine slot and reports ``text_spoken`` at that position; the
-turn's ``turn.done`` lands in ``finished_turns``.
+turn's ``turn.done`` lands in ``finished_turns`` (a reply the server had finished sending before
+the interruption stays ``completed`` there; the context still holds only what played).
 
 Settings (``VoicewireTTSService.Settings``, Pipecat's ``TTSSettings``): ``voice`` (None: the
 server's default; a ``TTSUpdateSettingsFrame`` changes it for the turns after it); ``model`` and
@@ -92,7 +93,7 @@ class VoicewireTTSService(TTSService):
             push_text_frames=False,
             # run_tts opens each audio context itself: the base would also start a TTFB
             # measurement there and stop it when the context's audio reaches the head of the
-            # playback queue, which for a turn queued behind another is that turn's playback.
+            # playback queue, so a turn queued behind another would count that one's playback.
             push_start_frame=False,
             push_stop_frames=False,  # a turn's TTSStoppedFrame follows its turn.done
             settings=store,
