@@ -37,6 +37,7 @@ const state = {
   turns: new Map(), // turn_id -> turn record
   onset: null, // { turn, t0, timer } while a TTFA is being measured
   playhead: null, // { turn, timer }: the turn whose words are highlighted as this page plays them
+  lastPlayed: null, // the turn the playhead last followed
   history: [], // recent peak levels, dBFS
   timers: [],
   lastTtfaMs: null,
@@ -316,12 +317,16 @@ const peakDbfs = () => levels().peak;
 // --- words: turn.words highlighted as this page plays them ---------------------------------------------
 // A turn's word times count from its first sample. The page's clock for them starts at the first
 // audible sample it hears after the turn's turn.started (the server sends it as the turn's audio
-// starts going out), so the highlight follows this browser's playback, jitter buffer included.
+// starts going out), so the highlight follows this browser's playback, jitter buffer included. A
+// turn queued behind another starts once that one's audio has played here, not on its tail.
 function startPlayhead(turn) {
+  const prev = state.lastPlayed;
+  const notBefore = prev && prev.t0 !== null && prev.done ? prev.t0 + prev.done.played_ms : 0;
   stopPlayhead();
+  state.lastPlayed = turn;
   renderWords(turn);
   const onset = setInterval(() => {
-    if (peakDbfs() <= AUDIBLE_DBFS) return;
+    if (performance.now() < notBefore || peakDbfs() <= AUDIBLE_DBFS) return;
     turn.t0 = performance.now() - LEAD_IN_MS;
     clearInterval(onset);
     state.playhead.timer = setInterval(() => {

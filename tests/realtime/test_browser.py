@@ -177,3 +177,32 @@ async def test_demo_page_plays_a_turn_shows_ttfa_and_barges_in(engine: Engine) -
     assert after["packetsLost"] == 0
     concealed = after["concealedSamples"] - before["concealedSamples"]
     assert concealed / (after["totalSamplesReceived"] - before["totalSamplesReceived"]) < 0.03
+
+
+async def test_demo_page_times_a_queued_turn_from_the_end_of_the_one_before(engine: Engine) -> None:
+    first = "Your order has shipped, and it should arrive on Thursday."
+    second = "Is there anything else I can help you with today, or shall we leave it there?"
+    async with gateway(engine) as gw, chromium() as page:
+        await page.goto(f"{gw.url}/")
+        await page.eval("document.getElementById('connect').click()")
+        await _wait_js(page, "voicewire.state.connected", 10)
+        await asyncio.sleep(0.5)
+        # The second turn is generated at once and waits for the first to play.
+        await page.eval(f"voicewire.speak({json.dumps(first)}, {{mode: 'whole'}})")
+        await page.eval(f"voicewire.speak({json.dumps(second)}, {{mode: 'whole'}})")
+        await _wait_js(page, "voicewire.state.turns.get(2).t0 !== null", 15)
+        await asyncio.sleep(1.0)
+        lit = await page.eval(HIGHLIGHT_JS)
+        turns = await page.eval(
+            "[1, 2].map((id) => { const t = voicewire.state.turns.get(id);"
+            " return {t0: t.t0, done: t.done}; })"
+        )
+    one, two = turns
+    assert one["done"]["reason"] == "completed"
+    # The page starts the second turn's clock where the first turn's audio ended in this browser
+    # (no gap: its audio was ready), not on the first turn's tail.
+    end_of_one_ms = one["t0"] + one["done"]["played_ms"]
+    assert -30 < two["t0"] - end_of_one_ms < 200, (two["t0"], end_of_one_ms)
+    # A second into it, the panel lights the second turn's words, from its start.
+    words = second.split()
+    assert 0 < len(lit["played"]) < len(words) and lit["played"] == words[: len(lit["played"])], lit
