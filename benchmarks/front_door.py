@@ -1,10 +1,12 @@
 """Through the front door: `voicewire serve` started as the README says, driven by `voicewire probe`
-in another process (open-loop Poisson arrivals, one WebSocket session per turn, whole replies), at
-each rate of a sweep; then the engine alone at the same rates (benchmarks/serving_bench.py), in the
-same run, so the two can be compared.
+in another process (open-loop Poisson arrivals, one WebSocket session per turn), at each rate of a
+sweep: whole replies (one text.delta), then replies streamed as an LLM would (``--words-rates``,
+``--tokens-per-s`` words a second); then the engine alone at the same rates
+(benchmarks/serving_bench.py), in the same run, so the two can be compared. ``--plot`` draws p95
+time to first audio and the late turns of each sweep against the rate.
 
-    python benchmarks/front_door.py --rates 1,20,40,80 --out front_door.json -- \\
-        --model qwen3-tts --qwen-size 1.7b --device cuda --random-weights
+    python benchmarks/front_door.py --rates 1,20,40,80 --words-rates 1,80 --out front_door.json \\
+        --plot front_door.png -- --model qwen3-tts --qwen-size 1.7b --device cuda --random-weights
 
 Everything after ``--`` goes to `voicewire serve` unchanged.
 """
@@ -43,6 +45,9 @@ def main() -> None:
     serve_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rates", default="1,20,40,80")
+    ap.add_argument("--words-rates", default="", help="rates of the sweep with streamed words ('' to skip)")
+    ap.add_argument("--tokens-per-s", type=float, default=30.0, help="words a second of that sweep")
+    ap.add_argument("--plot", default="", help="PNG of the sweeps ('' for none)")
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--ready-timeout-s", type=float, default=300.0)
     ap.add_argument("--engine-only", default="--size 1.7b", help="serving_bench.py args ('' to skip)")
@@ -62,26 +67,15 @@ def main() -> None:
             with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
                 out["healthz"] = json.loads(r.read())
             print(f"[front door] ready after {out['ready_s']} s: {out['healthz']}", flush=True)
-            out["gateway"] = []
-            for rate in rates:
-                res = work / f"probe_{rate:g}.json"
-                cmd = [
-                    sys.executable, "-m", "voicewire.realtime.cli", "probe", "--url", base,
-                    "--rate", str(rate), "--duration", str(args.duration_s), "--session-per-turn",
-                    "--whole", "--out", str(res), "--plot", "",
-                ]  # fmt: skip
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration_s + 120)
-                row: dict[str, Any] = {
-                    "rate": rate,
-                    "command": " ".join(["voicewire", *cmd[3:]]),
-                    "rc": proc.returncode,
-                }
-                if res.exists():
-                    row["result"] = json.loads(res.read_text()).get("summary")
-                else:
-                    row["stderr"] = proc.stderr[-2000:]
-                out["gateway"].append(row)
-                print(f"[gateway {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
+            sweeps = [("gateway", rates, ["--whole"])]
+            if args.words_rates:
+                words = [float(r) for r in args.words_rates.split(",")]
+                sweeps.append(("gateway_words", words, ["--tokens-per-s", str(args.tokens_per_s)]))
+            for key, sweep_rates, text_args in sweeps:
+                out[key] = [
+                    _probe(base, rate, args.duration_s, text_args, work / f"{key}_{rate:g}.json")
+                    for rate in sweep_rates
+                ]
         finally:
             server.send_signal(signal.SIGTERM)
             try:
@@ -103,6 +97,58 @@ def main() -> None:
             out["engine_only"]["stderr"] = proc.stderr[-3000:]
         print(f"[engine only] rc {proc.returncode}", flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    if args.plot:
+        plot(out, args.plot)
+
+
+def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res: Path) -> dict[str, Any]:
+    cmd = [
+        sys.executable, "-m", "voicewire.realtime.cli", "probe", "--url", base, "--rate", str(rate),
+        "--duration", str(duration_s), "--session-per-turn", *text_args, "--out", str(res), "--plot", "",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 120)
+    row: dict[str, Any] = {"rate": rate, "command": " ".join(["voicewire", *cmd[3:]]), "rc": proc.returncode}
+    if res.exists():
+        row["result"] = json.loads(res.read_text()).get("summary")
+    else:
+        row["stderr"] = proc.stderr[-2000:]
+    print(f"[{' '.join(text_args)} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
+    return row
+
+
+def plot(out: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("gateway", "gateway, whole replies"), ("gateway_words", "gateway, words streamed")):
+        rows = [r for r in out.get(key, []) if r.get("result")]
+        if rows:
+            x = [r["rate"] for r in rows]
+            ax.plot(x, [r["result"]["ttfa_ms"]["p95"] for r in rows], "o-", label=label)
+            bx.plot(
+                x,
+                [r["result"]["turns_with_underruns"] / max(1, r["result"]["turns"]) for r in rows],
+                "o-",
+                label=label,
+            )
+    eng = (out.get("engine_only") or {}).get("open_loop") or []
+    if eng:
+        x = [r["rate"] for r in eng]
+        ax.plot(x, [r["ttfp_ms_p95"] for r in eng], "s--", label="engine alone")
+        bx.plot(
+            x, [r["underrun_requests"] / max(1, r["completed"]) for r in eng], "s--", label="engine alone"
+        )
+    ax.set(xlabel="requests/s (Poisson)", ylabel="p95 time to first audio, ms", yscale="log")
+    bx.set(xlabel="requests/s (Poisson)", ylabel="share of turns with an underrun")
+    for a in (ax, bx):
+        a.grid(alpha=0.3)
+        a.legend()
+    fig.suptitle(out.get("serve_command", ""), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@
 #                  the same engine with each lever off (VARIANTS, RATES override) -> throughput_h200.json
 #       tests      tests/engine/qwen3/test_gpu.py (overlapped decode and long chunks equal the serial
 #                  audio; streaming equals offline for every chunk cadence)      -> gpu_tests_qwen3_h200.json
+#   COMMIT=<sha> bash benchmarks/gpu.sh front-door           # README "Through the front door" (~9 min)
+#       `voicewire serve --model qwen3-tts --qwen-size SIZE --device cuda --random-weights SERVE_FLAGS`
+#       (the README's command), probed from another process: open loop, a session per turn, whole
+#       replies at RATES and words at 30/s at WORDS_RATES; then the engine alone at RATES, its
+#       utterances scaled to the probe's (3.4 s mean)  -> front_door_SIZE[_TAG]_h200.json, .png
+#       needs the gateway's wheels carried as .whl/gateway (aiortc, av, websockets, pyzmq)
 #   COMMIT=<sha> bash benchmarks/gpu.sh side-by-side         # README "against the official qwen-tts" (~6 min)
 #       the official qwen-tts 0.1.1 and ours on the same saved random weights, one call
 #                                                            -> side_by_side_h200.json, .png, official.log, ours.log
@@ -54,7 +60,7 @@ SHOW='^\[|^== |Error|error|passed|failed|Traceback'
 declare -a STATUS=()
 
 usage() { sed -n '2,/^set -o pipefail/p' "$0" | grep '^#'; exit 2; }
-case "$MODE" in headline | kernels | throughput | side-by-side | parity | clone | profile) ;; *) usage ;; esac
+case "$MODE" in headline | kernels | throughput | front-door | side-by-side | parity | clone | profile) ;; *) usage ;; esac
 : > "$LOG"
 
 # voicewire.* is not installed on the device: a link tree makes the folders importable under that name.
@@ -168,6 +174,22 @@ if [ "$MODE" = throughput ]; then
     suites_json "$OUT/gpu_tests_qwen3_h200.json" "the Qwen3 GPU tests on the lent GPU" "$CMD|$RC|$SECS"
     stamp "$OUT/gpu_tests_qwen3_h200.json"
   fi
+fi
+
+if [ "$MODE" = front-door ]; then
+  if ! python3 -c "import aiortc, av, websockets, zmq" > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gw .whl/gateway/*.whl 2>&1 | tail -3
+    export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/gw
+  fi
+  SIZE=${SIZE:-1.7b}
+  name="front_door_${SIZE}${TAG:+_$TAG}_h200"
+  # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
+  step front-door 570 python3 benchmarks/front_door.py --rates "${RATES:-1,60,80,90,100,110}" \
+    --words-rates "${WORDS_RATES:-1,80}" --duration-s "${DURATION_S:-10}" \
+    --engine-only "--size $SIZE --max-batch 256 --max-slots 512 --max-seq-len 1536 --length-scale 0.74" \
+    --out "$OUT/$name.json" --plot "$OUT/$name.png" \
+    -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
+  stamp "$OUT/$name.json"
 fi
 
 if [ "$MODE" = kernels ]; then

@@ -29,8 +29,11 @@ class _UsageError(Exception):
 
 
 # Defaults of the qwen3-tts flags. On CUDA: the configuration benchmarks/serving_bench.py measures
-# (bf16, CUDA graphs captured at start, batch 128, codec buckets up to 64, as many slots as fit).
-CUDA_MAX_BATCH = 128
+# (bf16, CUDA graphs captured at start, batch 256, codec buckets up to 64 streams x 48 frames, as
+# many slots as fit). A 256-row frame step costs ~6% more than 128 rows on the H200 and makes twice
+# the frames: past ~100 requests/s it is the difference between serving and refusing
+# (benchmarks/results/throughput_h200.json).
+CUDA_MAX_BATCH = 256
 CPU_MAX_STREAMS = 16  # and the CPU's batch: a CPU runs a few real-time Qwen3 streams, not hundreds
 DEFAULT_MAX_SEQ_LEN = 1536  # talker positions per stream: ~2 minutes of audio
 # engine/qwen3/options.py AUTO_MAX_SLOTS (that package imports torch, the gateway need not): with
