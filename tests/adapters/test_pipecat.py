@@ -22,6 +22,7 @@ from pipecat.frames.frames import (
     TTSAudioRawFrame,
     TTSStartedFrame,
     TTSStoppedFrame,
+    TTSUpdateSettingsFrame,
 )
 from pipecat.metrics.metrics import TTFAMetricsData, TTFBMetricsData
 from pipecat.pipeline.pipeline import Pipeline
@@ -29,12 +30,14 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.settings import TTSSettings
 from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import TransportParams
 from pipecat.workers.runner import WorkerRunner
 
 from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
+from tests.realtime.gateway import gateway
 from voicewire.engine import Engine
 from voicewire.realtime.client.adapters.pipecat import VoicewireTTSService
 
@@ -328,3 +331,20 @@ async def test_interruption_keeps_only_the_played_words_in_the_assistant_context
         assert done.reason == "cancelled" and done.played_source == "client"
         assert abs(done.played_ms - heard_s * 1000) < 100
         assert abs(len(_words(kept)) - len(_words(done.text_spoken))) <= 1
+
+
+async def test_a_voice_update_reaches_the_server_session(engine: Engine) -> None:
+    voices: list[str] = []
+    async with gateway(engine) as gw:
+
+        async def body(worker: PipelineWorker, collector: Collector) -> None:
+            # The embedded voice's one voice, by name: the session's voice is "" (default) until then.
+            await worker.queue_frame(TTSUpdateSettingsFrame(delta=TTSSettings(voice="heart")))
+            await _say(worker, REPLY, words_per_s=30)
+            await collector.wait_for(TTSStoppedFrame)
+            voices.extend(s.audio.voice for s in gw.sessions)
+
+        tts, _ = await _run_pipeline(gw.url.removeprefix("http://"), body)
+    assert isinstance(tts.settings, TTSSettings) and tts.settings.voice == "heart"
+    assert voices == ["heart"]
+    assert tts.finished_turns[-1].reason == "completed"
