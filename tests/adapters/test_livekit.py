@@ -343,4 +343,6 @@ async def test_livekit_keeps_the_words_played_when_the_user_barges_in(engine: En
     assert 1.3 < cut.playback_position < 1.7
     assert SENTENCE.startswith(kept.strip())
     assert abs(len(kept.split()) - len(begun)) <= 1
-    assert done.reason == "cancelled" and abs(done.played_ms - cut.playback_position * 1000) < 100, done.played_ms
+    assert done.reason == "cancelled" and abs(done.played_ms - cut.playback_position * 1000) < 100, (
+        done.played_ms
+    )
