@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from livekit import rtc
-from livekit.agents import APIConnectionError, APIError, APIStatusError, tts
+from livekit.agents import APIConnectionError, APIError, APIStatusError, APITimeoutError, tts
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT, APIConnectOptions, TimedString
 from livekit.agents.voice import io
 from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
@@ -171,7 +171,7 @@ def test_a_sample_rate_that_is_no_rate_is_refused_at_construction(sample_rate: o
         VoicewireTTS(sample_rate=sample_rate)  # type: ignore[arg-type]
 
 
-NO_RETRY = APIConnectOptions(max_retry=0, timeout=5.0)
+NO_RETRY = APIConnectOptions(max_retry=0, timeout=1.0)
 
 
 async def _first_error(voice: VoicewireTTS) -> APIError:
@@ -191,6 +191,20 @@ async def test_errors_are_livekit_api_errors(engine: Engine) -> None:
         err = await _first_error(VoicewireTTS(url=f"http://{base}", api_key="w" * 24))
     assert isinstance(err, APIStatusError) and err.status_code == 401 and not err.retryable
     assert err.body == {"code": "invalid_api_key", "message": err.body["message"]}  # type: ignore[index]
+
+    # A server that accepts the connection and never answers: a timeout, after the stream's own.
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the client gives up and closes
+        writer.close()
+
+    silent = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    t0 = time.perf_counter()
+    err = await _first_error(VoicewireTTS(url=f"http://127.0.0.1:{port}"))
+    waited_s = time.perf_counter() - t0
+    silent.close()
+    await silent.wait_closed()
+    assert isinstance(err, APITimeoutError) and err.retryable and waited_s < NO_RETRY.timeout + 1
     # The server is full: 503, worth a retry.
     async with running_gateway(engine, max_sessions=0) as base:
         err = await _first_error(VoicewireTTS(url=f"http://{base}"))

@@ -110,8 +110,9 @@ class VoicewireTTS(tts.TTS):
     def provider(self) -> str:
         return "voicewire"
 
-    async def client(self) -> VoicewireClient:
-        """The shared session, (re)connected on demand."""
+    async def client(self, timeout_s: float = DEFAULT_API_CONNECT_OPTIONS.timeout) -> VoicewireClient:
+        """The shared session, (re)connected on demand within ``timeout_s`` (the stream's
+        ``APIConnectOptions.timeout``)."""
         async with self._connecting:
             if self._client is None or self._client.closed:
                 try:
@@ -120,6 +121,7 @@ class VoicewireTTS(tts.TTS):
                         sample_rate_hz=self._server_rate_hz,
                         voice=self._voice,
                         api_key=self._api_key,
+                        timeout_s=timeout_s,
                     )
                 except VoicewireError as err:  # refused at the handshake, or session.update refused
                     raise api_error(err) from err
@@ -177,7 +179,7 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
             mime_type="audio/pcm",
             stream=True,
         )
-        client = await self._vw_tts.client()
+        client = await self._vw_tts.client(self._conn_options.timeout)
         try:
             turn = self.turn = await client.start_turn()
         except VoicewireError as err:
