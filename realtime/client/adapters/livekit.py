@@ -16,9 +16,9 @@ Aligned transcripts: the server's ``turn.words`` become ``TimedString``s (the te
 each word, with its start and end in the turn's audio) on the frames they precede, so an agent
 with ``use_tts_aligned_transcript`` shows each word as it plays and, when the user barges in,
 keeps in its chat context only what was heard. Interruption: LiveKit closes the stream
-(``aclose``), which sends ``turn.cancel`` with the position played by then (audio is taken to
-play from its first frame at real time); the server drops the turn's queued audio and frees its
-engine slot. ``synthesize`` (one text, non-streaming) runs through the same stream.
+(``aclose``), which sends ``turn.cancel`` with the position played by then (each frame taken to
+play in order, in real time, from when the agent took it); the server drops the turn's queued
+audio and frees its engine slot. ``synthesize`` (one text, non-streaming) runs through the same stream.
 
 Errors are LiveKit's: ``APIConnectionError`` (cannot connect, connection lost), ``APITimeoutError``
 (the handshake timed out), ``APIStatusError`` for what the server refused, with the HTTP status
