@@ -9,6 +9,8 @@
 #     soak                 100 sessions for 5 min, 0.5-2 s pauses (overloads 2 cores) -> soak_cpu.json
 #     soak-conversational  the same with 3-6 s pauses                   -> soak_cpu_conversational.json
 #     words                the embedded voice's word timings vs onsets and faster-whisper -> word_timing_cpu.json
+#     core                 the engine-core boundary per chunk, engine TTFP in process and through a core,
+#                          10 WebRTC peers' packet gaps with the engine in and out of the gateway -> core_ipc_cpu.json
 #
 # Files go to $OUT (default benchmarks/results, where the README's rows point), each with a "meta"
 # object first (command, commit, machine, date: benchmarks/meta.sh). Each benchmark starts its own
@@ -57,6 +59,11 @@ fi
 if want words; then
   step words 600 "$PY" benchmarks/word_timing.py --out "$OUT/word_timing_cpu.json"
   stamp "$OUT/word_timing_cpu.json"
+fi
+
+if want core; then
+  step core 1200 "$PY" benchmarks/core_ipc_bench.py --out "$OUT/core_ipc_cpu.json"
+  stamp "$OUT/core_ipc_cpu.json"
 fi
 
 if want webrtc; then
