@@ -85,7 +85,13 @@ async def scenario(
 ) -> list[TurnRecord]:
     rng = random.Random(sessions)
     tasks = [
-        session_loop(url, turns, words_per_s, texts[i % len(texts):] + texts[: i % len(texts)], rng.uniform(0, stagger_s))
+        session_loop(
+            url,
+            turns,
+            words_per_s,
+            texts[i % len(texts) :] + texts[: i % len(texts)],
+            rng.uniform(0, stagger_s),
+        )
         for i in range(sessions)
     ]
     results = await asyncio.gather(*tasks)
@@ -97,12 +103,25 @@ def ttfp_s(turns: list[TurnRecord]) -> list[float]:
     return [t.ttfb_ms / 1000 for t in turns if t.ttfb_ms is not None]
 
 
-def start_server(port: int, log_path: str | None = None) -> subprocess.Popen[bytes]:
-    """``voicewire serve`` in its own process, as a user starts it; returns once it is ready (warm)."""
+def start_server(
+    port: int, log_path: str | None = None, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """``voicewire serve`` in its own process, as a user starts it (``extra``: more serve flags);
+    returns once it is ready (warm)."""
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the server's
     level = "info" if log_path else "warning"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(port), "--log-level", level],
+        [
+            sys.executable,
+            "-m",
+            "voicewire.realtime.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            level,
+            *extra,
+        ],
         stdout=log,
         stderr=log,
     )
@@ -142,7 +161,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     print("(a) TTFP, whole sentence", flush=True)
     one = await scenario(url, 1, args.turns, None, SENTENCES, 0.0)
     out["a_ttfp_whole_sentence_1_session"] = summary_ms(ttfp_s(one))
-    many = await scenario(url, args.concurrent, max(3, args.turns // args.concurrent + 1), None, SENTENCES, 0.5)
+    many = await scenario(
+        url, args.concurrent, max(3, args.turns // args.concurrent + 1), None, SENTENCES, 0.5
+    )
     out[f"a_ttfp_whole_sentence_{args.concurrent}_sessions"] = summary_ms(ttfp_s(many))
     print(json.dumps({k: v for k, v in out.items()}, indent=1), flush=True)
 
@@ -151,8 +172,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out["b_ttfp_streaming_20wps_1_session"] = summary_ms(ttfp_s(streamed))
     print(json.dumps(out["b_ttfp_streaming_20wps_1_session"]), flush=True)
 
-    print(f"(c) capacity sweep, streaming text at 20 words/s, {args.capacity_turns} turns per session, "
-          f"sessions start within {args.stagger} s", flush=True)
+    print(
+        f"(c) capacity sweep, streaming text at 20 words/s, {args.capacity_turns} turns per session, "
+        f"sessions start within {args.stagger} s",
+        flush=True,
+    )
     sweep = []
     best = 0
     for n in args.sweep:
@@ -186,9 +210,12 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=20)
     ap.add_argument("--stagger", type=float, default=5.0, help="(c): sessions start within this many seconds")
     ap.add_argument("--capacity-turns", type=int, default=3, help="(c): turns per session")
-    ap.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[10, 25, 50, 75, 100, 125, 150])
+    ap.add_argument("--serve-args", default="", help="more `voicewire serve` flags, e.g. '--replicas 0'")
+    ap.add_argument(
+        "--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[10, 25, 50, 75, 100, 125, 150]
+    )
     args = ap.parse_args()
-    server = start_server(args.port)
+    server = start_server(args.port, extra=tuple(args.serve_args.split()))
     try:
         results = asyncio.run(main_async(args))
     finally:

@@ -78,7 +78,7 @@ def _devices(args: argparse.Namespace) -> tuple[str, ...]:
 def _replicas(args: argparse.Namespace) -> int:
     replicas = getattr(args, "replicas", 0)
     if replicas is None:
-        return len(_devices(args)) if args.devices else DEFAULT_REPLICAS
+        return len(_devices(args)) if args.devices else DEFAULT_REPLICAS.get(args.model, DEFAULT_REPLICAS_OTHER)
     if replicas < 0:
         raise _UsageError("--replicas must be 0 or more")
     return int(replicas)
@@ -163,10 +163,15 @@ def _needs_torch(args: argparse.Namespace) -> str | None:
 
 
 # Engine cores when neither --replicas nor --devices is given (0 = the engine in the gateway's
-# process). One core on 2 CPU cores: engine TTFP is the same either way (the boundary costs ~0.1 ms
-# a chunk), and with the engine's worker out of the gateway's GIL, 10 WebRTC peers' packet gaps
-# are tighter (benchmarks/core_ipc_bench.py).
-DEFAULT_REPLICAS = 1
+# process). Qwen3-TTS on a GPU: one core, out of the gateway's GIL (in one process, gateway work
+# delayed frame steps: 56 of 641 turns late at 80 req/s where the engine alone had none). The
+# embedded voice on a CPU: in the gateway's process. On 2 cores a third busy process costs more than
+# the GIL: 75 streaming sessions held with zero underruns in 3 of 3 in-process runs of
+# benchmarks/ws_bench.py and 1 of 4 through a core (a 16-19 ms stall at 50 sessions, or 1.4 ms at
+# 25), with the same TTFP and the same 10-peer WebRTC packet gaps (ws_core_vs_inprocess_cpu.json,
+# core_ipc_cpu.json). --replicas 1 gives the embedded voice a supervised core.
+DEFAULT_REPLICAS = {"hibari": 0}
+DEFAULT_REPLICAS_OTHER = 1
 
 
 def _engine_group(args: argparse.Namespace, engine: EngineConfig) -> EngineGroup | None:
@@ -427,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="engine cores, one process each, spread over --devices (0: the engine runs in the "
-        f"gateway's process; default {DEFAULT_REPLICAS}, or one per device when --devices is given)",
+        "gateway's process; default: 0 for the embedded voice, 1 for qwen3-tts, or one per device "
+        "when --devices is given)",
     )
     serve.add_argument(
         "--devices",

@@ -115,7 +115,9 @@ class GatewayConfig:
     limits: SessionLimits = field(default_factory=SessionLimits)
     max_sessions: int = 200  # sessions (WebSocket + WebRTC) per process -> 503 too_many_sessions
     write_stall_timeout_s: float = 10.0  # a client that stops reading this long is closed with 4008
-    ws_send_buffer_bytes: int = 64 * 1024  # kernel send buffer per WebSocket: bounds memory per slow client
+    # kernel send buffer per WebSocket and streamed speech response: bounds memory per slow client,
+    # and lets a proxy's buffering be seen (nothing hides megabytes in the gateway's own socket)
+    send_buffer_bytes: int = 64 * 1024
     drain_timeout_s: float = 10.0  # SIGTERM: how long current turns may take to finish
     # Cloned voices (voices.py): persisted here and loaded at start; None keeps them in memory only
     # (``voicewire serve`` passes --voices-dir, by default under the user's data directory).

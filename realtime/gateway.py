@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
@@ -144,6 +145,14 @@ def _free_streams(engine: Replica) -> int:
         return min(limit, engine.info.max_slots) - engine.active_streams()
     except EngineNotReady:
         return 0
+
+
+def bound_send_buffer(request: web.Request, nbytes: int) -> None:
+    """Bounded kernel buffering for one client's connection: a reader that stops is noticed in
+    seconds (the write stall timeout), not after megabytes."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
 
 
 def error_body(status: int, code: str, message: str) -> dict[str, Any]:

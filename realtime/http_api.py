@@ -17,7 +17,7 @@ from aiohttp import web
 from voicewire.engine import EngineBusy, EngineNotReady, ModelInfo, Stream, StreamError, StreamParams
 
 from .audio import pcm16_bytes
-from .gateway import GATEWAY, RequestError, error_response
+from .gateway import GATEWAY, RequestError, bound_send_buffer, error_response
 
 # OpenAI's built-in voice names; a drop-in client always sends one. They all map to this server's
 # default voice (the model's own voice names are accepted too).
@@ -245,6 +245,7 @@ async def _stream_speech(
 
     try:
         await resp.prepare(request)
+        bound_send_buffer(request, request.app[GATEWAY].config.send_buffer_bytes)
         head = streaming_wav_header(rate) if speech.fmt == "wav" else b""
         await send(head + pcm16_bytes(first.pcm))
         samples += first.pcm.size

@@ -49,21 +49,24 @@ def _model_voices(info: ModelInfo) -> list[dict[str, Any]]:
     ]
 
 
-def _info(gw: Gateway) -> ModelInfo | web.Response:
+def _keyed(request: web.Request) -> tuple[Gateway, ModelInfo] | web.Response:
+    """The reading routes' admission (the API key when auth is on) and the served model; or the
+    refusal to answer with."""
+    gw = request.app[GATEWAY]
+    refused = gw.check_key(request)
+    if refused is not None:
+        return refused
     try:
-        return gw.engine.info
+        return gw, gw.engine.info
     except EngineNotReady as err:
         return error_response(503, "not_ready", str(err))
 
 
 async def list_voices_handler(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    refused = gw.check_key(request)
-    if refused is not None:
-        return refused
-    info = _info(gw)
-    if isinstance(info, web.Response):
-        return info
+    keyed = _keyed(request)
+    if isinstance(keyed, web.Response):
+        return keyed
+    gw, info = keyed
     cloned = [{**v.describe(), "default": False} for v in gw.voices.voices(info.voice_encoder)]
     return web.json_response(
         {"object": "list", "cloning": bool(info.voice_encoder), "data": [*_model_voices(info), *cloned]}
@@ -71,13 +74,10 @@ async def list_voices_handler(request: web.Request) -> web.Response:
 
 
 async def get_voice_handler(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    refused = gw.check_key(request)
-    if refused is not None:
-        return refused
-    info = _info(gw)
-    if isinstance(info, web.Response):
-        return info
+    keyed = _keyed(request)
+    if isinstance(keyed, web.Response):
+        return keyed
+    gw, info = keyed
     key = request.match_info["voice"]
     builtin = next((v for v in _model_voices(info) if v["id"] == key), None)
     if builtin is not None:
@@ -89,13 +89,10 @@ async def get_voice_handler(request: web.Request) -> web.Response:
 
 
 async def delete_voice_handler(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    refused = gw.check_key(request)
-    if refused is not None:
-        return refused
-    info = _info(gw)
-    if isinstance(info, web.Response):
-        return info
+    keyed = _keyed(request)
+    if isinstance(keyed, web.Response):
+        return keyed
+    gw, info = keyed
     key = request.match_info["voice"]
     if key in info.voices:
         return error_response(400, "builtin_voice", f"{key!r} is the model's own voice; it cannot be deleted")

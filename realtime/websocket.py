@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 import uuid
 from typing import Any
@@ -16,7 +15,7 @@ from voicewire.engine import AudioChunk
 
 from .audio import TurnAudioEncoder
 from .auth import TOKEN_SUBPROTOCOL_PREFIX
-from .gateway import GATEWAY, Gateway
+from .gateway import GATEWAY, Gateway, bound_send_buffer
 from .protocol import MAX_MESSAGE_BYTES, dumps
 from .session import Session
 from .truncation import SpokenWord
@@ -106,10 +105,7 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
         protocols=[p for p in offered if p.startswith(TOKEN_SUBPROTOCOL_PREFIX)][:1],
     )
     await ws.prepare(request)
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is not None:
-        # Bounded kernel buffering per client: a reader that stops is noticed in seconds, not megabytes.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.ws_send_buffer_bytes)
+    bound_send_buffer(request, cfg.send_buffer_bytes)
     sink = WebSocketSink(ws, engine.info.sample_rate_hz, cfg.write_stall_timeout_s)
     session = Session(engine, sink, uuid.uuid4().hex[:12], cfg.limits, gw.metrics, "websocket", gw.voices)
     gw.sessions.add(session)

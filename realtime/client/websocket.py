@@ -112,14 +112,22 @@ class VoicewireClient(ProtocolClient):
 
 
 def stream_url(url: str) -> str:
-    """``http://host:port`` (or a bare ``host:port``) -> ``ws://host:port/v1/stream``."""
+    """The server's base URL -> its stream URL: ``http(s)://host[:port][/base]`` (or a bare
+    ``host:port``) -> ``ws(s)://host[:port][/base]/v1/stream``, for a server under a ``--base-path``
+    too. A ``ws://`` or ``wss://`` URL with a path is taken as the stream URL itself."""
     if "://" not in url:
-        url = "ws://" + url
+        url = "http://" + url
+    url, mark, query = url.partition("?")
     scheme, rest = url.split("://", 1)
-    scheme = {"http": "ws", "https": "wss"}.get(scheme, scheme)
-    if "/" not in rest or (rest.endswith("/") and rest.count("/") == 1):
-        rest = rest.rstrip("/") + "/v1/stream"
-    return f"{scheme}://{rest}"
+    host, _, path = rest.partition("/")
+    path = path.rstrip("/")
+    if scheme in ("http", "https"):
+        scheme = {"http": "ws", "https": "wss"}[scheme]
+        if not path.endswith("v1/stream"):
+            path = f"{path}/v1/stream".lstrip("/")
+    elif not path:
+        path = "v1/stream"
+    return f"{scheme}://{host}/{path}{mark}{query}"
 
 
 async def speak(

@@ -32,7 +32,7 @@ from tests.conftest import free_port, speak_turn
 from tests.deploy.ice_log import MAPPED_HOST, IceLog, ice_log
 from tests.deploy.nginx import NGINX, Nginx, nginx
 from tests.deploy.tls import Certificate, self_signed
-from tests.realtime.cdp import CHROMIUM, Page, chromium
+from tests.realtime.cdp import CHROMIUM, chromium
 from voicewire.realtime.client import VoicewireClient, VoicewireError
 from voicewire.realtime.client.webrtc import WebRtcClient
 
@@ -258,19 +258,6 @@ SAMPLE_STATS_JS = """
 """
 
 
-async def _wait_js(page: Page, condition: str, timeout_s: float) -> None:
-    await page.eval(
-        f"""new Promise((resolve, reject) => {{
-          const t0 = performance.now();
-          const tick = () => ({condition}) ? resolve(true)
-            : performance.now() - t0 > {timeout_s * 1000} ? reject(new Error("timed out: {condition}"))
-            : setTimeout(tick, 10);
-          tick();
-        }})""",
-        timeout_s + 5,
-    )
-
-
 @pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is not installed")
 async def test_browser_plays_a_turn_from_the_page_under_the_sub_path(deployment: Deployment) -> None:
@@ -284,7 +271,7 @@ async def test_browser_plays_a_turn_from_the_page_under_the_sub_path(deployment:
         # The stylesheet came through the sub-path too.
         assert await page.eval("getComputedStyle(document.body).margin") == "0px"
         await page.eval("document.getElementById('connect').click()")
-        await _wait_js(page, "voicewire.state.connected", 15)
+        await page.wait_for("voicewire.state.connected", 15)
         ice_servers = await page.eval("voicewire.state.pc.getConfiguration().iceServers")
         offer = await page.eval("voicewire.state.pc.localDescription.sdp")
         answer = await page.eval("voicewire.state.pc.remoteDescription.sdp")

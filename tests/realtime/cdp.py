@@ -107,6 +107,19 @@ class Page:
             raise CdpError(details.get("exception", {}).get("description") or details.get("text"))
         return result["result"].get("value")
 
+    async def wait_for(self, condition: str, timeout_s: float) -> None:
+        """Until the JavaScript expression ``condition`` is true in the page (polled every 10 ms)."""
+        await self.eval(
+            f"""new Promise((resolve, reject) => {{
+              const t0 = performance.now();
+              const tick = () => ({condition}) ? resolve(true)
+                : performance.now() - t0 > {timeout_s * 1000} ? reject(new Error("timed out: {condition}"))
+                : setTimeout(tick, 10);
+              tick();
+            }})""",
+            timeout_s + 5,
+        )
+
     async def screenshot(self, path: Path) -> None:
         data = await self.send("Page.captureScreenshot", {"format": "png"})
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.realtime.cdp import CHROMIUM, Page, chromium
+from tests.realtime.cdp import CHROMIUM, chromium
 from tests.realtime.gateway import gateway, wait_gone
 from voicewire.engine import ONSET_THRESHOLD_DBFS as AUDIBLE_DBFS
 from voicewire.engine import Engine
@@ -82,25 +82,12 @@ BARGE_IN_JS = """
 """
 
 
-async def _wait_js(page: Page, condition: str, timeout_s: float) -> None:
-    await page.eval(
-        f"""new Promise((resolve, reject) => {{
-          const t0 = performance.now();
-          const tick = () => ({condition}) ? resolve(true)
-            : performance.now() - t0 > {timeout_s * 1000} ? reject(new Error("timed out: {condition}"))
-            : setTimeout(tick, 10);
-          tick();
-        }})""",
-        timeout_s + 5,
-    )
-
-
 async def test_demo_page_plays_a_turn_shows_ttfa_and_barges_in(engine: Engine) -> None:
     async with gateway(engine) as gw, chromium() as page:
         await page.goto(f"{gw.url}/")
         assert await page.eval("document.title") == "voicewire — streaming speech over WebRTC"
         await page.eval("document.getElementById('connect').click()")
-        await _wait_js(page, "voicewire.state.connected", 10)
+        await page.wait_for("voicewire.state.connected", 10)
         # As a user would: a moment passes before the first turn. Chromium's jitter buffer settles
         # (it conceals 10-40 ms while starting, T15) and its start-up work is off the 2 cores.
         await asyncio.sleep(0.5)
@@ -110,13 +97,13 @@ async def test_demo_page_plays_a_turn_shows_ttfa_and_barges_in(engine: Engine) -
 
         await page.eval(f"document.getElementById('text').value = {json.dumps(TURN)}")
         await page.eval("document.getElementById('speak').click()")
-        await _wait_js(page, "/\\d+ ms/.test(document.querySelector('#turns tbody td.ttfa').textContent)", 10)
+        await page.wait_for("/\\d+ ms/.test(document.querySelector('#turns tbody td.ttfa').textContent)", 10)
         ttfa_text = await page.eval("document.querySelector('#turns tbody td.ttfa').textContent")
         lit_early = await page.eval(HIGHLIGHT_JS)
         playing = await page.eval(SAMPLE_STATS_JS % 1500)
         lit_late = await page.eval(HIGHLIGHT_JS)
         barge = await page.eval(BARGE_IN_JS % (AUDIBLE_DBFS, 800))
-        await _wait_js(page, "document.querySelector('#turns tbody .tag').textContent === 'cancelled'", 5)
+        await page.wait_for("document.querySelector('#turns tbody .tag').textContent === 'cancelled'", 5)
         lit_cut = await page.eval(HIGHLIGHT_JS)
         done = await page.eval("voicewire.state.turns.get(1).done")
         heard = await page.eval("document.querySelector('#turns tbody td.text-col .heard').textContent")
@@ -185,12 +172,12 @@ async def test_demo_page_times_a_queued_turn_from_the_end_of_the_one_before(engi
     async with gateway(engine) as gw, chromium() as page:
         await page.goto(f"{gw.url}/")
         await page.eval("document.getElementById('connect').click()")
-        await _wait_js(page, "voicewire.state.connected", 10)
+        await page.wait_for("voicewire.state.connected", 10)
         await asyncio.sleep(0.5)
         # The second turn is generated at once and waits for the first to play.
         await page.eval(f"voicewire.speak({json.dumps(first)}, {{mode: 'whole'}})")
         await page.eval(f"voicewire.speak({json.dumps(second)}, {{mode: 'whole'}})")
-        await _wait_js(page, "voicewire.state.turns.get(2).t0 !== null", 15)
+        await page.wait_for("voicewire.state.turns.get(2).t0 !== null", 15)
         await asyncio.sleep(1.0)
         lit = await page.eval(HIGHLIGHT_JS)
         turns = await page.eval(

@@ -14,7 +14,7 @@ import pytest
 from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
-from voicewire.realtime.client import ReceivedAudio, VoicewireClient, VoicewireError, delta_text
+from voicewire.realtime.client import ReceivedAudio, VoicewireClient, VoicewireError, delta_text, stream_url
 
 REPLY = "Sure, I can help with that. Your order shipped this morning and should arrive by Thursday."
 LONG_REPLY = (
@@ -148,3 +148,18 @@ async def test_api_key_for_a_server_that_requires_one(engine: Engine) -> None:
         rtc = await WebRtcClient.connect(f"http://{base}", api_key=key)
         assert rtc.session["protocol"] == 1
         await rtc.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://127.0.0.1:8080", "ws://127.0.0.1:8080/v1/stream"),
+        ("127.0.0.1:8080", "ws://127.0.0.1:8080/v1/stream"),
+        ("https://voice.example/voice/", "wss://voice.example/voice/v1/stream"),  # under --base-path
+        ("http://h:1/v1/stream?token=t", "ws://h:1/v1/stream?token=t"),
+        ("ws://h:1", "ws://h:1/v1/stream"),
+        ("wss://h/custom/socket", "wss://h/custom/socket"),  # a socket URL is taken as it is
+    ],
+)
+def test_stream_url_from_a_base_url(given: str, expected: str) -> None:
+    assert stream_url(given) == expected
