@@ -13,7 +13,6 @@ next drains its commands, between two steps (a step is a few ms for the embedded
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import itertools
@@ -33,6 +32,7 @@ from .cloned_voice import ClonedVoice, CloningNotSupported
 from .commands import Cancel, End, Flush, PushText, Stop, StreamCommand
 from .config import EngineConfig
 from .level import LeadInTrimmer
+from .live import Live, OpenQueue, OpenStream
 from .model import (
     Decoded,
     DecodeWork,
@@ -44,23 +44,14 @@ from .model import (
     TextGranularity,
 )
 from .scheduler import Request, Scheduler, StepPlan
-from .stream import AudioChunk, Stream, StreamError
+from .stream import Stream, StreamError
 from .text_feeder import ClauseFeeder, WordFeeder
-from .word_timing import WordTiming, shifted
 
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class OpenStream:
-    """A new stream for the worker (posted by ``open_stream``; the stream posts the other commands)."""
-
-    stream: Stream
-    params: StreamParams
 
 
 Command: TypeAlias = OpenStream | StreamCommand | Stop
@@ -72,15 +63,6 @@ class EngineBusy(Exception):
 
 class EngineNotReady(RuntimeError):
     """The engine is still loading or warming up (or has stopped): no stream can open yet."""
-
-
-@dataclass
-class _Queued:
-    """An open waiting for a free stream, with the commands its caller posted meanwhile."""
-
-    open: OpenStream
-    deadline: float  # perf_counter after which it fails with server_busy
-    commands: list[StreamCommand] = field(default_factory=list)
 
 
 @dataclass
@@ -100,24 +82,6 @@ class EngineStats:
     voices_cloned: int = 0  # clone_voice calls that ran the model's encoders (counted on the caller's loop)
 
 
-@dataclass
-class _Live:
-    """Worker-side bundle of one stream."""
-
-    stream: Stream
-    loop: asyncio.AbstractEventLoop
-    request: Request
-    feeder: ClauseFeeder | WordFeeder
-    trimmer: LeadInTrimmer
-    buffered_chars: int = 0
-    held_text: str = ""  # text of chunks the lead-in trimmer held back, emitted with the next audio
-    held_words: list[WordTiming] = field(default_factory=list)  # their words, samples from the held audio's start
-    held_samples: int = 0  # samples the lead-in trimmer holds
-    compute_s: float = 0.0  # model time spent on this stream so far, as the model reports it
-    frames_generated: int = 0
-    stop_reason: str | None = None  # GenerateResult.stop_reason of its last frame, for the final chunk
-
-
 class Engine:
     def __init__(self, config: EngineConfig | None = None, model: Model | None = None) -> None:
         self.config = config or EngineConfig()
@@ -125,9 +89,9 @@ class Engine:
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
-        self._live: dict[int, _Live] = {}
+        self._live: dict[int, Live] = {}
         self._free_slots: list[int] = []
-        self._queued: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
+        self._queued = OpenQueue()
         self._open_count = 0  # streams opened and not yet finished, counted on the caller side
         self._open_lock = threading.Lock()
         self._stopping = False
@@ -264,12 +228,11 @@ class Engine:
                 time.sleep(0.01)
         for live in list(self._live.values()):
             self._fail(live, StreamError("engine_closed", "the engine is shutting down"))
-        for q in self._queued.values():
+        for q in self._queued.take_all():
             with contextlib.suppress(RuntimeError):
                 q.open.stream.loop.call_soon_threadsafe(
                     q.open.stream.fail, StreamError("engine_closed", "the engine is shutting down")
                 )
-        self._queued.clear()
 
     def _ready(self) -> set[int]:
         model = self.model
@@ -285,10 +248,7 @@ class Engine:
         return any(lv.request.generation_done and not lv.request.final_sent for lv in self._live.values())
 
     def _drain(self, block: bool) -> None:
-        wait_s = IDLE_WAIT_S
-        if self._queued:  # wake for the oldest waiting open's deadline
-            head = next(iter(self._queued.values()))
-            wait_s = min(wait_s, max(0.0, head.deadline - time.perf_counter()))
+        wait_s = min(IDLE_WAIT_S, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
         try:
             cmd = self._commands.get(timeout=wait_s) if block else self._commands.get_nowait()
         except queue.Empty:
@@ -306,18 +266,14 @@ class Engine:
             return
         if isinstance(cmd, OpenStream):
             if self._queued or len(self._live) >= self.stream_limit:
-                self._queued[cmd.stream.id] = _Queued(cmd, time.perf_counter() + self.config.queue_wait_s)
+                self._queued.add(cmd, time.perf_counter() + self.config.queue_wait_s)
                 self.stats.streams_queued += 1
                 return
             self._open(cmd.stream, cmd.params)
             return
-        queued = self._queued.get(cmd.stream_id)
-        if queued is not None:
-            if isinstance(cmd, Cancel):
-                del self._queued[cmd.stream_id]
+        if cmd.stream_id in self._queued:
+            if self._queued.hold(cmd) is None:  # a cancel: it stops waiting
                 self._finish_count()
-            else:
-                queued.commands.append(cmd)
             return
         live = self._live.get(cmd.stream_id)
         if live is None:
@@ -345,18 +301,13 @@ class Engine:
     def _admit_queued(self) -> None:
         """Waiting opens, oldest first, into the streams that are free now."""
         while self._queued and len(self._live) < self.stream_limit and not self._stopping:
-            _, q = self._queued.popitem(last=False)
+            q = self._queued.pop_oldest()
             self._open(q.open.stream, q.open.params)
             for cmd in q.commands:
                 self._handle(cmd)
 
     def _expire_queued(self) -> None:
-        now = time.perf_counter()
-        while self._queued:
-            sid, q = next(iter(self._queued.items()))
-            if q.deadline > now:
-                return
-            del self._queued[sid]
+        for q in self._queued.expired(time.perf_counter()):
             self.stats.queue_timeouts += 1
             self._finish_count()
             err = StreamError(
@@ -367,7 +318,7 @@ class Engine:
             with contextlib.suppress(RuntimeError):  # its caller's loop is gone: nobody to tell
                 q.open.stream.loop.call_soon_threadsafe(q.open.stream.fail, err)
 
-    def _give_text(self, live: _Live, pieces: list[str], final: bool) -> None:
+    def _give_text(self, live: Live, pieces: list[str], final: bool) -> None:
         if pieces or final:
             self.model.add_text(live.request.slot, pieces, final)
         if live.request.t_first_emit is None and pieces:
@@ -384,7 +335,7 @@ class Engine:
             sample_rate_hz=model.info.sample_rate_hz,
         )
         lvl = self.config.level
-        live = _Live(
+        live = Live(
             stream=stream,
             loop=stream.loop,
             request=request,
@@ -461,7 +412,7 @@ class Engine:
         self.stats.frames_generated += frames
         return frames
 
-    def _charge(self, live: _Live, res: GenerateResult) -> None:
+    def _charge(self, live: Live, res: GenerateResult) -> None:
         """Ends a turn whose model time outgrows the audio it makes (text a model reads slowly
         or not at all): it would hold model capacity every other stream needs."""
         live.compute_s += res.compute_s
@@ -510,37 +461,15 @@ class Engine:
             if d.stream_id in self._live:
                 self._fail(self._live[d.stream_id], StreamError("model_error", f"decoder failed: {err}"))
 
-    def _emit(self, live: _Live, decoded: Decoded, final: bool, text: str) -> None:
-        req = live.request
-        pcm = np.asarray(decoded.pcm, np.float32)
-        out = live.trimmer.push(pcm, final)
-        text = f"{live.held_text} {text}".strip() if live.held_text else text
-        # Words in samples of the held audio + this chunk; the trimmer cut what is not in ``out``.
-        words = live.held_words + shifted(decoded.words, live.held_samples)
-        if not (out.size or final):
-            live.held_text, live.held_words = text, words
-            live.held_samples += pcm.size
-            return
-        cut = live.held_samples + pcm.size - out.size
-        live.held_text, live.held_words, live.held_samples = "", [], 0
-        chunk = AudioChunk(
-            out,
-            req.sample_rate_hz,
-            req.samples_emitted,
-            final=final,
-            text=text,
-            stop_reason=live.stop_reason if final else None,
-            words=tuple(shifted(words, req.samples_emitted - cut)),
-        )
-        if out.size and req.t_first_emit is None:
-            req.t_first_emit = time.perf_counter()
-            live.stream.metrics.trimmed_samples = live.trimmer.trimmed_samples
-        req.samples_emitted += out.size
+    def _emit(self, live: Live, decoded: Decoded, final: bool, text: str) -> None:
+        chunk = live.chunk(decoded, final, text)
+        if chunk is None:
+            return  # held by the lead-in trim until audible audio (or the end) comes
         if final:
             self._release(live)  # freed before the caller can see the end of the stream
         self._to_loop(live, live.stream.deliver, chunk)
 
-    def _to_loop(self, live: _Live, fn: Callable[[_T], None], arg: _T) -> None:
+    def _to_loop(self, live: Live, fn: Callable[[_T], None], arg: _T) -> None:
         """Hand a result to the stream's event loop; a caller whose loop is gone loses its stream."""
         try:
             live.loop.call_soon_threadsafe(fn, arg)
@@ -552,12 +481,12 @@ class Engine:
             if live.request.slot == slot:
                 self._fail(live, StreamError("model_error", message))
 
-    def _fail(self, live: _Live, err: StreamError) -> None:
+    def _fail(self, live: Live, err: StreamError) -> None:
         self.stats.streams_failed += 1
         self._release(live)
         self._to_loop(live, live.stream.fail, err)
 
-    def _release(self, live: _Live) -> None:
+    def _release(self, live: Live) -> None:
         sid = live.stream.id
         if self._live.pop(sid, None) is None:
             return

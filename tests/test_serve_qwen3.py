@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-from voicewire.realtime import cli
+from voicewire.realtime import cli, engine_flags
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE = [sys.executable, "-m", "voicewire.realtime.cli", "serve"]
@@ -27,7 +27,7 @@ MIB = 1 << 20
 
 def _config(*flags: str) -> tuple[dict[str, object], int]:
     args = cli.build_parser().parse_args(["serve", "--model", "qwen3-tts", *flags])
-    engine = cli._engine_config(args)
+    engine = engine_flags.to_engine_config(args)
     return engine.model_options, engine.max_streams
 
 
@@ -35,8 +35,8 @@ def _config(*flags: str) -> tuple[dict[str, object], int]:
 def test_cuda_defaults_are_the_benchmarked_configuration() -> None:
     options, max_streams = _config("--random-weights", "--qwen-size", "1.7b", "--device", "cuda")
     assert options["dtype"] == "bf16"
-    assert options["max_slots"] == "auto" and max_streams == cli.AUTO_MAX_STREAMS
-    assert options["max_batch_size"] == 128 and options["max_seq_len"] == 1536
+    assert options["max_slots"] == "auto" and max_streams == engine_flags.AUTO_MAX_STREAMS
+    assert options["max_batch_size"] == 256 and options["max_seq_len"] == 1536
     assert options["memory_share"] == 1.0 and options["checkpoint"] is None
 
 
@@ -70,21 +70,21 @@ def test_replicas_on_one_gpu_split_its_memory() -> None:
 )
 def test_unservable_flags_are_usage_errors(flags: tuple[str, ...], says: str) -> None:
     args = cli.build_parser().parse_args(["serve", "--model", "qwen3-tts", *flags])
-    with pytest.raises(cli._UsageError, match=says):
-        cli._engine_config(args)
+    with pytest.raises(engine_flags.UsageError, match=says):
+        engine_flags.to_engine_config(args)
 
 
 def test_qwen3_flags_refused_for_another_model_and_max_streams_kept() -> None:
     args = cli.build_parser().parse_args(["serve", "--dtype", "bf16"])
-    with pytest.raises(cli._UsageError, match="--dtype applies to --model qwen3-tts only"):
-        cli._engine_config(args)
-    assert cli._engine_config(cli.build_parser().parse_args(["serve", "--max-streams", "8"])).max_streams == 8
+    with pytest.raises(engine_flags.UsageError, match="--dtype applies to --model qwen3-tts only"):
+        engine_flags.to_engine_config(args)
+    assert engine_flags.to_engine_config(cli.build_parser().parse_args(["serve", "--max-streams", "8"])).max_streams == 8
 
 
 def test_auto_streams_cap_matches_the_model_side() -> None:
     from voicewire.engine.qwen3.options import AUTO_MAX_SLOTS
 
-    assert cli.AUTO_MAX_STREAMS == AUTO_MAX_SLOTS
+    assert engine_flags.AUTO_MAX_STREAMS == AUTO_MAX_SLOTS
 
 
 # --- slots from free memory ------------------------------------------------------------------------
