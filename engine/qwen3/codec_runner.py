@@ -60,6 +60,20 @@ class CodecRunner:
         self.states.reset(slot)
         self._history[slot] = []
 
+    def prime(self, slot: int, codes: np.ndarray) -> None:
+        """Advance a freshly opened slot's decoder over frames that come before its stream (an
+        in-context voice's reference codes, (F, 16)), their audio discarded: the stream's first
+        frames then decode as the continuation of the reference, which is what the official
+        implementation plays (it decodes reference + generated codes and cuts the reference's
+        samples). In the graphed lengths: at most a few ms a clip on the GPU."""
+        if self.options.codec_mode == "windowed":
+            self._history[slot] = [codes[-self.options.windowed_left_context :]]
+            return
+        longest = self.frames[-1]
+        for t in range(0, len(codes), longest):
+            part = codes[t : t + longest]
+            self.decode([DecodeWork(slot=slot, frames=[part], n_frames=len(part), final=False)])
+
     def close(self, slot: int) -> None:
         """Forget the slot's windowed history (its state row is reset by the next ``open``)."""
         self._history.pop(slot, None)

@@ -189,6 +189,8 @@ class Qwen3TTSModel(Model):
         self.state.open(slot, req.sampling, req.whole_text)
         self.repetition.open(slot, guard.repeat_frames if guard is not None else 0)
         self.codec_runner.open(slot)
+        if req.profile is not None and req.profile.ref_codes is not None:
+            self.codec_runner.prime(slot, req.profile.ref_codes.cpu().numpy().astype(np.int64))
         self._slots[slot] = _Slot(
             text=TextStream(self.tokenizer),
             language_id=req.language_id,

@@ -226,3 +226,31 @@ def test_a_random_cloner_clones_on_a_random_base_model(device: str) -> None:
         runs[name] = run_stream(model, 0, ["A cloned voice."], params)
         assert runs[name].shape == (6, 16)
     assert (runs["xvec"] != runs["icl"]).any()
+
+
+def test_an_in_context_voice_plays_as_the_continuation_of_its_reference(device: str) -> None:
+    """The official implementation decodes reference + generated codes and cuts the reference's
+    samples. A slot of an in-context voice starts its decoder primed with the reference codes, so
+    its streamed audio, chunk by chunk, equals that (unprimed, the first frames decode from silence)."""
+    from voicewire.engine.model import DecodeWork
+
+    model = load_qwen3(None, "tiny-base", device=device, seed=4, max_slots=2, max_batch_size=2)
+    cloner = VoiceCloner.random(model.cfg, seed=5, device=device)
+    icl = cloner.profile(reference_audio(1.5, 24_000, seed=6), 24_000, "Hello world.")
+    assert icl.ref_codes is not None
+    model.open_slot(0, StreamParams(greedy=True, forced_frames=8, seed=0, extra={PROFILE_KEY: icl}))
+    model.add_text(0, ["A cloned voice."], True)
+    frames, pcm = [], []
+    while model.ready(0):
+        r = model.generate([0])[0]
+        if r.frames is not None:
+            frames.append(r.frames)
+            pcm.append(model.decode([DecodeWork(slot=0, frames=[r.frames], n_frames=1, final=r.finished)])[0])
+        if r.finished:
+            break
+    model.close_slot(0)
+    ref = icl.ref_codes.cpu().numpy().astype(np.int64)
+    whole = torch.from_numpy(np.concatenate([ref, *frames])).T[None].to(model.device)
+    expected = model.codec.decode(whole)[0].cpu().numpy()[len(ref) * model.cfg.codec.frame_samples :]
+    assert len(frames) == 8
+    np.testing.assert_allclose(np.concatenate(pcm), expected, rtol=0, atol=1e-4)
