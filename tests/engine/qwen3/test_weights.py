@@ -122,18 +122,35 @@ def test_corrupt_safetensors_is_refused(ckpt: Path, tmp_path: Path) -> None:
 
 
 def test_base_checkpoint_with_speaker_encoder_loads(tmp_path: Path) -> None:
+    """A Base checkpoint carries the speaker encoder in model.safetensors (``speaker_encoder.*``) and
+    the speech tokenizer's encoder beside its decoder (``encoder.*``): it loads, clones and speaks;
+    a checkpoint missing part of the speaker encoder is refused by name, one without it loads with
+    cloning off."""
+    from voicewire.engine.qwen3.voice_clone import VoiceCloner
+
     d = tmp_path / "base"
-    write_random_checkpoint(str(d), "tiny-base", seed=1)
-    path = d / "model.safetensors"
-    tensors = load_file(str(path))
-    tensors["speaker_encoder.fc.weight"] = torch.randn(64, 192, 1)  # as the Base files carry
-    save_file(tensors, str(path))
+    cfg = write_random_checkpoint(str(d), "tiny-base", seed=1)
+    cloner = VoiceCloner.random(cfg, seed=2)
+    main, speech = d / "model.safetensors", d / "speech_tokenizer" / "model.safetensors"
+    plain = load_file(str(main))
+    speaker = {f"speaker_encoder.{k}": v.contiguous() for k, v in cloner.speaker_encoder.state_dict().items()}
+    save_file({**plain, **speaker}, str(main))
+    encoder = {f"encoder.{k}": v.contiguous() for k, v in cloner.codec_encoder.state_dict().items()}
+    save_file({**load_file(str(speech)), **encoder}, str(speech))
     model = load_qwen3(str(d), max_slots=1, max_batch_size=1, max_seq_len=64)
-    assert model.cfg.model_type == "base" and "speaker_encoder.fc.weight" in model.speaker_encoder_weights
+    assert model.cfg.model_type == "base" and set(speaker) <= set(model.speaker_encoder_weights)
+    assert model.info.voice_encoder.startswith("qwen3-tts-base/")
     codes = run_stream(model, 0, ["Base."], StreamParams(greedy=True, forced_frames=2))
     assert codes.shape == (2, 16)
     with pytest.raises(Exception, match="no named voices"):
         model.open_slot(0, StreamParams(voice="ryan"))
+
+    dropped = sorted(speaker)[0]
+    save_file({**plain, **{k: v for k, v in speaker.items() if k != dropped}}, str(main))
+    with pytest.raises(CheckpointError, match=r"speaker encoder.*: 1 tensors missing"):
+        load_qwen3(str(d), max_slots=1, max_batch_size=1, max_seq_len=64)
+    save_file(plain, str(main))
+    assert load_qwen3(str(d), max_slots=1, max_batch_size=1, max_seq_len=64).info.voice_encoder == ""
 
 
 def test_random_sizes_have_the_published_parameter_counts() -> None:
