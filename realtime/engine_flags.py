@@ -152,7 +152,7 @@ def needs_torch(args: argparse.Namespace) -> str | None:
 # process). Qwen3-TTS on a GPU: one core, out of the gateway's GIL (in one process, gateway work
 # delayed frame steps: 56 of 641 turns late at 80 req/s where the engine alone had none). The
 # embedded voice on a CPU: in the gateway's process. On 2 cores a third busy process costs more than
-# the GIL: 75 streaming sessions held with zero underruns in 3 of 3 in-process runs of
+# the GIL: 75 streaming sessions held with zero underruns in 3 of 4 in-process runs of
 # benchmarks/ws_bench.py and 1 of 4 through a core (a 16-19 ms stall at 50 sessions, or 1.4 ms at
 # 25), with the same TTFP and the same 10-peer WebRTC packet gaps (ws_core_vs_inprocess_cpu.json,
 # core_ipc_cpu.json). --replicas 1 gives the embedded voice a supervised core.
