@@ -27,11 +27,9 @@ Over WebRTC: ``voicewire.realtime.client.webrtc.WebRtcClient`` offers the same t
 aiortc, so it is not imported here).
 """
 
-from .protocol import (
+from .messages import (
     DEFAULT_SAMPLE_RATE_HZ,
-    ProtocolClient,
     ReceivedAudio,
-    Turn,
     TurnAudio,
     TurnDone,
     TurnEvent,
@@ -41,6 +39,7 @@ from .protocol import (
     WordTiming,
     delta_text,
 )
+from .protocol import ProtocolClient, Turn
 from .websocket import VoicewireClient, speak, stream_url
 
 __all__ = [

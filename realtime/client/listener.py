@@ -19,7 +19,7 @@ import numpy as np
 
 from voicewire.engine import ONSET_THRESHOLD_DBFS, Playout, first_audible_sample
 
-from .protocol import ReceivedAudio
+from .messages import ReceivedAudio
 
 
 @dataclass(frozen=True)

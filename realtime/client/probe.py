@@ -45,8 +45,9 @@ from typing import Any, TextIO
 import numpy as np
 
 from .listener import Arrival, hear, ws_arrivals
+from .messages import ReceivedAudio, TurnDone, VoicewireError
 from .probe_report import summarize
-from .protocol import ProtocolClient, ReceivedAudio, TurnDone, VoicewireError
+from .protocol import ProtocolClient
 from .simulated_llm import TEXTS, send_reply
 from .websocket import VoicewireClient
 

@@ -35,7 +35,8 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from voicewire.engine import ONSET_THRESHOLD_DBFS, dbfs, first_audible_sample
 
-from .protocol import ProtocolClient, ReceivedAudio, Turn, TurnDone, TurnId, VoicewireError
+from .messages import ReceivedAudio, TurnDone, TurnId, VoicewireError
+from .protocol import ProtocolClient, Turn
 
 SAMPLE_RATE_HZ = 48_000  # what aiortc's Opus decoder puts out
 FRAME_SAMPLES = 960  # 20 ms

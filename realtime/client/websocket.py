@@ -12,7 +12,8 @@ from typing import Any
 
 import websockets
 
-from .protocol import DEFAULT_SAMPLE_RATE_HZ, ProtocolClient, ReceivedAudio, VoicewireError
+from .messages import DEFAULT_SAMPLE_RATE_HZ, ReceivedAudio, VoicewireError
+from .protocol import ProtocolClient
 
 MAX_AUDIO_MESSAGE_BYTES = 16 * 1024 * 1024  # a long clause of 48 kHz PCM16 is ~1 MB
 
