@@ -272,7 +272,7 @@ class Engine:
             self._open(cmd.stream, cmd.params)
             return
         if cmd.stream_id in self._queued:
-            if self._queued.hold(cmd) is None:  # a cancel: it stops waiting
+            if not self._queued.hold(cmd):  # a cancel: it stops waiting
                 self._finish_count()
             return
         live = self._live.get(cmd.stream_id)

@@ -100,14 +100,13 @@ class OpenQueue:
     def add(self, open: OpenStream, deadline: float) -> None:
         self._waiting[open.stream.id] = WaitingOpen(open, deadline)
 
-    def hold(self, cmd: StreamCommand) -> WaitingOpen | None:
-        """Keep a waiting open's command for when it runs; a cancel removes it (returns None)."""
+    def hold(self, cmd: StreamCommand) -> bool:
+        """Keep a waiting open's command for when it runs; a cancel removes the open (False)."""
         if isinstance(cmd, Cancel):
             self._waiting.pop(cmd.stream_id, None)
-            return None
-        waiting = self._waiting[cmd.stream_id]
-        waiting.commands.append(cmd)
-        return waiting
+            return False
+        self._waiting[cmd.stream_id].commands.append(cmd)
+        return True
 
     def pop_oldest(self) -> WaitingOpen:
         return self._waiting.popitem(last=False)[1]

@@ -32,7 +32,6 @@ the pauses it trims.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import re
 import time
@@ -50,6 +49,7 @@ from ..model import Decoded, DecodeWork, GenerateResult, Model, ModelInfo, Strea
 from ..text_guard import cut_to_length
 from ..word_timing import WordTiming
 from .hibari_graph import DURATION_TENSOR, with_durations
+from .hibari_words import WordPlan, plan_calls, word_samples
 
 log = logging.getLogger("voicewire.hibari")
 
@@ -70,29 +70,9 @@ MAX_PHONEMES_PER_CALL = 400  # per network call (hibari's own sentence limit): ~
 STEP_WAIT_S = 0.02  # generate() returns after this long even if a slot's clause work is still running
 # Symbols outside letters, digits, punctuation and currency that hibari's normalizer reads aloud.
 _READ_SYMBOLS = frozenset("°§¶±×÷™®©•→←")
-# A phoneme is heard before the frames the duration predictor gives it: each 12.5 ms frame is an
-# STFT window of +-25 ms, and the network's convolutions after the expansion smear its onset over
-# neighbouring frames. Measured on 30 one-word sentences (words apart from the test's): the first
-# audible 10 ms window (-45 dBFS) comes a median 50 ms (p10 35, p90 75) before the phoneme's first
-# frame, so word times are moved that much earlier.
-SOUND_LEAD_MS = 50.0
-# Phonemes that are pauses, not sounds of a word: a word's time ends before them.
-_PAUSE_PHONEMES = frozenset(" ;:,.!?—…\"“”()")
 _OUTPUTS = ("lh", "theta", "ln", "lr", "phi", "f0", DURATION_TENSOR)
 _DIGIT_RUN = re.compile(r"\d+(?:,\d+)*")
 _NON_SPACE_RUN = re.compile(rf"\S{{{MAX_RUN_CHARS + 1},}}")
-
-
-@dataclass(frozen=True)
-class _WordPlan:
-    """Where one clause word's time will lie in a network call's output, before the call: the ids
-    whose frames it spans, and the share of them it takes (a word of a run the normalizer rewrote
-    as a whole takes part of the run's time)."""
-
-    word: str
-    first_id: int  # index into the call's ids
-    end_id: int  # one past the last (== first_id: a word with no sound of its own)
-    share: tuple[float, float] = (0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -102,7 +82,7 @@ class _Utterance:
     phonemes: str
     tail_ms: float  # pause kept after its audio
     text: str  # the clause text its audio speaks ("" for the later calls of a long clause)
-    words: tuple[_WordPlan, ...] = ()
+    words: tuple[WordPlan, ...] = ()
 
 
 @dataclass
@@ -277,7 +257,7 @@ class HibariModel(Model):
                 {"ids": np.asarray([ids], np.int64), "speed": np.asarray([s.speed], np.float32)},
             )
             parts = tuple(np.asarray(o)[0] for o in out[:-1])
-            words = _word_samples(u.words, np.asarray(out[-1]).reshape(-1), parts[0].shape[1] * FRAME_SAMPLES)
+            words = word_samples(u.words, np.asarray(out[-1]).reshape(-1), parts[0].shape[1] * FRAME_SAMPLES, SAMPLE_RATE_HZ)
             frames.append(_Frames(parts, not s.spoke_any, u.tail_ms, words))
             s.spoke_any = True
         s.finished = s.text_final and not s.clauses and not s.utterances
@@ -289,12 +269,12 @@ class HibariModel(Model):
     def _utterances(self, clause: str, text: str) -> list[_Utterance]:
         """``clause`` (made ``speakable`` as ``text``) as network calls of bounded length, each
         with the plan of its words' times."""
-        parts: list[tuple[str, list[_WordPlan]]] = []
+        parts: list[tuple[str, list[WordPlan]]] = []
         try:
             for sentence in self._tts.split_sentences(text):
                 phonemes, spans = self._phonemize_words(sentence)
                 if phonemes:
-                    parts += _calls(phonemes, spans, sentence.split(), self._tts.vocab)
+                    parts += plan_calls(phonemes, spans, sentence.split(), self._tts.vocab, MAX_PHONEMES_PER_CALL)
         except Exception:  # the word plan must never cost the audio: hibari's own path, untimed
             log.warning("word timing failed for a clause of %d characters; speaking it untimed", len(text),
                         exc_info=True)  # fmt: skip
@@ -388,93 +368,3 @@ def _trim_pauses(pcm: np.ndarray, lead_ms: float | None, tail_ms: float) -> tupl
     return pcm[start : min(pcm.size, end + int(SAMPLE_RATE_HZ * tail_ms / 1000))], start
 
 
-def _key(word: str) -> str:
-    """What two spellings of a word share: its letters and digits, accents and case aside."""
-    return "".join(ch for ch in unicodedata.normalize("NFKD", word).casefold() if ch.isalnum())
-
-
-def match_words(clause_words: Sequence[str], g2p_words: Sequence[str]) -> list[tuple[int, int, float, float]]:
-    """For each clause word, the G2P words that speak it: (first, end, share_lo, share_hi). Words
-    the normalizer left alone match one to one; a run it rewrote ("7:30" -> "seven thirty") is
-    shared by length among the clause words of the run; a clause word it dropped gets (j, j)."""
-    out: list[tuple[int, int, float, float]] = [(0, 0, 0.0, 0.0)] * len(clause_words)
-    keys = [_key(w) for w in clause_words]
-    matcher = difflib.SequenceMatcher(None, keys, [_key(w) for w in g2p_words], autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            for k in range(i2 - i1):
-                out[i1 + k] = (j1 + k, j1 + k + 1, 0.0, 1.0)
-        elif tag in ("replace", "delete"):
-            weights = [max(1, len(keys[i])) for i in range(i1, i2)]
-            total, before = sum(weights), 0
-            for k, weight in enumerate(weights):
-                lo, hi = before / total, (before + weight) / total
-                out[i1 + k] = (j1, j2, lo, hi) if j2 > j1 else (j1, j1, 0.0, 0.0)
-                before += weight
-        # "insert": G2P words with no clause word (an expansion's extra words) are left as pauses
-    return out
-
-
-def _calls(
-    phonemes: str, spans: list[tuple[str, int, int]], clause_words: list[str], vocab: dict[str, int]
-) -> list[tuple[str, list[_WordPlan]]]:
-    """One sentence's phonemes in network calls of at most MAX_PHONEMES_PER_CALL, cut between G2P
-    words, each with the plans of the clause words whose sound starts in it."""
-    groups: list[list[int]] = []  # G2P word indices per call
-    begin = 0
-    for j, (_, a, b) in enumerate(spans):
-        if not groups or b - begin > MAX_PHONEMES_PER_CALL:
-            groups.append([])
-            begin = a
-        groups[-1].append(j)
-    group_of = {j: g for g, group in enumerate(groups) for j in group}
-    matches = match_words(clause_words, [w for w, _, _ in spans])
-    plans: list[list[_WordPlan]] = [[] for _ in groups]
-    texts: list[list[str]] = []
-    for g, group in enumerate(groups):
-        raw = phonemes[spans[group[0]][1] : spans[group[-1]][2]]
-        lead = len(raw) - len(raw.lstrip())
-        pieces = cut_to_length(raw, MAX_PHONEMES_PER_CALL) or [""]  # more than one: one huge G2P word
-        texts.append(pieces)
-        id_of = np.cumsum([1] + [ch in vocab for ch in pieces[0]])  # id of each character: [0, ...vocab chars, 0]
-        base = spans[group[0]][1] + lead
-
-        def sound_ids(j: int, text: str = pieces[0], id_of: np.ndarray = id_of, base: int = base) -> tuple[int, int]:
-            a, b = max(0, spans[j][1] - base), max(0, min(spans[j][2] - base, len(text)))
-            sounds = [i for i in range(a, b) if text[i] in vocab and text[i] not in _PAUSE_PHONEMES]
-            if not sounds:
-                at = int(id_of[min(a, len(text))])
-                return at, at
-            return int(id_of[sounds[0]]), int(id_of[sounds[-1]]) + 1
-
-        for word, (j1, j2, lo, hi) in zip(clause_words, matches, strict=True):
-            if group_of.get(j1, len(groups) - 1) != g:
-                continue
-            if j2 > j1:
-                first = sound_ids(j1)[0]
-                end = sound_ids(max(j for j in range(j1, j2) if group_of[j] == g))[1]
-            else:  # no sound of its own: a point where the next G2P word starts (or at the end)
-                first = end = sound_ids(j1)[0] if j1 in group_of else int(id_of[-1])
-            plans[g].append(_WordPlan(word, first, max(first, end), (lo, hi)))
-    return [
-        (piece, plans[g] if k == 0 else [])
-        for g, pieces in enumerate(texts)
-        for k, piece in enumerate(pieces)
-        if piece
-    ]
-
-
-def _word_samples(plans: Sequence[_WordPlan], durations: np.ndarray, n_samples: int) -> tuple[WordTiming, ...]:
-    """The plans of one call in samples of its synthesized audio: id ``i`` lasts ``durations[i]``
-    units of the duration predictor, which the network expands to ``n_samples`` in all."""
-    total = int(durations.sum())
-    if total <= 0:
-        return ()
-    edges = np.concatenate([[0], np.cumsum(durations)]) * (n_samples / total)  # sample where each id starts
-    edges = np.maximum(0.0, edges - SAMPLE_RATE_HZ * SOUND_LEAD_MS / 1000)
-    out = []
-    for p in plans:
-        a, b = float(edges[min(p.first_id, durations.size)]), float(edges[min(p.end_id, durations.size)])
-        lo, hi = a + (b - a) * p.share[0], a + (b - a) * p.share[1]
-        out.append(WordTiming(p.word, round(lo), round(hi)))
-    return tuple(out)

@@ -9,7 +9,8 @@ import pytest
 from tests.engine.word_accuracy import measure
 from voicewire.engine import Engine
 from voicewire.engine.models.hibari_graph import DURATION_TENSOR, with_durations
-from voicewire.engine.models.hibari_voice import HibariModel, match_words, speakable
+from voicewire.engine.models.hibari_voice import HibariModel, speakable
+from voicewire.engine.models.hibari_words import match_words
 from voicewire.engine.qwen3.tokenizer import StandInTokenizer
 from voicewire.engine.word_timing import TokenWords
 
