@@ -1,0 +1,370 @@
+"""Where a loaded engine's time goes: each tick's host phases and the GPU span of every graph call.
+
+    python3 benchmarks/profile_serve.py --size 1.7b --rate 170 --out p.json     # on the lent H200
+
+The served engine (1.7B, random weights, 512 slots, batch 256, the committed length mix) takes an
+open-loop Poisson load for ``--duration-s``. Every graph replay is bracketed by CUDA events on the
+stream it runs on (the frame step and prefill on the worker's stream, the codec on its own), so the
+JSON holds, per call kind, how long it ran on the GPU under load (which counts the slowdown of
+sharing the SMs with the other stream), and per tick: the host time of each phase (plan, the frame
+step's launches, the wait for its codes, the codec's launches, the wait for its PCM, hand-off),
+batch sizes, new streams prefilled, and codec calls with their shapes. Also: the codec graph's
+kernels by name (torch.profiler over replays), and each of its convolutions timed alone in the
+served layout against channels-last, which says what a layout change could win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_load import Lengths, closed_loop, open_loop, pct
+from serving_bench import build, env, gpu_ms
+
+from voicewire.engine.config import ChunkSchedule, EngineConfig, LevelConfig
+from voicewire.engine.engine import Engine
+from voicewire.engine.qwen3 import ExperimentalOptions, Qwen3TTSModel
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "served": {},
+    "noramp": {"chunks": ChunkSchedule(ramp_frames=())},  # 1, then 12-frame chunks
+    "steady24": {"chunks": ChunkSchedule(ramp_frames=(2, 4, 8, 12), steady_frames=24)},
+}
+
+
+# --- the codec's kernels and convolutions -----------------------------------------------------------
+def codec_kernels(model: Qwen3TTSModel, shapes: list[tuple[int, int]]) -> dict[str, Any]:
+    q, dev, out = model.cfg.talker.num_code_groups, model.device, {}
+    rng = np.random.default_rng(0)
+    for b, t in shapes:
+        if not model.graphs.has(("codec", b, t)):
+            continue
+        rows = rng.integers(0, 2048, (b, q * t + 2)).astype(np.int64)
+        rows[:, -2], rows[:, -1] = t, np.arange(b)
+        replay = lambda rows=rows, b=b, t=t: model.graphs.run(("codec", b, t), rows)  # noqa: E731
+        row: dict[str, Any] = {"graph_ms": gpu_ms(replay, dev, 10)}
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                replay()
+            torch.cuda.synchronize(dev)
+        by: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+                by[e.name][0] += 1
+                by[e.name][1] += e.device_time
+        row["kernel_us_per_call"] = sum(v[1] for v in by.values()) / 5
+        row["launches_per_call"] = sum(v[0] for v in by.values()) / 5
+        row["kernels"] = [
+            {"name": n[:140], "per_call": c / 5, "us_per_call": us / 5}
+            for n, (c, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:30]
+        ]
+        out[f"B{b}_T{t}"] = row
+    return out
+
+
+def conv_layouts(model: Qwen3TTSModel, b: int, t: int) -> dict[str, Any]:
+    """Each conv of one eager (b, t) codec call, timed alone: as served (N, C, T) against channels-last
+    conv2d (N, C, 1, T) in NHWC memory, and a 1x1 conv as a (N T, C) matmul."""
+    codec, dev = model.codec, model.device
+    seen: list[tuple[str, torch.nn.Module, tuple[int, ...]]] = []
+    hooks = []
+    for name, m in codec.named_modules():
+        if isinstance(m, torch.nn.Conv1d | torch.nn.ConvTranspose1d):
+            hooks.append(
+                m.register_forward_hook(lambda mod, inp, _o, name=name: seen.append((name, mod, tuple(inp[0].shape))))
+            )
+    q = model.cfg.talker.num_code_groups
+    codes = torch.randint(0, 2048, (b, q, t), device=dev)
+    state, start = codec.fresh_state(b)
+    with torch.no_grad():
+        codec.stream(codes, state, start)
+    for h in hooks:
+        h.remove()
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    torch.backends.cudnn.benchmark = True
+    for name, mod, shape in seen:
+        transposed = isinstance(mod, torch.nn.ConvTranspose1d)
+        key = (transposed, shape, tuple(mod.weight.shape), mod.stride, mod.dilation, mod.groups)
+        if key in groups:
+            groups[key]["count"] += 1
+            continue
+        x = torch.randn(shape, device=dev, dtype=mod.weight.dtype)
+        w, bias = mod.weight, mod.bias
+        with torch.no_grad():
+            if transposed:
+                ncw = lambda x=x, mod=mod: mod(x)  # noqa: E731
+                x4 = x[:, :, None].contiguous(memory_format=torch.channels_last)
+                w4 = w[:, :, None].contiguous(memory_format=torch.channels_last)
+                nhwc = lambda x4=x4, w4=w4, mod=mod, bias=bias: F.conv_transpose2d(  # noqa: E731
+                    x4, w4, bias, stride=(1, mod.stride[0])
+                )
+            else:
+                ncw = lambda x=x, mod=mod: mod(x)  # noqa: E731
+                x4 = x[:, :, None].contiguous(memory_format=torch.channels_last)
+                w4 = w[:, :, None].contiguous(memory_format=torch.channels_last)
+                nhwc = lambda x4=x4, w4=w4, mod=mod, bias=bias: F.conv2d(  # noqa: E731
+                    x4, w4, bias, dilation=(1, mod.dilation[0]), groups=mod.groups
+                )
+            row = {"layer": name, "count": 1, "in": list(shape), "weight": list(w.shape)}
+            row["kernel"], row["dilation"], row["stride"] = w.shape[-1], mod.dilation[0], mod.stride[0]
+            row["ncw_ms"] = gpu_ms(ncw, dev, 10)
+            row["nhwc_ms"] = gpu_ms(nhwc, dev, 10)
+            if not transposed and w.shape[-1] == 1 and mod.groups == 1:
+                xt = x.transpose(1, 2).contiguous()
+                w2 = w[:, :, 0].T.contiguous()
+                row["matmul_ms"] = gpu_ms(lambda xt=xt, w2=w2: xt @ w2, dev, 10)
+        groups[key] = row
+    rows = sorted(groups.values(), key=lambda r: -r["ncw_ms"] * r["count"])
+    total = {k: sum(r[k] * r["count"] for r in rows) for k in ("ncw_ms", "nhwc_ms")}
+    return {"b": b, "t": t, "convs": len(seen), "total_ms": total, "layers": rows}
+
+
+# --- the engine under load, traced ------------------------------------------------------------------
+class _HostEvent:
+    """torch.cuda.Event's timing calls on the host clock: the CPU smoke run of this script."""
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.t = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other: _HostEvent) -> float:
+        return (other.t - self.t) * 1e3
+
+
+def _event() -> Any:
+    return torch.cuda.Event(enable_timing=True) if torch.cuda.is_available() else _HostEvent()
+
+
+class Tracer:
+    """Wraps one engine's worker phases and its model's graph replays; everything on the worker thread."""
+
+    def __init__(self, engine: Engine, model: Qwen3TTSModel) -> None:
+        self.ticks: list[dict[str, Any]] = []
+        self.spans: list[tuple[str, Any, torch.cuda.Event, torch.cuda.Event]] = []
+        self.base = _event()
+        self.base.record()
+        self.tick: dict[str, Any] = {}
+        self.on = False
+        graphs, runner = model.graphs, model.codec_runner
+
+        def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*a: Any, **k: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    self.tick[name] = self.tick.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+
+            return wrapper
+
+        run = graphs.run
+
+        def graph_run(key: Any, rows: np.ndarray, staged: Any = None) -> Any:
+            if not self.on:
+                return run(key, rows, staged)
+            s = torch.cuda.current_stream() if torch.cuda.is_available() else None
+            e0, e1 = _event(), _event()
+            e0.record(s)
+            out = run(key, rows, staged)
+            e1.record(s)
+            self.spans.append((key[0], key[1:], e0, e1))
+            self.tick.setdefault("graphs", []).append(key)
+            return out
+
+        graphs.run = graph_run  # type: ignore[method-assign]
+        model.generate = timed("generate_ms", model.generate)  # type: ignore[method-assign]
+        to_host = model._to_host
+        model._to_host = timed("codes_wait_ms", to_host)  # type: ignore[method-assign]
+        start = runner.decode_start
+
+        def decode_start(work: Any) -> Any:
+            t0 = time.perf_counter()
+            finish = start(work)
+            self.tick["codec_launch_ms"] = self.tick.get("codec_launch_ms", 0.0) + (time.perf_counter() - t0) * 1e3
+            self.tick["codec_chunks"] = len(work)
+            self.tick["codec_frames"] = sum(w.n_frames for w in work)
+            return timed("pcm_wait_ms", finish)
+
+        runner.decode_start = decode_start  # type: ignore[method-assign]
+        sched = engine._scheduler
+        sched.plan_generate = timed("plan_generate_ms", sched.plan_generate)  # type: ignore[method-assign]
+        sched.plan_decode = timed("plan_decode_ms", sched.plan_decode)  # type: ignore[method-assign]
+        engine._emit = timed("emit_ms", engine._emit)  # type: ignore[method-assign]
+        engine._drain = timed("drain_ms", engine._drain)  # type: ignore[method-assign]
+        engine._ready = timed("ready_ms", engine._ready)  # type: ignore[method-assign]
+        step = engine._step
+
+        def tick(ready: set[int]) -> None:
+            t0 = time.perf_counter()
+            step(ready)
+            if self.on:
+                self.tick["tick_ms"] = (time.perf_counter() - t0) * 1e3
+                self.tick["t"] = t0
+                self.tick["ready"] = len(ready)
+                self.ticks.append(self.tick)
+            self.tick = {}
+
+        engine._step = tick  # type: ignore[method-assign]
+
+    def summary(self) -> dict[str, Any]:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        spans = [(kind, shape, self.base.elapsed_time(a), self.base.elapsed_time(b)) for kind, shape, a, b in self.spans]
+        out: dict[str, Any] = {"ticks": len(self.ticks)}
+        if not self.ticks:
+            return out
+        wall = (self.ticks[-1]["t"] - self.ticks[0]["t"]) * 1e3 + self.ticks[-1]["tick_ms"]
+        out["wall_ms"] = wall
+        keys = sorted({k for t in self.ticks for k, v in t.items() if k.endswith("_ms")})
+        out["host_ms_per_tick"] = {k: float(np.mean([t.get(k, 0.0) for t in self.ticks])) for k in keys}
+        out["host_ms_total"] = {k: float(np.sum([t.get(k, 0.0) for t in self.ticks])) for k in keys}
+        out["codec_frames_per_tick"] = float(np.mean([t.get("codec_frames", 0) for t in self.ticks]))
+        per_kind: dict[str, list[float]] = defaultdict(list)
+        by_shape: dict[str, list[float]] = defaultdict(list)
+        for kind, shape, a, b in spans:
+            per_kind[kind].append(b - a)
+            by_shape[f"{kind}{list(shape)}"].append(b - a)
+        out["gpu_ms"] = {
+            k: {"calls": len(v), "total": float(np.sum(v)), "mean": float(np.mean(v)), "p90": pct(v, 90)}
+            for k, v in per_kind.items()
+        }
+        out["gpu_ms_by_shape"] = {
+            k: {"calls": len(v), "mean": float(np.mean(v)), "total": float(np.sum(v))}
+            for k, v in sorted(by_shape.items(), key=lambda kv: -sum(kv[1]))[:40]
+        }
+        calls = Counter(len([g for g in t.get("graphs", []) if g[0] == "codec"]) for t in self.ticks)
+        out["codec_calls_per_tick"] = dict(sorted(calls.items()))
+        prefills = Counter(len([g for g in t.get("graphs", []) if g[0] == "prefill"]) for t in self.ticks)
+        out["prefill_calls_per_tick"] = dict(sorted(prefills.items()))
+
+        # busy time of each stream and of both at once, from the spans' union
+        def union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+            merged: list[list[float]] = []
+            for a, b in sorted(iv):
+                if merged and a <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], b)
+                else:
+                    merged.append([a, b])
+            return [(a, b) for a, b in merged]
+
+        main = union([(a, b) for k, _s, a, b in spans if k != "codec"])
+        codec = union([(a, b) for k, _s, a, b in spans if k == "codec"])
+        lo = min(a for _k, _s, a, _b in spans)
+        hi = max(b for _k, _s, _a, b in spans)
+        both, i, j = 0.0, 0, 0
+        while i < len(main) and j < len(codec):
+            a, b = max(main[i][0], codec[j][0]), min(main[i][1], codec[j][1])
+            both += max(0.0, b - a)
+            if main[i][1] < codec[j][1]:
+                i += 1
+            else:
+                j += 1
+        busy_main = sum(b - a for a, b in main)
+        busy_codec = sum(b - a for a, b in codec)
+        out["gpu_window_ms"] = hi - lo
+        out["busy_fraction"] = {
+            "frame_step_stream": busy_main / (hi - lo),
+            "codec_stream": busy_codec / (hi - lo),
+            "both": both / (hi - lo),
+            "either": (busy_main + busy_codec - both) / (hi - lo),
+        }
+        out["batch_mean"] = float(np.mean([t["ready"] for t in self.ticks]))
+        return out
+
+
+def traced_run(model: Qwen3TTSModel, args: argparse.Namespace, variant: dict[str, Any]) -> dict[str, Any]:
+    cfg = EngineConfig(
+        model="qwen3-tts",
+        max_streams=args.max_slots,
+        level=LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0),
+        max_queued_streams=0,
+        **variant,
+    )
+    engine = Engine(cfg, model=model).start()
+    tracer = Tracer(engine, model)
+    res: dict[str, Any] = {}
+
+    async def main() -> None:
+        await closed_loop(engine, 4, 2.0, Lengths(), 999)
+        tracer.on = True
+        r = await open_loop(engine, args.rate, args.duration_s, Lengths(), 1)
+        tracer.on = False
+        r.pop("arrivals", None)
+        res["load"] = r
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
+    graphs, runner = model.graphs, model.codec_runner
+    for obj in (graphs, runner, model):  # the wrappers live on the instances: drop them
+        for name in ("run", "decode_start", "generate", "_to_host"):
+            obj.__dict__.pop(name, None)
+    res["trace"] = tracer.summary()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1.7b")
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--max-slots", type=int, default=512)
+    ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--rate", type=float, default=170.0)
+    ap.add_argument("--duration-s", type=float, default=6.0)
+    ap.add_argument("--variants", default="served,noramp,steady24")
+    ap.add_argument("--sections", default="codec,convs,serve")
+    ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU: the harness only")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if args.smoke:
+        args.size, args.device, args.dtype = "tiny", "cpu", "float32"
+        args.max_batch, args.max_slots, args.duration_s, args.rate = 8, 16, 2.0, 4.0
+        args.sections = "serve"
+    dev = torch.device(args.device)
+    t0 = time.perf_counter()
+    experimental = ExperimentalOptions(fused_kernels=False) if args.smoke else ExperimentalOptions()
+    model = build(args, experimental, codec_graph_frames=48)
+    res: dict[str, Any] = {"command": " ".join(sys.argv), "env": env(dev), "build_s": time.perf_counter() - t0}
+
+    def save() -> None:
+        Path(args.out).write_text(json.dumps(res, indent=1, default=str))
+
+    sections = args.sections.split(",")
+    if "codec" in sections:
+        res["codec_kernels"] = codec_kernels(model, [(1, 1), (16, 4), (64, 12)])
+        save()
+    if "convs" in sections:
+        res["conv_layouts"] = [conv_layouts(model, 64, 12), conv_layouts(model, 16, 2)]
+        save()
+    if "serve" in sections:
+        for name in args.variants.split(","):
+            print(f"== serve {name}", flush=True)
+            res[f"serve_{name}"] = traced_run(model, args, VARIANTS[name])
+            print(json.dumps(res[f"serve_{name}"]["load"]), flush=True)
+            print(json.dumps(res[f"serve_{name}"]["trace"])[:3000], flush=True)
+            save()
+    save()
+
+
+if __name__ == "__main__":
+    main()
