@@ -288,7 +288,9 @@ class Tracer:
         return out
 
 
-def traced_run(model: Qwen3TTSModel, args: argparse.Namespace, variant: dict[str, Any]) -> dict[str, Any]:
+def traced_run(
+    model: Qwen3TTSModel, args: argparse.Namespace, variant: dict[str, Any], rate: float
+) -> dict[str, Any]:
     cfg = EngineConfig(
         model="qwen3-tts",
         max_streams=args.max_slots,
@@ -303,7 +305,7 @@ def traced_run(model: Qwen3TTSModel, args: argparse.Namespace, variant: dict[str
     async def main() -> None:
         await closed_loop(engine, 4, 2.0, Lengths(), 999)
         tracer.on = True
-        r = await open_loop(engine, args.rate, args.duration_s, Lengths(), 1)
+        r = await open_loop(engine, rate, args.duration_s, Lengths(), 1)
         tracer.on = False
         r.pop("arrivals", None)
         res["load"] = r
@@ -329,7 +331,7 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=256)
     ap.add_argument("--max-slots", type=int, default=512)
     ap.add_argument("--max-seq-len", type=int, default=512)
-    ap.add_argument("--rate", type=float, default=170.0)
+    ap.add_argument("--rates", default="170", help="req/s, each a run of every variant")
     ap.add_argument("--duration-s", type=float, default=6.0)
     ap.add_argument("--variants", default="served,noramp,steady24")
     ap.add_argument("--sections", default="codec,convs,serve")
@@ -338,7 +340,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.size, args.device, args.dtype = "tiny", "cpu", "float32"
-        args.max_batch, args.max_slots, args.duration_s, args.rate = 8, 16, 2.0, 4.0
+        args.max_batch, args.max_slots, args.duration_s, args.rates = 8, 16, 2.0, "4"
         args.sections = "serve"
     dev = torch.device(args.device)
     t0 = time.perf_counter()
@@ -357,12 +359,14 @@ def main() -> None:
         res["conv_layouts"] = [conv_layouts(model, 64, 12), conv_layouts(model, 16, 2)]
         save()
     if "serve" in sections:
-        for name in args.variants.split(","):
-            print(f"== serve {name}", flush=True)
-            res[f"serve_{name}"] = traced_run(model, args, VARIANTS[name])
-            print(json.dumps(res[f"serve_{name}"]["load"]), flush=True)
-            print(json.dumps(res[f"serve_{name}"]["trace"])[:3000], flush=True)
-            save()
+        for rate in (float(r) for r in args.rates.split(",")):
+            for name in args.variants.split(","):
+                key = f"serve_{name}_{rate:g}"
+                print(f"== {key}", flush=True)
+                res[key] = traced_run(model, args, VARIANTS[name], rate)
+                print(json.dumps(res[key]["load"])[:600], flush=True)
+                print(json.dumps(res[key]["trace"])[:1500], flush=True)
+                save()
     save()
 
 
