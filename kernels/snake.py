@@ -16,7 +16,7 @@ after, so that no concatenation follows:
 Eager, one SnakeBeta was 9 kernels and 11 passes over the activation; the decoder runs 29 per call
 on up to 96 channels x 1,920 samples per frame. Here: one launch, one read (two for ``pair``), one
 write, fp32 math, one rounding. Channels are the innermost axis of every tensor, so a program's
-loads and stores are coalesced; each element's (b, t, c) comes from its flat output index.
+loads and stores are coalesced; a program writes a tile of output rows x columns.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import triton.language as tl
 
 from voicewire.kernels.launch_checks import SUPPORTED_DTYPES, check_kernel_device
 
-BLOCK = 1024  # elements per program: 8 per thread at 4 warps
+ELEMENTS = 4096  # per program: a (rows x columns) tile of the output
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def _snake_kernel(
     shift_ptr,
     a_ptr,
     inv_b_ptr,
-    n,
+    R,  # output rows, B * L
     L,  # out rows per batch row
     W,  # out columns: C, or 2 C for a pair
     C,
@@ -48,25 +48,29 @@ def _snake_kernel(
     sxt,
     spb,
     spt,
-    BLOCK: tl.constexpr,
+    BR: tl.constexpr,
+    BW: tl.constexpr,
 ):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < n
-    w = i % W
-    bl = i // W
-    row = bl % L
-    b = bl // L
+    # Index math per row and per column of the tile, not per element: an integer division is tens
+    # of instructions, and a flat index would need six of them for each element.
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    w = tl.program_id(1) * BW + tl.arange(0, BW)
+    b = (r // L).to(tl.int64)
+    row = r % L
     c = w % C
-    src = row - X_OFF - w // C  # x's row for this element; < 0: a prefix row
+    src = row[:, None] - X_OFF - (w // C)[None, :]  # x's row for this element; < 0: a prefix row
+    ok = (r < R)[:, None] & (w < W)[None, :]
     from_x = ok & (src >= 0)
     from_pre = ok & (src < 0)
-    x = tl.load(x_ptr + b * sxb + src * sxt + c, mask=from_x, other=0.0).to(tl.float32)
-    pre = tl.load(pre_ptr + b * spb + (src + P) * spt + c, mask=from_pre, other=0.0)
-    v = x + tl.load(shift_ptr + c, mask=ok, other=0.0)
-    s = tl.sin(v * tl.load(a_ptr + c, mask=ok, other=0.0))
-    y = v + tl.load(inv_b_ptr + c, mask=ok, other=0.0) * s * s
+    x = tl.load(x_ptr + b[:, None] * sxb + src.to(tl.int64) * sxt + c[None, :], mask=from_x, other=0.0)
+    pre = tl.load(pre_ptr + b[:, None] * spb + (src + P).to(tl.int64) * spt + c[None, :], mask=from_pre, other=0.0)
+    cm = w < W
+    v = x.to(tl.float32) + tl.load(shift_ptr + c, mask=cm, other=0.0)[None, :]
+    s = tl.sin(v * tl.load(a_ptr + c, mask=cm, other=0.0)[None, :])
+    y = v + tl.load(inv_b_ptr + c, mask=cm, other=0.0)[None, :] * s * s
     y = tl.where(from_x, y, pre.to(tl.float32))
-    tl.store(out_ptr + i, y.to(out_ptr.dtype.element_ty), mask=ok)
+    out = out_ptr + r.to(tl.int64)[:, None] * W + w[None, :]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def snake(
@@ -108,16 +112,17 @@ def snake(
         rows, width, x_off = n_pre + t, c, n_pre
     out = torch.empty(b, rows, width, device=x.device, dtype=x.dtype)
     pre = x if prefix is None else prefix  # never read without a prefix (masked)
-    n = out.numel()
-    if n:
-        _snake_kernel[(triton.cdiv(n, BLOCK),)](
+    if out.numel():
+        bw = 64 if width % 64 == 0 else 32 if width % 32 == 0 else min(64, triton.next_power_of_2(width))
+        br = ELEMENTS // bw
+        _snake_kernel[(triton.cdiv(b * rows, br), triton.cdiv(width, bw))](
             x,
             pre,
             out,
             shift,
             a,
             inv_b,
-            n,
+            b * rows,
             rows,
             width,
             c,
@@ -127,7 +132,8 @@ def snake(
             x.stride(1),
             pre.stride(0),
             pre.stride(1),
-            BLOCK=BLOCK,
+            BR=br,
+            BW=bw,
             num_warps=4,
         )
     return out

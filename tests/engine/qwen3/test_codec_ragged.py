@@ -17,7 +17,7 @@ from torch import Tensor
 from voicewire.engine.model import DecodeWork, StreamParams
 from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
 from voicewire.engine.qwen3.codec_decoder import CodecDecoder
-from voicewire.engine.qwen3.codec_plan import plan_codec_calls
+from voicewire.engine.qwen3.codec_plan import padded_frames, plan_codec_calls
 
 STREAM_TOL = 1e-5  # fp32
 FRAME_SAMPLES = 1920
@@ -134,14 +134,16 @@ def test_model_decodes_a_tick_of_mixed_chunk_sizes_in_few_calls(tiny: Qwen3TTSMo
     for b in tiny.codec_runner.buckets:  # graphs for 5 frame counts (it was 12: every count 1..12)
         graphed = [t for t in range(1, 13) if tiny.graphs.has(("codec", b, t))]
         assert graphed == [1, 2, 4, 8, 12]
-    sizes = [(1, 2, 5, 12, 3), (12, 4, 1, 9, 8), (20, 1, 2, 3, 4)]  # the last tick: 20 > 12, eager
+    # the last tick: 20 frames, past the CPU's graphs (eager), padded to 24 where CUDA has graphs to 48
+    sizes = [(1, 2, 5, 12, 3), (12, 4, 1, 9, 8), (20, 1, 2, 3, 4)]
+    t20 = padded_frames(20, tiny.codec_runner.frames)
     streams = {slot: _codes(40 + slot, sum(s[i] for s in sizes)) for i, slot in enumerate((0, 1, 2, 3, 5))}
     for slot in streams:
         tiny.open_slot(slot, StreamParams(greedy=True, seed=0))
     got: dict[int, list[np.ndarray]] = {slot: [] for slot in streams}
     done = dict.fromkeys(streams, 0)
     # the cost model's split (test below): ticks whose short first chunks would pay for 12 frames split
-    for tick, expected_t in zip(sizes, ([12, 4], [12], [20, 4]), strict=True):
+    for tick, expected_t in zip(sizes, ([12, 4], [12], [t20, 4]), strict=True):
         chunks = {}
         for slot, n in zip(streams, tick, strict=True):
             chunks[slot] = streams[slot][done[slot] : done[slot] + n]
