@@ -3,9 +3,10 @@
 The frame step's packed prefill rows carry ids only (frame_step.py); a cloned voice puts vectors on
 the codec track: the x-vector at the speaker position and, in-context, the reference frames (each
 the sum of its 16 code embeddings, as a decode step feeds a generated frame). So a prefill group
-with a cloned voice in it builds its (B, T, H) input here and runs the same talker forward and
-sampling tail eagerly. Prefill is once per stream and sub-millisecond on a GPU; the decode steps
-after it are the ordinary ones (a cloned voice leaves nothing in them).
+with a cloned voice in it builds its (B, T, H) input here and runs the frame step's prefill of
+embeddings eagerly: the talker over all positions but the last, whose input waits as the slot's
+first feed. Prefill is once per stream and sub-millisecond on a GPU; the decode steps after it are
+the ordinary ones (a cloned voice leaves nothing in them, its first feed aside).
 """
 
 from __future__ import annotations
@@ -102,11 +103,11 @@ def embed_prompt(step: FrameStep, prompt: Prompt, voice: SlotVoice | None) -> Te
 
 def prefill_embedded(
     step: FrameStep, prompts: Sequence[Prompt], voices: Sequence[SlotVoice | None], slots: Sequence[int]
-) -> Tensor:
-    """The frame step's prefill for prompts given as embeddings -> codes (B, 16) of each first frame.
+) -> None:
+    """The frame step's prefill for prompts given as embeddings (FrameStep.prefill_embeddings):
+    each slot's first feed set, its frame made by the next decode step.
 
-    Rows are right-padded to the longest prompt, as the packed prefill pads them (its comment on
-    the garbage KV past a row's end holds here too)."""
+    Rows are right-padded to the longest prompt, as the packed prefill pads them."""
     dev = step.talker.codec_embedding.weight.device
     rows = [embed_prompt(step, p, v) for p, v in zip(prompts, voices, strict=True)]
     b, t = len(rows), max(len(p) for p in prompts)
@@ -114,10 +115,4 @@ def prefill_embedded(
     for i, r in enumerate(rows):
         x[i, : r.shape[0]] = r
     lengths = torch.tensor([len(p) for p in prompts], device=dev)
-    slot_ids = torch.tensor(list(slots), device=dev)
-    positions = torch.arange(t, device=dev).expand(b, t)
-    mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None]
-    hidden = step.talker(x, positions, step.kv.prefill(slot_ids, t), mask)  # (B, T, H)
-    last = hidden[torch.arange(b, device=dev), lengths - 1]
-    step.state.position.index_copy_(0, slot_ids, lengths)
-    return step.sample_tail(slot_ids, step.state.frames[slot_ids], last)
+    step.prefill_embeddings(x, lengths, torch.tensor(list(slots), device=dev))

@@ -6,8 +6,9 @@ the padding slot) that returns one output tensor, reading and writing only devic
     static input (fixed shape)  --copy-->  captured body  -->  static output (fixed shape)
 
 ``run`` takes the host's rows, checks their shape against the key's buffer (a mismatch is a bug and
-raises), stages them through pinned memory with one non-blocking copy, replays, and returns the
-static output; the caller copies what it needs before the next replay of the same key.
+raises), copies them in (through pinned memory without waiting, where the caller keeps the pinned
+buffers until it synchronizes), replays, and returns the static output; the caller copies what it
+needs before the next replay of the same key.
 
 Graphs of one pool share its memory and are captured largest first, so a pool is sized by its largest
 body (nano-vllm's habit): replays of one pool are sequential on one stream, so intermediates can share
@@ -131,9 +132,8 @@ class CudaGraphs:
             raise ValueError(
                 f"graph {key!r} takes int64 {tuple(e.input.shape)}, got {rows.dtype} {rows.shape}"
             )
-        # a plain (pageable) copy: it returns once the rows are staged, so the host may reuse them at
-        # once; a few hundred bytes, ~10 us. A pinned non-blocking copy would need its buffer kept
-        # until the copy lands; for this size the plain copy is simpler (not timed against it).
+        # without ``staged``, a plain (pageable) copy: torch waits for the stream to finish it, so the
+        # host also waits for everything queued before it (fine for warm-up and one-off calls)
         if staged is not None and self.device.type == "cuda":
             pinned = torch.from_numpy(rows).pin_memory()
             e.input.copy_(pinned, non_blocking=True)

@@ -1,10 +1,18 @@
-"""One frame step of Qwen3-TTS on the device, for a fixed batch of slots: the body a CUDA graph captures.
+"""One frame step of Qwen3-TTS on the device, for a fixed batch of slots: the bodies CUDA graphs capture.
 
-    decode:  slots (B,) -> last frame + next text token (from the slot's device text queue) -> talker
-             one-token step (KV written and attended in place) -> sample codebook 0 -> code predictor's
-             15 passes, each sampled -> codes (B, 16); position, frame count, last frame and
-             repetition history advanced in the slot rows
-    prefill: packed prompts (B, 2T + 2) -> talker over T positions -> the same sampling tail
+    prefill: packed prompts (B, 2T + 4) of n <= T + 1 positions -> embedded (B, T + 1, H) -> talker over
+             positions 0 .. T - 1 (KV of 0 .. n - 2 kept) -> the input of position n - 1 stored as the
+             slot's first feed, its position set to n - 1; no logits, no sampling
+    decode:  slots (B,) -> last frame + next text token (from the slot's device text queue), or the
+             first feed of a slot just prefilled -> talker one-token step (KV written and attended in
+             place) -> sample codebook 0 -> code predictor's 15 passes, each sampled -> codes (B, 16);
+             position, frame count, last frame and repetition history advanced in the slot rows
+
+So a stream's first frame comes out of the decode step that runs right after its prefill, beside the
+frames of the running streams: the sampling tail, whose 15 code-predictor passes are a latency chain
+that costs about as much for 8 rows as for 256, runs once per tick, not again for the new streams.
+The first frame is the one a prefill over all n positions would sample: position n - 1 gets the same
+input, frame count 0, the same seen-marks and EOS mask.
 
 Everything here reads and writes device tensors only (slot_state.py): no host value, no sync, no
 Python branch on data, and fixed shapes for a fixed batch; so the same code runs eagerly on the CPU
@@ -33,12 +41,17 @@ if TYPE_CHECKING:
 NO_CODEC = -1  # packed prefill rows: "no codec-track id at this position"
 
 
-def pack_prefill_row(text_ids: list[int], codec_ids: list[int | None], slot: int, width: int) -> list[int]:
-    """One prompt as a row of the prefill input: text | codec | length | slot, padded to ``width``."""
-    n = len(text_ids)
-    pad_text = [0] * (width - n)
+def pack_prefill_row(
+    text_ids: list[int], codec_ids: list[int | None], slot: int, positions: int
+) -> list[int]:
+    """One prompt of n <= ``positions`` + 1 ids as a row of the prefill input over ``positions`` talker
+    positions: text | codec | n | slot, each track padded to ``positions`` + 1 ids (the last one fed by
+    the decode step)."""
+    n, width = len(text_ids), positions + 1
+    if not 1 <= n <= width:
+        raise ValueError(f"a prompt of {n} positions in a prefill row of {positions} talker positions")
     codec = [NO_CODEC if c is None else c for c in codec_ids]
-    return [*text_ids, *pad_text, *codec, *([NO_CODEC] * (width - n)), n, slot]
+    return [*text_ids, *([0] * (width - n)), *codec, *([NO_CODEC] * (width - n)), n, slot]
 
 
 class FrameStep:
@@ -70,6 +83,37 @@ class FrameStep:
             self.fused = FusedDecode(cfg, talker, code_predictor, kv, self.suppress, fused)
 
     # --- the two bodies ---------------------------------------------------------------------------
+    def prefill(self, packed: Tensor) -> Tensor:
+        """packed (B, 2T + 4) int64 rows of ``pack_prefill_row`` -> first feeds (B, H) (see
+        ``prefill_embeddings``)."""
+        width = (packed.shape[1] - 2) // 2  # T + 1 ids per track
+        text, codec = packed[:, :width], packed[:, width : 2 * width]
+        lengths, slots = packed[:, 2 * width], packed[:, 2 * width + 1]
+        has_codec = (codec != NO_CODEC)[..., None]
+        x = self.talker.embed_text(text) + self.talker.codec_embedding(codec.clamp(min=0)) * has_codec
+        return self.prefill_embeddings(x, lengths, slots)
+
+    def prefill_embeddings(self, x: Tensor, lengths: Tensor, slots: Tensor) -> Tensor:
+        """x (B, T + 1, H) prompt inputs, right-padded; lengths (B,) n of each prompt -> first feeds (B, H).
+
+        Writes KV of positions 0 .. n - 2; the input of position n - 1 waits in the slot's first-feed
+        row for the decode step (module docstring)."""
+        b, t = x.shape[0], x.shape[1] - 1
+        dev, st = x.device, self.state
+        if t > 0:  # a shape, not data: 0 when every prompt of the call is one position
+            positions = torch.arange(t, device=dev).expand(b, t)
+            mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None]
+            # right-padded rows write garbage KV from position n - 1 on; each position is rewritten by
+            # the slot's own next step before any query can see it (the mask admits keys <= position).
+            # The hidden states are not needed: only the KV each layer writes.
+            self.talker(x[:, :t], positions, self.kv.prefill(slots, t), mask)
+        feed = x[torch.arange(b, device=dev), lengths - 1]
+        st.first_feed.index_copy_(0, slots, feed)
+        st.first_feed_pending.index_fill_(0, slots, True)
+        st.position.index_copy_(0, slots, lengths - 1)
+        st.rezero_padding()
+        return feed
+
     def decode(self, slots: Tensor) -> Tensor:
         """slots (B,) int64 -> codes (B, 16) of each slot's next frame."""
         frames, hidden = self.talker_step(slots)
@@ -93,6 +137,11 @@ class FrameStep:
             (self.talker.codec_embedding(prev[:, :1]), self.cp_tables[self.groups, prev[:, 1:]]), dim=1
         ).sum(dim=1)  # (B, H): the sum of the last frame's 16 code embeddings
         x = codec + self.talker.embed_text(text_id)  # (B, H)
+        # frame 0 of a slot just prefilled: its prompt's last position instead (frames is 0 there, so
+        # the feed after it, frame 1's, carries text token 1 as above)
+        first = st.first_feed_pending[slots]
+        x = torch.where(first[:, None], st.first_feed[slots], x)
+        st.first_feed_pending.index_fill_(0, slots, False)
         if self.fused is not None:
             hidden = self.fused.talker_hidden(x, slots.to(torch.int32), pos)
         else:
@@ -100,24 +149,6 @@ class FrameStep:
             hidden = self.talker(x[:, None], pos[:, None], kv, None)[:, 0]  # the view masks by position
         st.position.index_copy_(0, slots, pos + 1)
         return frames, hidden
-
-    def prefill(self, packed: Tensor) -> Tensor:
-        """packed (B, 2T + 2) int64 rows of ``pack_prefill_row`` -> codes (B, 16) of each first frame."""
-        b, width = packed.shape
-        t = (width - 2) // 2
-        text, codec = packed[:, :t], packed[:, t : 2 * t]
-        lengths, slots = packed[:, 2 * t], packed[:, 2 * t + 1]
-        dev = packed.device
-        has_codec = (codec != NO_CODEC)[..., None]
-        x = self.talker.embed_text(text) + self.talker.codec_embedding(codec.clamp(min=0)) * has_codec
-        positions = torch.arange(t, device=dev).expand(b, t)
-        mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None]
-        # right-padded rows write garbage KV past their prompt; each position is rewritten by the
-        # slot's own next step before any query can see it (the mask admits keys <= position)
-        hidden = self.talker(x, positions, self.kv.prefill(slots, t), mask)  # (B, T, H)
-        last = hidden[torch.arange(b, device=dev), lengths - 1]
-        self.state.position.index_copy_(0, slots, lengths)
-        return self.sample_tail(slots, self.state.frames[slots], last)
 
     # --- the shared tail ------------------------------------------------------------------------
     def sample_tail(self, slots: Tensor, frames: Tensor, hidden: Tensor) -> Tensor:

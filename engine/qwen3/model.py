@@ -6,23 +6,29 @@ Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by sl
                 row reset; a Base checkpoint's cloned voice from ``extra["voice_profile"]``
                 (voice_clone.py, clone_prefill.py)
     add_text    complete words -> token ids (tokenizer.TextStream)
-    generate    NEW:     prefill the prompt (needs the first text token, or the end of the text;
-                         with ``extra["whole_text"]`` all of the text, as the package's default
-                         non-streaming mode)
+    generate    NEW:     prefill the prompt but its last position: the talker alone, writing KV
+                         (needs the first text token, or the end of the text; with
+                         ``extra["whole_text"]`` all of the text, as the package's default
+                         non-streaming mode); a prompt of one position needs no talker call. The
+                         input of the last position waits on the device as the slot's first feed
                 RUNNING: feed the last frame + the next text token (or tts-eos once, then tts-pad
                          after the end of the text); a stream whose next token has not arrived is
                          not ready: it waits rather than padding
-                then, batched over all slots of the step: sample codebook 0, run the code
-                predictor for codebooks 1..15, one device->host copy of the (B, 16) codes; on
-                that copy, the runaway guards (guards.py) end a stream that never says EOS or loops
+                then one decode call over the running and the new slots together (a new slot's
+                feed is its first feed): the talker's one-token step, sample codebook 0, run the
+                code predictor for codebooks 1..15, one device->host copy of the (B, 16) codes;
+                on that copy, the runaway guards (guards.py) end a stream that never says EOS or
+                loops
     decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
                 tick in as few calls as pay off, each padded to a common frame count, each row
                 advancing by its own count (codec_runner.py)
     close_slot  forget the host state; device rows are overwritten by the next owner
 
-One generate() call runs at most one talker forward per slot (a prefill or a one-token feed)
-and produces at most one frame per slot. Per-step host work is O(batch) bookkeeping; the device
-never waits on the host except for the one copy of the sampled codes.
+One generate() call produces at most one frame per slot, a new slot's first frame included: its
+prefill and its first feed run in the same call. The sampling tail runs once per call for all its
+slots: its 15 code-predictor passes are a latency chain that costs about the same for 8 rows as
+for 256. Per-step host work is O(batch) bookkeeping; the host never waits on the
+device except for the one copy of the sampled codes (graph inputs go through pinned memory).
 """
 
 from __future__ import annotations
@@ -136,7 +142,9 @@ class Qwen3TTSModel(Model):
         self.kv = SlotKVCache(
             t.num_layers, n + 1, t.num_kv_heads, options.max_seq_len, t.head_dim, self.dtype, dev
         )
-        self.state = SlotState(n, t.num_code_groups, t.vocab_size, options.max_seq_len, dev)
+        self.state = SlotState(
+            n, t.num_code_groups, t.vocab_size, options.max_seq_len, t.hidden_size, self.dtype, dev
+        )
         for layer in (*self.talker.layers, *self.code_predictor.layers):
             cast(DecoderLayer, layer).fuse()  # q|k|v and gate|up: 3 fewer GEMM launches per layer
         fused_on = dev.type == "cuda" if experimental.fused_kernels is None else experimental.fused_kernels
@@ -268,16 +276,12 @@ class Qwen3TTSModel(Model):
                 raise ModelError(s, f"prompt longer than max_seq_len {self.options.max_seq_len}")
             else:
                 (running if st.prefilled else new).append(s)
-        batch: list[int] = []
-        parts: list[Tensor] = []  # device codes of each graph call, in ``batch`` order
+        staged: list[Tensor] = []  # pinned graph inputs, alive until _to_host has waited for the step
         for i in range(0, len(new), self.prefill_batches[-1]):
-            group = new[i : i + self.prefill_batches[-1]]
-            parts.append(self._run_prefill(group))
-            batch += group
-        for i in range(0, len(running), self.decode_buckets[-1]):
-            group = running[i : i + self.decode_buckets[-1]]
-            parts.append(self._run_decode(group))
-            batch += group
+            self._run_prefill(new[i : i + self.prefill_batches[-1]], staged)
+        batch = running + new  # new slots make their first frame in the same decode call
+        size = self.decode_buckets[-1]
+        parts = [self._run_decode(batch[i : i + size], staged) for i in range(0, len(batch), size)]
         if batch:
             host = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
             bad = self._invalid_rows(host)
@@ -309,42 +313,51 @@ class Qwen3TTSModel(Model):
         ok_rest = ((host[:, 1:] >= 0) & (host[:, 1:] < codebook)).all(axis=1)
         return ~(ok0 & ok_rest)
 
-    def _run_decode(self, group: list[int]) -> Tensor:
+    def _run_decode(self, group: list[int], staged: list[Tensor]) -> Tensor:
         b = bucket_for(len(group), self.decode_buckets)
         rows = np.full(b, self.pad_slot, np.int64)
         rows[: len(group)] = group
-        codes = self.graphs.run(("decode", b), rows)
+        codes = self.graphs.run(("decode", b), rows, staged)
         for s in group:
             self._slots[s].position += 1
         return codes[: len(group)].clone()  # the static output is overwritten by the next replay
 
-    def _run_prefill(self, group: list[int]) -> Tensor:
+    def _run_prefill(self, group: list[int], staged: list[Tensor]) -> None:
+        """The group's prompts but their last positions into the KV cache; those wait as first feeds
+        for this step's decode call (frame_step.py)."""
         prompts = [self._prompt(self._slots[s]) for s in group]
         voices = [self._slots[s].voice for s in group]
         if any(v is not None for v in voices):  # vectors in the prompt: not a packed-id row
-            codes = prefill_embedded(self.step, prompts, voices, group)
-            for s, p in zip(group, prompts, strict=True):
-                self._slots[s].prefilled, self._slots[s].position = True, len(p)
-            return codes[: len(group)].clone()
-        longest = max(len(p) for p in prompts)
-        b = bucket_for(len(group), self.prefill_batches)
-        t = next((n for n in self.prefill_lens if n >= longest), longest)  # no graph: exact length
-        rows = np.array(
-            [
-                pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, t)
-                for p, s in zip(prompts, group, strict=True)
-            ]
-            + [pack_prefill_row([0], [NO_CODEC], self.pad_slot, t)] * (b - len(group)),
-            dtype=np.int64,
-        )
-        if self.graphs.has(("prefill", b, t)):
-            codes = self.graphs.run(("prefill", b, t), rows)
-        else:  # a prompt longer than every length bucket (whole-text mode): eager, exact shape
-            codes = self.step.prefill(torch.from_numpy(rows).to(self.device))
+            prefill_embedded(self.step, prompts, voices, group)
+        else:
+            longest = max(len(p) for p in prompts) - 1  # talker positions: all but the last
+            b = bucket_for(len(group), self.prefill_batches)
+            # no bucket that long: eager at the exact length; none at all for prompts of one position
+            t = next((n for n in self.prefill_lens if n >= longest), longest) if longest else 0
+            rows = np.array(
+                [
+                    pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, t)
+                    for p, s in zip(prompts, group, strict=True)
+                ]
+                + [pack_prefill_row([0], [NO_CODEC], self.pad_slot, t)] * (b - len(group)),
+                dtype=np.int64,
+            )
+            if self.graphs.has(("prefill", b, t)):
+                self.graphs.run(("prefill", b, t), rows, staged)
+            else:  # prompts longer than every length bucket (whole text), or of one position: eager
+                self.step.prefill(self._device_rows(rows[: len(group)], staged))
         for s, p in zip(group, prompts, strict=True):
             st = self._slots[s]
-            st.prefilled, st.position = True, len(p)
-        return codes[: len(group)].clone()
+            st.prefilled, st.position = True, len(p) - 1
+
+    def _device_rows(self, rows: np.ndarray, staged: list[Tensor]) -> Tensor:
+        """Rows onto the device without waiting for its queued work (as ``CudaGraphs.run`` stages them)."""
+        x = torch.from_numpy(rows)
+        if self.device.type != "cuda":
+            return x
+        x = x.pin_memory()
+        staged.append(x)
+        return x.to(self.device, non_blocking=True)
 
     def _to_host(self, codes: Tensor) -> np.ndarray:
         """The step's one device->host copy: (B, 16) codes through pinned memory."""

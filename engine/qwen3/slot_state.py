@@ -7,7 +7,9 @@ step, so its KV writes stay in range).
 
 The host writes a row when a stream opens (sampling parameters, flags) and when text arrives (token
 ids); the frame step (frame_step.py) reads and advances the rest on the device: no per-stream value
-crosses to the host during a step except the sampled codes.
+crosses to the host during a step except the sampled codes. The prefill leaves one row for the decode
+step: the input of the prompt's last position (``first_feed``), which that step feeds instead of a
+last frame.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class SlotState:
         num_code_groups: int,
         talker_vocab: int,
         max_text_tokens: int,
+        hidden_size: int,
+        dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         n, dev = max_slots + 1, device
@@ -51,6 +55,10 @@ class SlotState:
             n, dtype=torch.int64, device=dev
         )  # frames sampled so far (the sampling-noise step)
         self.seen = torch.zeros(n, talker_vocab, dtype=torch.bool, device=dev)  # repetition history
+        # the prompt's last position, embedded (H,) in the talker's dtype: the first frame's feed, set
+        # by the prefill and taken (pending cleared) by the decode step that makes frame 0
+        self.first_feed = torch.zeros(n, hidden_size, dtype=dtype, device=dev)
+        self.first_feed_pending = torch.zeros(n, dtype=torch.bool, device=dev)
         # text queue: token ids received so far, how many, and whether they all went into the prompt
         self.text = torch.zeros(n, max_text_tokens, dtype=torch.int64, device=dev)
         self.text_len = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -75,6 +83,7 @@ class SlotState:
         self.eos_masked[slot] = row.eos_always_masked
         self.whole_text[slot] = whole_text
         self.seen[slot] = False
+        self.first_feed_pending[slot] = False
         self.position[slot] = 0
         self.frames[slot] = 0
         self.text_len[slot] = 0

@@ -15,6 +15,7 @@ import torch
 
 from voicewire.engine.model import StreamParams
 from voicewire.engine.qwen3 import Qwen3TTSModel, load_qwen3
+from voicewire.engine.qwen3.clone_prefill import embed_prompt
 
 from .oracle import ORACLE_DIR, SETUP, OracleRun, oracle_ready, run_oracle
 
@@ -95,3 +96,25 @@ def run_joining(
                 model.close_slot(r.slot)
     assert not live, f"streams {live} still running after {steps} steps"
     return {s: np.concatenate(f) for s, f in got.items()}
+
+
+def prefill_reference(model: Qwen3TTSModel, slot: int, text: str, params: StreamParams) -> np.ndarray:
+    """A stream's codes the straightforward way (test_frame_step.py): open the slot, prefill all n
+    prompt positions and sample the first frame from the last one's hidden state, then one decode
+    step of this slot alone per frame -> (forced_frames, 16). Reads the model's prompt of the slot."""
+    assert params.forced_frames is not None
+    model.open_slot(slot, params)
+    model.add_text(slot, [text], True)
+    prompt = model._prompt(model._slots[slot])
+    step, dev, n = model.step, model.device, len(prompt)
+    x = embed_prompt(step, prompt, model._slots[slot].voice)[None]  # (1, n, H)
+    slots = torch.tensor([slot], device=dev)
+    positions = torch.arange(n, device=dev)[None]
+    mask = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None, None]
+    hidden = model.talker(x, positions, model.kv.prefill(slots, n), mask)[:, -1]
+    model.state.position[slot] = n
+    codes = [step.sample_tail(slots, model.state.frames[slots], hidden)]
+    while len(codes) < params.forced_frames:
+        codes.append(step.decode(slots))
+    model.close_slot(slot)
+    return torch.cat(codes).cpu().numpy()

@@ -2,8 +2,9 @@
 
 On a machine without CUDA the kernels run in Triton's CPU interpreter, in fp32, where the fused kernels
 round exactly like the unfused layers: the codes of greedy and seeded-sampling streams joining and
-leaving must be identical, and so must the talker's KV cache. (On the H200 the GPU tests compare the
-two in bf16 at the real sizes.)
+leaving must be identical, and so must the talker's KV cache; a stream's first frame, fed to the fused
+talker step from its prompt's last position, must be the one a whole-prompt prefill samples. (On the
+H200 the GPU tests compare the two in bf16 at the real sizes.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ if not torch.cuda.is_available():
 from voicewire.engine.model import StreamParams
 from voicewire.engine.qwen3 import ExperimentalOptions, FusedSettings, Qwen3TTSModel, ServeOptions, load_qwen3
 
-from .conftest import run_joining
+from .conftest import prefill_reference, run_joining
 
 # (slot, join at step, text, params): greedy and sampled streams with top-k / top-p and a penalty
 STREAMS = [
@@ -55,6 +56,24 @@ def test_fused_step_gives_the_unfused_codes_and_cache(cublas_rows: int) -> None:
     torch.testing.assert_close(fused.kv.k, plain.kv.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused.kv.v, plain.kv.v, rtol=1e-5, atol=1e-5)
     assert torch.equal(fused.state.seen, plain.state.seen)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; the GPU has its own")
+def test_fused_first_frames_are_those_of_the_whole_prompt_prefill() -> None:
+    """The first feed through the fused talker step, new streams beside running ones, against the
+    prefill over every prompt position (unfused talker) and the fused tail on its last hidden state."""
+    model = _model(True)
+    whole = {"whole_text": True}
+    streams = [
+        (0, 0, "Hello world.", StreamParams(voice="ryan", greedy=True, forced_frames=3)),
+        (3, 1, "The quick brown fox.", StreamParams(voice="vivian", greedy=False, forced_frames=2, seed=77)),
+        (2, 1, "All of it.", StreamParams(voice="eric", greedy=True, forced_frames=2, extra=whole)),
+    ]
+    got = run_joining(model, streams, 12)
+    for slot, _, text, params in streams:
+        np.testing.assert_array_equal(
+            got[slot], prefill_reference(model, slot, text, params), err_msg=f"slot {slot}"
+        )
 
 
 def test_fused_settings_take_only_the_row_counts_the_gemv_kernel_has() -> None:
