@@ -41,6 +41,7 @@ from voicewire.engine.qwen3 import ExperimentalOptions, Qwen3TTSModel
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "served": {},
+    "serial": {"overlap_decode": False},  # the codec after the frame step, on the worker's stream
     "noramp": {"chunks": ChunkSchedule(ramp_frames=())},  # 1, then 12-frame chunks
     "steady24": {"chunks": ChunkSchedule(ramp_frames=(2, 4, 8, 12), steady_frames=24)},
 }
