@@ -33,8 +33,11 @@
 #   COMMIT=<sha> bash benchmarks/gpu.sh clone                # voice cloning (Base): fp32 parity with qwen-tts on
 #                                                            # CUDA, bf16 against fp32 at 1.7B shapes
 #                                                            -> clone_parity_h200.json, clone_precision_h200.json
-#   COMMIT=<sha> bash benchmarks/gpu.sh profile              # per-kernel profile of the captured frame step
-#                                                            -> profile_h200.json
+#   COMMIT=<sha> bash benchmarks/gpu.sh profile [STEP...]    # where the GPU and the worker's time goes
+#       step       per-kernel profile of the captured frame step            -> profile_h200.json
+#       serve      the served 1.7B engine under open-loop load (RATES, VARIANTS of profile_serve.py), each
+#                  tick's host phases and every graph call's GPU span; the codec's kernels and convs
+#                                                                           -> profile_serve_h200.json
 #
 # side-by-side and parity need the official package's wheels carried as `.whl` (ignored by git; how to
 # fetch them: shared/research/peer-baseline.md, "How to repeat"; .whl/qwen3-oracle/ or .whl/ itself).
@@ -281,9 +284,16 @@ if [ "$MODE" = clone ]; then
 fi
 
 if [ "$MODE" = profile ]; then
-  step profile 200 python3 benchmarks/profile_step.py --size 1.7b --variants fused --batches 1,64 \
-    --out "$OUT/profile_h200.json"
-  stamp "$OUT/profile_h200.json"
+  if want step; then
+    step profile 200 python3 benchmarks/profile_step.py --size 1.7b --variants fused --batches 1,64 \
+      --out "$OUT/profile_h200.json"
+    stamp "$OUT/profile_h200.json"
+  fi
+  if want serve; then
+    step profile-serve 420 python3 benchmarks/profile_serve.py --size 1.7b --rates "${RATES:-170}" \
+      --variants "${VARIANTS:-served,serial}" --duration-s 5 --out "$OUT/profile_serve_h200.json"
+    stamp "$OUT/profile_serve_h200.json"
+  fi
 fi
 
 # the summary: step status, then the figures the README's rows quote
