@@ -122,10 +122,16 @@ def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[
 def engine_delta(engine: Engine, before: dict[str, Any]) -> dict[str, Any]:
     st = engine.stats
     hist = {k: v - before["hist"].get(k, 0) for k, v in st.batch_sizes.items()}
+    steps = st.steps - before["steps"]
+    busy_s = st.generate_s + st.decode_s - before["generate_s"] - before["decode_s"]
+    wait_s = st.device_wait_s - before["device_wait_s"]
     return {
-        "steps": st.steps - before["steps"],
+        "steps": steps,
         "generate_s": st.generate_s - before["generate_s"],
         "decode_s": st.decode_s - before["decode_s"],
+        "device_wait_s": wait_s,
+        # the worker's own time a step: the step less its waits for the device
+        "host_ms_per_step": (busy_s - wait_s) / steps * 1e3 if steps else None,
         "batch_hist": {str(k): v for k, v in sorted(hist.items()) if v},
     }
 
@@ -136,6 +142,7 @@ def engine_snapshot(engine: Engine) -> dict[str, Any]:
         "steps": st.steps,
         "generate_s": st.generate_s,
         "decode_s": st.decode_s,
+        "device_wait_s": st.device_wait_s,
         "hist": dict(st.batch_sizes),
     }
 

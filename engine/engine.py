@@ -79,6 +79,9 @@ class EngineStats:
     queue_timeouts: int = 0  # ...and failed with server_busy after waiting ``queue_wait_s``
     batch_sizes: Counter[int] = field(default_factory=Counter)
     last_step_s: float = 0.0
+    # of generate_s + decode_s, the time the worker was blocked on the model's device
+    # (Model.device_wait_s): the rest is host time (Python, launches)
+    device_wait_s: float = 0.0
     voices_cloned: int = 0  # clone_voice calls that ran the model's encoders (counted on the caller's loop)
 
 
@@ -384,6 +387,7 @@ class Engine:
         st.generate_s += t1 - t0
         st.decode_s += t2 - t1  # overlapped: only the wait for the codec after the frame step
         st.last_step_s = t2 - t0
+        st.device_wait_s = self.model.device_wait_s()
         st.batch_sizes[len(plan.generate_slots)] += 1
 
     def _generate(self, plan: StepPlan) -> int:

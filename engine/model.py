@@ -155,6 +155,12 @@ class Model(ABC):
         pauses) overrides it."""
         return with_frame_words(work, self.decode(work), self.info.frame_samples)
 
+    def device_wait_s(self) -> float:
+        """Seconds the worker has spent blocked on this model's device queues so far (a model whose
+        work runs on a device of its own counts its waits; 0 where all of it is host work). The
+        engine's step time less this is the host's time per step."""
+        return 0.0
+
     def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[Decoded]]:
         """``decode_timed``, begun: the returned function gives its result. By default all of the work
         is done here; a model whose stage 2 runs on a device queue of its own returns once it is

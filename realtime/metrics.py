@@ -34,6 +34,13 @@ class _EngineCollector(Collector):
             (counter("voicewire_engine_steps", "Engine steps run"), lambda e: e.stats.steps),
             (counter("voicewire_engine_generate_seconds", "Time in model.generate"), lambda e: e.stats.generate_s),
             (counter("voicewire_engine_decode_seconds", "Time in model.decode"), lambda e: e.stats.decode_s),
+            (
+                counter(
+                    "voicewire_engine_device_wait_seconds",
+                    "Of the generate and decode seconds, the time spent waiting for the model's device",
+                ),
+                lambda e: e.stats.device_wait_s,
+            ),
             (counter("voicewire_engine_frames", "Frames generated"), lambda e: e.stats.frames_generated),
             (counter("voicewire_engine_voices_cloned", "Voices cloned from reference audio"), lambda e: e.stats.voices_cloned),
             (gauge("voicewire_engine_last_step_seconds", "Duration of the last step"), lambda e: e.stats.last_step_s),

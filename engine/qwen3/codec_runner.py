@@ -15,6 +15,7 @@ The model (model.py) owns the slots and the frame step; this owns what a slot's 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -49,6 +50,7 @@ class CodecRunner:
         self.frames = frame_ladder(options.codec_graph_frames)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
+        self.wait_s = 0.0  # the caller blocked waiting for the codec's PCM (Model.device_wait_s)
 
     # --- slots -----------------------------------------------------------------------------------
     def open(self, slot: int) -> None:
@@ -145,7 +147,9 @@ class CodecRunner:
             done.record(self.stream)
 
         def finish() -> list[np.ndarray]:
+            t0 = time.perf_counter()
             done.synchronize()
+            self.wait_s += time.perf_counter() - t0
             staged.clear()
             pcms.clear()
             return fill([h.numpy() for h in hosts])

@@ -34,6 +34,7 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -174,6 +175,7 @@ class Qwen3TTSModel(Model):
         self._slots: dict[int, _Slot] = {}
         self.repetition = RepetitionDetector(options.max_slots)
         self.invalid_code_rows = 0  # rows of sampled codes rejected by _invalid_rows (expected: 0)
+        self._codes_wait_s = 0.0  # the worker blocked in _to_host (device_wait_s)
 
     # --- slot life ---------------------------------------------------------------------------------
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -367,7 +369,9 @@ class Qwen3TTSModel(Model):
         host.copy_(codes, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
+        t0 = time.perf_counter()
         done.synchronize()
+        self._codes_wait_s += time.perf_counter() - t0
         return host.numpy()
 
     def _register_graphs(self) -> None:
@@ -451,6 +455,10 @@ class Qwen3TTSModel(Model):
         """``decode_timed`` queued on the codec's own CUDA stream; the engine runs a frame step meanwhile."""
         finish = self.codec_runner.decode_start(work)
         return lambda: with_frame_words(work, finish(), self.info.frame_samples)
+
+    def device_wait_s(self) -> float:
+        """The waits for each step's codes and each tick's PCM (Model.device_wait_s)."""
+        return self._codes_wait_s + self.codec_runner.wait_s
 
     # --- cloning -------------------------------------------------------------------------------------
     def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str) -> ClonedVoice:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from tests.conftest import wait_engine_idle
 from voicewire.engine import Engine, EngineBusy, EngineConfig, StreamError, StreamParams
 from voicewire.engine.level import first_audible_sample
-from voicewire.engine.model import GenerateResult
+from voicewire.engine.model import Decoded, DecodeWork, GenerateResult
 from voicewire.engine.models.hibari_voice import HibariModel
 
 
@@ -93,6 +95,52 @@ class _FaultyModel(HibariModel):
     def close_slot(self, slot: int) -> None:
         self.failing.discard(slot)
         super().close_slot(slot)
+
+
+class _DeviceModel(HibariModel):
+    """Stage 2 as if on a device queue of its own: decode_start returns at once, its result waits
+    WAIT_S (a stand-in for the device) and counts the wait, as Qwen3-TTS counts its syncs."""
+
+    WAIT_S = 0.004
+    decode_overlaps = True
+
+    def __init__(self) -> None:
+        super().__init__(max_slots=4)
+        self.waited_s = 0.0
+        self.waits = 0
+
+    def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[Decoded]]:
+        out = self.decode_timed(work)
+
+        def finish() -> list[Decoded]:
+            t0 = time.perf_counter()
+            time.sleep(self.WAIT_S)
+            self.waited_s += time.perf_counter() - t0
+            self.waits += 1
+            return out
+
+        return finish
+
+    def device_wait_s(self) -> float:
+        return self.waited_s
+
+
+async def test_the_engine_reports_the_time_its_model_waited_for_the_device() -> None:
+    model = _DeviceModel()
+    eng = Engine(EngineConfig(max_streams=2), model=model).start()
+    try:
+        s = eng.open_stream(seed=0)
+        s.push_text("A turn whose chunks wait for a device. It has two sentences, so two chunks at least.")
+        s.end()
+        await _collect(s)
+        await wait_engine_idle(eng)
+    finally:
+        eng.close()
+    st = eng.stats
+    assert model.waits >= 2 and st.device_wait_s == model.waited_s
+    assert st.device_wait_s >= model.waits * _DeviceModel.WAIT_S
+    # the waits are inside the step's time: the rest is the worker's own (host) time
+    assert st.generate_s + st.decode_s - st.device_wait_s > 0.0
 
 
 async def test_a_failing_stream_ends_with_an_error_and_others_complete() -> None:

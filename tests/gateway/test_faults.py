@@ -101,6 +101,8 @@ async def test_metrics_and_readyz(gateway: str) -> None:
     assert 'voicewire_turns_total{reason="completed",transport="websocket"} 1.0' in text
     assert 'voicewire_errors_total{code="invalid_json"} 1.0' in text
     assert "voicewire_engine_streams_active" in text and "voicewire_engine_batches_total" in text
+    # the embedded voice's work is all host work: no time waiting for a device
+    assert 'voicewire_engine_device_wait_seconds_total{replica="0"} 0.0' in text
     await client.close()
 
 
