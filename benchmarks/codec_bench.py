@@ -13,16 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serving_bench import env, gpu_ms
+from serving_bench import env, gpu_ms, kernels_by_name
 
 from voicewire.engine.qwen3.presets import preset
 from voicewire.engine.qwen3.weights import build_modules, randomize
@@ -67,23 +65,7 @@ def main() -> None:
     for spec in args.profile.split(","):
         if spec not in graphs:
             continue
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                graphs[spec][0].replay()
-            torch.cuda.synchronize(dev)
-        by: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
-                by[e.name][0] += 1
-                by[e.name][1] += e.device_time
-        res["kernels"][spec] = {
-            "kernel_us_per_call": sum(v[1] for v in by.values()) / 5,
-            "launches_per_call": sum(v[0] for v in by.values()) / 5,
-            "top": [
-                {"name": n[:140], "per_call": c / 5, "us_per_call": us / 5}
-                for n, (c, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:20]
-            ],
-        }
+        res["kernels"][spec] = kernels_by_name(graphs[spec][0].replay, dev, top=20)
     # bf16 against the same weights in fp32 (TF32 off), 3 rows x 12 frames: the served precision's cost
     codes = torch.randint(0, codec.cfg.codebook_size, (3, q, 12), device=dev, generator=gen)
     pcm16 = codec.decode(codes)

@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_load import Lengths, closed_loop, open_loop, pct
-from serving_bench import build, env, gpu_ms
+from serving_bench import build, env, gpu_ms, kernels_by_name
 
 from voicewire.engine.config import ChunkSchedule, EngineConfig, LevelConfig
 from voicewire.engine.engine import Engine
@@ -58,21 +57,7 @@ def codec_kernels(model: Qwen3TTSModel, shapes: list[tuple[int, int]]) -> dict[s
         rows[:, -2], rows[:, -1] = t, np.arange(b)
         replay = lambda rows=rows, b=b, t=t: model.graphs.run(("codec", b, t), rows)  # noqa: E731
         row: dict[str, Any] = {"graph_ms": gpu_ms(replay, dev, 10)}
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                replay()
-            torch.cuda.synchronize(dev)
-        by: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
-                by[e.name][0] += 1
-                by[e.name][1] += e.device_time
-        row["kernel_us_per_call"] = sum(v[1] for v in by.values()) / 5
-        row["launches_per_call"] = sum(v[0] for v in by.values()) / 5
-        row["kernels"] = [
-            {"name": n[:140], "per_call": c / 5, "us_per_call": us / 5}
-            for n, (c, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:30]
-        ]
+        row.update(kernels_by_name(replay, dev))
         out[f"B{b}_T{t}"] = row
     return out
 

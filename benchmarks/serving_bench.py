@@ -119,6 +119,31 @@ def gpu_ms(fn: Callable[[], Any], dev: torch.device, iters: int, reps: int = 3) 
     return float(statistics.median(out))
 
 
+def kernels_by_name(fn: Callable[[], Any], dev: torch.device, calls: int = 5, top: int = 30) -> dict[str, Any]:
+    """torch.profiler over ``calls`` runs of ``fn`` (CUPTI sees the kernels inside graph replays):
+    kernel time and launches per call, and the ``top`` kernel names by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(dev)
+    by: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0:
+            n_us = by.setdefault(e.name, [0, 0.0])
+            n_us[0] += 1
+            n_us[1] += e.device_time
+    return {
+        "kernel_us_per_call": sum(v[1] for v in by.values()) / calls,
+        "launches_per_call": sum(v[0] for v in by.values()) / calls,
+        "kernels": [
+            {"name": n[:140], "per_call": c / calls, "us_per_call": us / calls}
+            for n, (c, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
+        ],
+    }
+
+
 def capture(fn: Callable[[], Any], dev: torch.device) -> Callable[[], Any]:
     """fn as a replayable CUDA graph (identity off CUDA)."""
     if dev.type != "cuda":
