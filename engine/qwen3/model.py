@@ -1,6 +1,6 @@
 """Qwen3-TTS-12Hz behind the engine's ``Model`` contract: batched streaming generation and decode.
 
-Life of a slot (host side: ``_Slot``; device side: rows of tensors indexed by slot):
+Life of a slot (host side: ``HostSlot``, host_slot.py; device side: rows of tensors indexed by slot):
 
     open_slot   the request checked (slot_request.py); sampling parameters -> device rows; codec state
                 row reset; a Base checkpoint's cloned voice from ``extra["voice_profile"]``
@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -55,13 +54,14 @@ from ..model import (
     TextGranularity,
     with_frame_words,
 )
-from ..word_timing import TokenWords, WordTiming
-from .clone_prefill import SlotVoice, prefill_embedded, slot_voice
+from ..word_timing import TokenWords
+from .clone_prefill import prefill_embedded, slot_voice
 from .codec_runner import CodecRunner
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
 from .guards import GuardLimits, RepetitionDetector
+from .host_slot import FrameLimits, HostSlot
 from .kv_cache import SlotKVCache
 from .layers import DecoderLayer
 from .options import ServeOptions
@@ -73,25 +73,6 @@ from .voice_clone import VoiceCloner
 from .weights import Modules
 
 log = logging.getLogger("voicewire.qwen3")
-
-
-@dataclass
-class _Slot:
-    text: TextStream
-    language_id: int | None
-    speaker_id: int | None
-    instruct_ids: list[int]
-    forced_frames: int | None  # StreamParams.forced_frames
-    greedy: tuple[bool, bool]  # (codebook 0, codebooks 1..15): host copy of the device rows
-    whole_text: bool  # wait for the end of the text and put all of it in the prompt (see prompt.py)
-    guard: GuardLimits | None  # runaway limits (guards.py); None: a forced length, no guards
-    voice: SlotVoice | None = None  # a cloned voice (Base; clone_prefill.py)
-    words: TokenWords | None = None  # the word of each text id (None in whole-text mode: no reading order)
-    words_reported: int = 0  # words already reported in a GenerateResult
-    prefilled: bool = False
-    frames: int = 0  # frames emitted
-    position: int = 0  # talker positions written (KV length)
-    done: bool = False
 
 
 class Qwen3TTSModel(Model):
@@ -172,7 +153,14 @@ class Qwen3TTSModel(Model):
         )
         self.decode_overlaps = self.codec_runner.stream is not None
         self._register_graphs()
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, HostSlot] = {}
+        self.limits = FrameLimits(
+            cfg.talker.codec_eos_id,
+            cfg.generation.max_new_tokens,
+            options.max_seq_len,
+            random_weights,
+            options.random_frames_per_token,
+        )
         self.repetition = RepetitionDetector(options.max_slots)
         self.invalid_code_rows = 0  # rows of sampled codes rejected by _invalid_rows (expected: 0)
         self._codes_wait_s = 0.0  # the worker blocked in _to_host (device_wait_s)
@@ -201,7 +189,7 @@ class Qwen3TTSModel(Model):
         self.codec_runner.open(slot)
         if req.profile is not None and req.profile.ref_codes is not None:
             self.codec_runner.prime(slot, req.profile.ref_codes.cpu().numpy().astype(np.int64))
-        self._slots[slot] = _Slot(
+        self._slots[slot] = HostSlot(
             text=TextStream(self.tokenizer),
             language_id=req.language_id,
             speaker_id=req.speaker_id,
@@ -220,7 +208,7 @@ class Qwen3TTSModel(Model):
 
     def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
         st = self._slot(slot)
-        before = len(self._fed_ids(st))
+        before = len(st.fed_ids())
         n_ids, pending = len(st.text.ids), st.text.pending_text
         try:
             st.text.push(pieces, final)
@@ -232,25 +220,11 @@ class Qwen3TTSModel(Model):
         # the device queue holds max_seq_len tokens: a stream needs one position per streamed token, so
         # it stops before reading past them (a too-long whole-text prompt is refused by generate)
         room = self.state.max_text_tokens
-        self.state.append_text(slot, min(before, room), self._fed_ids(st)[before:room])
-
-    def _fed_ids(self, st: _Slot) -> list[int]:
-        """The slot's device text queue: entry k is fed with frame k (an in-context voice shifts it)."""
-        return st.text.ids if st.voice is None else st.voice.fed_ids(st.text.ids)
+        self.state.append_text(slot, min(before, room), st.fed_ids()[before:room])
 
     def ready(self, slot: int) -> bool:
         st = self._slots.get(slot)
-        if st is None or st.done:
-            return False
-        if not st.prefilled:
-            if st.whole_text:
-                return st.text.final
-            if st.voice is not None:
-                return st.voice.prefill_ready(len(st.text.ids), st.text.final)
-            return bool(st.text.ids) or st.text.final
-        # the feed after frame k-1 carries text token k (of the queue: see _fed_ids)
-        shift = 0 if st.voice is None else st.voice.text_shift
-        return st.text.final or len(st.text.ids) + shift > st.frames  # (whole text: final already)
+        return st is not None and st.ready()
 
     def close_slot(self, slot: int) -> None:
         # KV rows need no clearing (see kv_cache.py); decoder state and sampling rows are reset by
@@ -302,7 +276,7 @@ class Qwen3TTSModel(Model):
                     self._slots[s].done = True
                     results[s] = GenerateResult(s, None, 0, True, error="the model produced invalid codes")
                 else:
-                    results[s] = self._record(s, host[i], bool(looped[i]))
+                    results[s] = self._slots[s].record(s, host[i], bool(looped[i]), self.limits)
         return [results[s] for s in slots]
 
     def _invalid_rows(self, host: np.ndarray) -> np.ndarray:
@@ -385,7 +359,7 @@ class Qwen3TTSModel(Model):
                 self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
         self.codec_runner.register_graphs()
 
-    def _prompt(self, st: _Slot) -> Prompt:
+    def _prompt(self, st: HostSlot) -> Prompt:
         if st.voice is not None:
             return st.voice.prompt(
                 self.cfg, self.tokenizer.role_ids, st.text.ids, st.language_id, st.whole_text
@@ -399,52 +373,6 @@ class Qwen3TTSModel(Model):
             st.instruct_ids,
             whole_text=st.whole_text,
         )
-
-    def _forced(self, st: _Slot) -> int | None:
-        if st.forced_frames is not None:
-            return st.forced_frames
-        if self.random_weights and st.text.final:
-            return max(1, round(self.options.random_frames_per_token * len(st.text.ids)))
-        return None
-
-    def _record(self, slot: int, codes: np.ndarray, looped: bool) -> GenerateResult:
-        """One frame of a slot; ``looped``: its codebook 0 repeats (guards.py)."""
-        st = self._slots[slot]
-        if int(codes[0]) == self.cfg.talker.codec_eos_id:
-            st.done = True
-            return GenerateResult(slot, None, 0, True)
-        st.frames += 1
-        forced = self._forced(st)
-        frames = codes[None].copy()
-        words = self._words_read(st)
-        if forced is not None and st.frames >= forced:
-            st.done = True
-            return GenerateResult(slot, frames, 1, True, words=words)
-        guard = st.guard
-        st.done = (
-            st.frames >= self.cfg.generation.max_new_tokens
-            or st.position + 1 > self.options.max_seq_len  # no room for the next feed
-            or (guard is not None and looped)
-            or (guard is not None and st.text.final and st.frames >= guard.frame_budget(len(st.text.ids)))
-        )
-        return GenerateResult(slot, frames, 1, st.done, stop_reason="length" if st.done else None, words=words)
-
-    def _words_read(self, st: _Slot) -> tuple[WordTiming, ...]:
-        """Words whose first text token the frame just made was fed with (frame k reads token k of
-        the queue, see _fed_ids): each spans the frames that read its tokens, from this one. This is
-        where the talker read the word, not where its voice says it: the audio trails the reading by
-        the talker's lag (not measured here: random weights), so starts are early, never late."""
-        if st.words is None:
-            return ()
-        k = st.frames - 1  # the frame just made
-        shift = 0 if st.voice is None else st.voice.text_shift
-        w, out = st.words, []
-        while st.words_reported < len(w.words) and max(0, w.first_token[st.words_reported] + shift) <= k:
-            i = st.words_reported
-            start = max(0, w.first_token[i] + shift) - k  # 0, or < 0 for a word read before (clamped)
-            out.append(WordTiming(w.words[i], start, start + max(1, w.token_counts[i])))
-            st.words_reported += 1
-        return tuple(out)
 
     # --- decode --------------------------------------------------------------------------------------
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
@@ -499,7 +427,7 @@ class Qwen3TTSModel(Model):
             self.decode([DecodeWork(slot=0, frames=frames, n_frames=len(frames), final=True)])
         self.close_slot(0)
 
-    def _slot(self, slot: int) -> _Slot:
+    def _slot(self, slot: int) -> HostSlot:
         st = self._slots.get(slot)
         if st is None:
             raise ModelError(slot, f"slot {slot} is not open")

@@ -15,7 +15,7 @@ import pytest
 
 from voicewire.engine.model import StreamParams
 from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
-from voicewire.engine.qwen3.model import _Slot
+from voicewire.engine.qwen3.host_slot import HostSlot
 from voicewire.engine.qwen3.prompt import Prompt
 from voicewire.engine.qwen3.voice_clone import PROFILE_KEY, VoiceCloner
 
@@ -83,7 +83,7 @@ def cut(model: Qwen3TTSModel, monkeypatch: pytest.MonkeyPatch) -> dict[int, int]
     """slot -> n: that slot's prompts are their last n positions (n = 1: codec_bos alone)."""
     full, lengths = model._prompt, {}
 
-    def prompt(st: _Slot) -> Prompt:
+    def prompt(st: HostSlot) -> Prompt:
         p = full(st)
         n = lengths.get(next(s for s, v in model._slots.items() if v is st))
         return p if n is None else replace(p, text_ids=p.text_ids[-n:], codec_ids=p.codec_ids[-n:])
