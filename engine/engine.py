@@ -103,6 +103,7 @@ class Engine:
         self._worker_running = threading.Event()
         self.stats = EngineStats()
         self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
+        self._device_wait_base = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
@@ -134,6 +135,7 @@ class Engine:
 
             self._model = load_model(self.config.model, self.config.model_options)
         self._model.warmup()
+        self._device_wait_base = self._model.device_wait_s()  # warm-up's waits are not a step's
         self._free_slots = list(range(self._model.info.max_slots))[::-1]
         chunks = self.config.chunks
         if chunks.slack_frames is None:
@@ -387,7 +389,7 @@ class Engine:
         st.generate_s += t1 - t0
         st.decode_s += t2 - t1  # overlapped: only the wait for the codec after the frame step
         st.last_step_s = t2 - t0
-        st.device_wait_s = self.model.device_wait_s()
+        st.device_wait_s = self.model.device_wait_s() - self._device_wait_base
         st.batch_sizes[len(plan.generate_slots)] += 1
 
     def _generate(self, plan: StepPlan) -> int:

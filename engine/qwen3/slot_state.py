@@ -74,10 +74,10 @@ class SlotState:
 
     def open(self, slot: int, row: SamplingRow, whole_text: bool) -> None:
         """Reset a slot's row for a new stream (a few small host->device writes, once per stream)."""
-        self.greedy[slot] = torch.tensor(row.greedy)
-        self.temperature[slot] = torch.tensor(row.temperature)
-        self.top_k[slot] = torch.tensor(row.top_k)
-        self.top_p[slot] = torch.tensor(row.top_p)
+        _upload(self.greedy[slot], row.greedy, torch.bool)
+        _upload(self.temperature[slot], row.temperature, torch.float32)
+        _upload(self.top_k[slot], row.top_k, torch.int64)
+        _upload(self.top_p[slot], row.top_p, torch.float32)
         self.penalty[slot] = row.repetition_penalty
         self.seed[slot] = row.seed
         self.eos_masked[slot] = row.eos_always_masked
@@ -93,10 +93,21 @@ class SlotState:
         if not ids:
             return
         end = start + len(ids)
-        self.text[slot, start:end] = torch.tensor(list(ids), dtype=torch.int64)
+        _upload(self.text[slot, start:end], list(ids), torch.int64)
         self.text_len[slot] = end
 
     def rezero_padding(self) -> None:
         """Keep the padding slot's counters at 0 (called inside the step: graph-capturable)."""
         self.position[self.pad_slot].zero_()
         self.frames[self.pad_slot].zero_()
+
+
+def _upload(dst: torch.Tensor, values: Sequence[object], dtype: torch.dtype) -> None:
+    """Host values into a device view without blocking the host: a copy from pageable memory first
+    waits for the work queued on the stream, which between steps is the codec's tick (a slot's
+    open queues a wait for it), so opens and text pushes would hold the worker that long. From
+    pinned memory the copy is queued in order; torch keeps the pinned block until it has run."""
+    src = torch.tensor(values, dtype=dtype)
+    if dst.is_cuda:
+        src = src.pin_memory()
+    dst.copy_(src, non_blocking=True)
