@@ -10,11 +10,12 @@ Imports nothing from realtime/ and no transport package (aiohttp, aiortc, av, we
 
 from .cloned_voice import CLONED_VOICE_KEY, ClonedVoice, CloningNotSupported
 from .config import ChunkSchedule, EngineConfig, LevelConfig, TextConfig
-from .engine import Engine, EngineBusy, EngineNotReady, EngineStats
+from .engine import Engine, EngineBusy, EngineNotReady
 from .level import ONSET_THRESHOLD_DBFS, dbfs, first_audible_sample
 from .model import GenerateResult, Model, ModelError, ModelInfo, StreamParams, TextGranularity
 from .models import MODEL_NAMES, load_model
 from .playout import Playout
+from .stats import EngineStats
 from .stream import AudioChunk, Stream, StreamError, StreamMetrics
 from .word_timing import WordTiming
 

@@ -20,10 +20,8 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
@@ -44,6 +42,7 @@ from .model import (
     TextGranularity,
 )
 from .scheduler import Request, Scheduler, StepPlan
+from .stats import EngineStats
 from .stream import Stream, StreamError
 from .text_feeder import ClauseFeeder, WordFeeder
 
@@ -63,26 +62,6 @@ class EngineBusy(Exception):
 
 class EngineNotReady(RuntimeError):
     """The engine is still loading or warming up (or has stopped): no stream can open yet."""
-
-
-@dataclass
-class EngineStats:
-    """Counters read by metrics endpoints and benchmarks (written by the worker only)."""
-
-    steps: int = 0
-    generate_s: float = 0.0
-    decode_s: float = 0.0
-    frames_generated: int = 0
-    streams_opened: int = 0
-    streams_failed: int = 0
-    streams_queued: int = 0  # opens that waited for a free stream
-    queue_timeouts: int = 0  # ...and failed with server_busy after waiting ``queue_wait_s``
-    batch_sizes: Counter[int] = field(default_factory=Counter)
-    last_step_s: float = 0.0
-    # of generate_s + decode_s, the time the worker was blocked on the model's device
-    # (Model.device_wait_s): the rest is host time (Python, launches)
-    device_wait_s: float = 0.0
-    voices_cloned: int = 0  # clone_voice calls that ran the model's encoders (counted on the caller's loop)
 
 
 class Engine:
@@ -384,13 +363,9 @@ class Engine:
         t2 = time.perf_counter()
         if not frames and not due:
             return  # nothing was made (or a model's work is still running): not a step
-        st = self.stats
-        st.steps += 1
-        st.generate_s += t1 - t0
-        st.decode_s += t2 - t1  # overlapped: only the wait for the codec after the frame step
-        st.last_step_s = t2 - t0
-        st.device_wait_s = self.model.device_wait_s() - self._device_wait_base
-        st.batch_sizes[len(plan.generate_slots)] += 1
+        self.stats.record_step(
+            t1 - t0, t2 - t1, len(plan.generate_slots), self.model.device_wait_s() - self._device_wait_base
+        )
 
     def _generate(self, plan: StepPlan) -> int:
         """One stage-1 step; returns the frames it made (0 also when a model's work is still running)."""
