@@ -119,6 +119,92 @@ def conv_layouts(model: Qwen3TTSModel, b: int, t: int) -> dict[str, Any]:
     return {"b": b, "t": t, "convs": len(seen), "total_ms": total, "layers": rows}
 
 
+# --- the device's memory and the two streams side by side ------------------------------------------
+MEMORY_COUNTERS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
+
+
+def memory(dev: torch.device) -> dict[str, Any]:
+    """What the caching allocator holds and how often it had to free its cache to allocate (a retry
+    synchronizes the device: near a full device every step would wait for the other stream)."""
+    if dev.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(dev)
+    stats = torch.cuda.memory_stats(dev)
+    gib = float(1 << 30)
+    return {
+        "free_gib": free / gib,
+        "total_gib": total / gib,
+        "allocated_gib": torch.cuda.memory_allocated(dev) / gib,
+        "reserved_gib": torch.cuda.memory_reserved(dev) / gib,
+        **{k: int(stats.get(k, 0)) for k in MEMORY_COUNTERS},
+    }
+
+
+def contention(model: Qwen3TTSModel, decode_rows: int, shapes: list[tuple[int, int]], calls: int = 6) -> dict[str, Any]:
+    """The frame step's decode graph and a codec graph, each alone and both at once on their two streams
+    (the codec on its own stream, and on a high- and a low-priority one): how much each slows the other.
+    A codec call far slower beside the frame step than alone is what an overlapped engine pays per tick."""
+    graphs, dev, q = model.graphs, model.device, model.cfg.talker.num_code_groups
+    if dev.type != "cuda" or not graphs.has(("decode", decode_rows)):
+        return {}
+    staged: list[torch.Tensor] = []
+    dec_rows = np.full(decode_rows, model.pad_slot, np.int64)
+    main = torch.cuda.current_stream(dev)
+    least, greatest = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
+    streams = {
+        "codec_stream": model.codec_runner.stream,
+        "high_priority": torch.cuda.Stream(dev, priority=greatest),
+        "low_priority": torch.cuda.Stream(dev, priority=least),
+    }
+
+    def decode() -> None:
+        graphs.run(("decode", decode_rows), dec_rows, staged)
+
+    out: dict[str, Any] = {"decode_rows": decode_rows, "decode_alone_ms": gpu_ms(decode, dev, 10)}
+    rng = np.random.default_rng(0)
+    for b, t in shapes:
+        if not graphs.has(("codec", b, t)):
+            continue
+        rows = rng.integers(0, 2048, (b, q * t + 2)).astype(np.int64)
+        rows[:, -2], rows[:, -1] = t, np.arange(b)
+        codec = lambda rows=rows, b=b, t=t: graphs.run(("codec", b, t), rows, staged)  # noqa: E731
+        with torch.cuda.stream(streams["codec_stream"]):
+            alone = gpu_ms(codec, dev, 5)
+        row: dict[str, Any] = {"codec_alone_ms": alone}
+        n_decode = max(1, round(calls * alone / out["decode_alone_ms"]))
+        for name, stream in streams.items():
+            assert stream is not None
+            torch.cuda.synchronize(dev)
+            spans: dict[str, list[tuple[Any, Any]]] = {"codec": [], "decode": []}
+            origin = _event()
+            origin.record(main)
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                for _ in range(calls):
+                    e0, e1 = _event(), _event()
+                    e0.record(stream)
+                    codec()
+                    e1.record(stream)
+                    spans["codec"].append((e0, e1))
+            for _ in range(n_decode):
+                e0, e1 = _event(), _event()
+                e0.record(main)
+                decode()
+                e1.record(main)
+                spans["decode"].append((e0, e1))
+            torch.cuda.synchronize(dev)
+            row[name] = {
+                "codec_ms": float(np.mean([a.elapsed_time(b) for a, b in spans["codec"]])),
+                "decode_ms": float(np.mean([a.elapsed_time(b) for a, b in spans["decode"]])),
+                "decode_calls": n_decode,
+                "wall_ms": max(origin.elapsed_time(s[-1][1]) for s in spans.values()),
+                "serial_ms": calls * alone + n_decode * out["decode_alone_ms"],
+            }
+        staged.clear()
+        out[f"B{b}_T{t}"] = row
+    return out
+
+
 # --- the engine under load, traced ------------------------------------------------------------------
 class _HostEvent:
     """torch.cuda.Event's timing calls on the host clock: the CPU smoke run of this script."""
@@ -286,14 +372,20 @@ def traced_run(
     )
     engine = Engine(cfg, model=model).start()
     tracer = Tracer(engine, model)
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"memory_before": memory(model.device)}
 
     async def main() -> None:
         await closed_loop(engine, 4, 2.0, Lengths(), 999)
         tracer.on = True
-        r = await open_loop(engine, rate, args.duration_s, Lengths(), 1)
+        try:
+            # bounded: an engine that collapses under the load still leaves its trace so far
+            r = await asyncio.wait_for(
+                open_loop(engine, rate, args.duration_s, Lengths(), 1), args.duration_s + args.drain_s
+            )
+            r.pop("arrivals", None)
+        except TimeoutError:
+            r = {"timed_out_after_s": args.duration_s + args.drain_s}
         tracer.on = False
-        r.pop("arrivals", None)
         res["load"] = r
 
     try:
@@ -305,6 +397,7 @@ def traced_run(
         for name in ("run", "decode_start", "generate", "_to_host"):
             obj.__dict__.pop(name, None)
     res["trace"] = tracer.summary()
+    res["memory_after"] = memory(model.device)
     return res
 
 
@@ -320,7 +413,8 @@ def main() -> None:
     ap.add_argument("--rates", default="170", help="req/s, each a run of every variant")
     ap.add_argument("--duration-s", type=float, default=6.0)
     ap.add_argument("--variants", default="served,noramp,steady24")
-    ap.add_argument("--sections", default="codec,convs,serve")
+    ap.add_argument("--drain-s", type=float, default=40.0, help="longest wait for the load's last reply")
+    ap.add_argument("--sections", default="contention,codec,convs,serve")
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU: the harness only")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -333,11 +427,16 @@ def main() -> None:
     experimental = ExperimentalOptions(fused_kernels=False) if args.smoke else ExperimentalOptions()
     model = build(args, experimental, codec_graph_frames=48)
     res: dict[str, Any] = {"command": " ".join(sys.argv), "env": env(dev), "build_s": time.perf_counter() - t0}
+    res["memory_after_build"] = memory(dev)
 
     def save() -> None:
         Path(args.out).write_text(json.dumps(res, indent=1, default=str))
 
     sections = args.sections.split(",")
+    if "contention" in sections:
+        res["contention"] = contention(model, args.max_batch, [(16, 4), (64, 12), (64, 24), (32, 48), (64, 48)])
+        print(json.dumps(res["contention"])[:1500], flush=True)
+        save()
     if "codec" in sections:
         res["codec_kernels"] = codec_kernels(model, [(1, 1), (16, 4), (64, 12)])
         save()
