@@ -13,7 +13,10 @@ needs before the next replay of the same key.
 Graphs of one pool share its memory and are captured largest first, so a pool is sized by its largest
 body (nano-vllm's habit): replays of one pool are sequential on one stream, so intermediates can share
 memory. A body that replays on another stream at the same time as the others (the codec beside the
-frame step) is registered in a pool of its own.
+frame step) is registered in a pool of its own, and each pool is captured on a capture stream of its
+own: torch keys cuBLAS's workspace by (handle, stream), so graphs captured on one stream write one
+workspace, and two of them replayed at once on two streams would race on it (pytorch#193402; the
+split-K and stream-K kernels keep partial sums and tile flags there).
 
 Off CUDA (or with graphs disabled) the same static buffers feed the same body eagerly: the CPU tests
 run exactly the code that is captured on the GPU.
@@ -76,6 +79,7 @@ class CudaGraphs:
         self.enabled = enabled and device.type == "cuda"
         self._entries: dict[Hashable, _Entry] = {}
         self._pools: dict[str, Any] = {}  # pool name -> torch's graph pool handle
+        self._capture_streams: dict[str, torch.cuda.Stream] = {}  # pool name -> the stream it is captured on
         self.capture_s = 0.0
 
     def add(self, key: Hashable, body: Body, example: Tensor, pool: str = "main") -> None:
@@ -110,11 +114,16 @@ class CudaGraphs:
             pool = self._pools.get(e.pool)
             if pool is None:
                 pool = self._pools[e.pool] = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(g, pool=pool):
+                self._capture_streams[e.pool] = torch.cuda.Stream(self.device)
+            with torch.cuda.graph(g, pool=pool, stream=self._capture_streams[e.pool]):
                 e.output = e.body(e.input)
             e.graph = g
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
+
+    def capture_stream(self, pool: str) -> torch.cuda.Stream | None:
+        """The stream ``pool``'s graphs were captured on (None before capture or off CUDA)."""
+        return self._capture_streams.get(pool)
 
     def has(self, key: Hashable) -> bool:
         return key in self._entries
