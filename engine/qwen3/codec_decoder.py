@@ -2,17 +2,23 @@
 
     codes (B, 16, T)
       -> RVQ dequantize: sum over codebooks of (embedding_sum / cluster_usage)[code] @ output_proj
-      -> pre_conv: causal conv k=3, codebook_dim -> latent                      (B, latent, T)
+      -> pre_conv: causal conv k=3, codebook_dim -> latent                      (B, T, latent)
       -> pre_transformer: 8 layers, sliding window 72, LayerScale              (B, T, latent)
-      -> upsample x2: [transposed conv k=s=2, ConvNeXt (causal dwconv k=7)]    (B, latent, 4T)
+      -> upsample x2: [transposed conv k=s=2, ConvNeXt (causal dwconv k=7)]    (B, 4T, latent)
       -> decoder: causal conv k=7 -> 4 x [SnakeBeta, transposed conv k=2r s=r, 3 residual units
          (dilation 1, 3, 9)] for r = 8, 5, 4, 3 -> SnakeBeta -> causal conv k=7 -> clamp(-1, 1)
                                                                                 (B, 1920 T)
 
 Every layer is causal, so the state that carries a stream from one chunk to the next is small and
-fixed: each causal conv keeps its last (k-1)*dilation input columns, each overlapping transposed
+fixed: each causal conv keeps its last (k-1)*dilation input steps, each overlapping transposed
 conv its last input frame (its output for frame i needs frames i and i-1), each attention layer the
-keys/values of its last window-1 frames (stored rotated, at their absolute positions). With that
+keys/values of its last window-1 frames (stored rotated, at their absolute positions).
+
+Activations are time-major, (B, T, C), from the codebook lookup to the last conv: the convs run as
+cuDNN's NHWC kernels on that memory, the 1x1 convs and transposed convs as matmuls, and a conv's bias
+is added by the SnakeBeta after it, which also writes its output with the next conv's history in
+front (kernels/snake.py). So no layout transform, concatenation or bias pass runs over the large
+activations (a profile of the (N, C, T) form had those at about two thirds of a codec call). With that
 state a chunk is decoded once and the concatenated output equals the offline decode of the same
 frames up to float rounding; the offline decode is the stream of one chunk from a fresh state.
 Rows of one call may carry different frame counts, padded to a common T (``stream``'s ``n_valid``):
@@ -36,76 +42,119 @@ from .layers import RMSNorm, SwiGLU
 from .rope import cos_sin, inv_freq, rotate
 
 
+def _conv_nhwc(xx: Tensor, w4: Tensor, bias: Tensor | None, dilation: int = 1, groups: int = 1) -> Tensor:
+    """xx (B, L, Cin) contiguous -> (B, L - (k - 1) d, Cout) contiguous: a 1-D conv as cuDNN's NHWC conv2d
+    of height 1, which runs on the time-major memory as it is (an (N, C, T) conv1d is wrapped in two
+    layout transforms, each a pass over the activation)."""
+    y = F.conv2d(xx.transpose(1, 2).unsqueeze(2), w4, bias, dilation=(1, dilation), groups=groups)
+    return y.squeeze(2).transpose(1, 2).contiguous()
+
+
 class CausalConv(nn.Module):
-    """Conv1d padded on the left only; the padding is the stream's history (zeros at the start)."""
+    """Conv1d padded on the left only; the padding is the stream's history (zeros at the start).
+
+    Activations are time-major, (B, T, C). ``prepare`` lays the weight out for ``_conv_nhwc`` (or, for a
+    1x1 conv, as the (Cin, Cout) matrix of a matmul)."""
 
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
         self.history = (kernel - 1) * dilation
         self.cin = cin
+        # the weight as ``_conv_nhwc`` takes it (a 1x1 conv's as a matmul's (Cin, Cout)), and the bias in
+        # float32 for the SnakeBeta after it to add (``shift``); derived in ``prepare``, never saved
+        self.register_buffer("w4", torch.empty(0), persistent=False)
+        self.register_buffer("bias32", torch.empty(0), persistent=False)
 
-    def forward(self, x: Tensor, io: StateIO) -> Tensor:
-        """x (B, C, T) -> (B, C', T)."""
-        if self.history == 0:
-            return self.conv(x)
-        xx = torch.cat((io.take(self.cin, self.history), x), dim=-1)
-        io.put(xx, self.history)
-        return self.conv(xx)
+    @torch.no_grad()
+    def prepare(self) -> None:
+        w = self.conv.weight
+        self.w4 = w[:, :, 0].T.contiguous() if w.shape[-1] == 1 else w[:, :, None].contiguous(
+            memory_format=torch.channels_last
+        )
+        self.bias32 = self.conv.bias.detach().to(torch.float32, copy=True) if self.conv.bias is not None else w.new_zeros(0)
+
+    def forward(self, x: Tensor, io: StateIO, bias: bool = True) -> Tensor:
+        """x (B, T, C) -> (B, T, C'); without ``bias`` the caller adds ``bias32`` later."""
+        xx = x if self.history == 0 else torch.cat((io.take(self.history, self.cin), x), dim=1)
+        if self.history:
+            io.put(xx, self.history, dim=1)
+        return self.run(xx, bias)
+
+    def run(self, xx: Tensor, bias: bool = False) -> Tensor:
+        """The conv of its whole input xx (B, history + T, C), history included (no state touched)."""
+        c = self.conv
+        return _conv_nhwc(xx, self.w4, c.bias if bias else None, c.dilation[0], c.groups)
 
 
 class CausalTransConv(nn.Module):
     """ConvTranspose1d(kernel k, stride s) trimmed by k - s on the right: s output samples per input frame.
 
-    For k = 2s an output frame mixes two input frames, so the state is the previous input frame.
+    Output frame t is x_t @ W[..., :s] for k = s, and x_t @ W[..., :s] + x_{t-1} @ W[..., s:] for
+    k = 2s: a matmul of [x_t, x_{t-1}] (SnakeBeta's ``pair`` layout) by the (2 Cin, s Cout) weight, so
+    the state is the previous input frame. ``prepare`` lays the weight out as that matrix.
     """
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
         super().__init__()
-        if (kernel - stride) % stride:
-            raise ValueError(
-                f"transposed conv overlap {kernel - stride} is not a multiple of stride {stride}"
-            )
+        if kernel not in (stride, 2 * stride):
+            raise ValueError(f"transposed conv kernel {kernel} must be stride {stride} or twice it")
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.stride, self.prev = stride, (kernel - stride) // stride
-        self.cin = cin
+        self.cin, self.cout = cin, cout
+        # derived in ``prepare``, never saved: the (Cin or 2 Cin, s Cout) matrix, the bias of each of the
+        # s output samples (s Cout,), and the bias in float32 for a SnakeBeta after it to add
+        self.register_buffer("matrix", torch.empty(0), persistent=False)
+        self.register_buffer("bias_s", torch.empty(0), persistent=False)
+        self.register_buffer("bias32", torch.empty(0), persistent=False)
 
-    def forward(self, x: Tensor, io: StateIO) -> Tensor:
-        """x (B, C, T) -> (B, C', s T)."""
-        t = x.shape[-1]
-        if self.prev == 0:
-            return self.conv(x)
-        xx = torch.cat((io.take(self.cin, self.prev), x), dim=-1)
-        io.put(xx, self.prev)
-        start = self.prev * self.stride
-        return self.conv(xx)[..., start : start + t * self.stride]
+    @torch.no_grad()
+    def prepare(self) -> None:
+        w, s = self.conv.weight, self.stride  # (Cin, Cout, k)
+        taps = [w[:, :, j * s : (j + 1) * s].permute(0, 2, 1).reshape(self.cin, s * self.cout) for j in range(self.prev + 1)]
+        self.matrix = torch.cat(taps).contiguous()
+        bias = self.conv.bias if self.conv.bias is not None else w.new_zeros(self.cout)
+        self.bias_s = bias.repeat(s).contiguous()
+        self.bias32 = bias.detach().to(torch.float32, copy=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """k = s: x (B, T, Cin) -> (B, s T, Cout), bias added."""
+        b, t, _ = x.shape
+        return torch.addmm(self.bias_s, x.reshape(b * t, -1), self.matrix).view(b, t * self.stride, self.cout)
+
+    def run_pair(self, pair: Tensor) -> Tensor:
+        """k = 2s: pair (B, T, 2 Cin) of [x_t, x_{t-1}] -> (B, s T, Cout), without the bias (``bias32``)."""
+        b, t, _ = pair.shape
+        return (pair.view(b * t, -1) @ self.matrix).view(b, t * self.stride, self.cout)
 
 
 class SnakeBeta(nn.Module):
-    """x + 1 / (exp(beta) + 1e-9) * sin(x * exp(alpha))^2, per channel."""
+    """x + 1 / (exp(beta) + 1e-9) * sin(x * exp(alpha))^2, per channel, on (B, T, C) activations, with
+    the layer before's bias added first and the output laid out for the layer after (kernels/snake.py)."""
 
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
         self._consts: tuple[Tensor, Tensor] | None = None  # (exp(alpha), 1 / (exp(beta) + 1e-9)) fp32
+        self._kernel = False
 
     @torch.no_grad()
     def prepare(self, kernel: bool) -> None:
-        """Use the one-pass Triton kernel (kernels/snake.py) from now on, or the torch ops."""
-        self._consts = None
-        if kernel:
-            a = torch.exp(self.alpha.float()).contiguous()
-            self._consts = (a, (1.0 / (torch.exp(self.beta.float()) + 1e-9)).contiguous())
+        """Run on the one-pass Triton kernel (kernels/snake.py) from now on, or on torch ops."""
+        a = torch.exp(self.alpha.float()).contiguous()
+        self._consts = (a, (1.0 / (torch.exp(self.beta.float()) + 1e-9)).contiguous())
+        self._kernel = kernel
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self._consts is not None:
-            from voicewire.kernels.snake import snake
+    def forward(
+        self, x: Tensor, shift: Tensor | None = None, prefix: Tensor | None = None, pair: bool = False
+    ) -> Tensor:
+        from voicewire.kernels.snake import snake, snake_reference
 
-            return snake(x, *self._consts)
-        alpha = torch.exp(self.alpha)[None, :, None]
-        inv_beta = 1.0 / (torch.exp(self.beta)[None, :, None] + 1e-9)
-        return x + inv_beta * torch.sin(x * alpha).pow(2)
+        if self._consts is None:
+            raise RuntimeError("SnakeBeta.prepare() was not called")
+        fn = snake if self._kernel else snake_reference
+        return fn(x, *self._consts, shift=shift, prefix=prefix, pair=pair)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -118,9 +167,8 @@ class ConvNeXtBlock(nn.Module):
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
     def forward(self, x: Tensor, io: StateIO) -> Tensor:
-        h = self.dwconv(x, io).transpose(1, 2)  # (B, T, C)
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
-        return x + (self.gamma * h).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x, io)))))
+        return x + self.gamma * h
 
 
 class ResidualUnit(nn.Module):
@@ -131,8 +179,16 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
 
-    def forward(self, x: Tensor, io: StateIO) -> Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), io)), io)
+    def forward(self, x: Tensor, shift: Tensor, io: StateIO) -> tuple[Tensor, Tensor]:
+        """The residual stream is x + shift: x (B, T, C) as stored, shift (C,) float32 the biases of
+        the layers that wrote it, added by the next SnakeBeta instead of one pass each."""
+        c1 = self.conv1
+        a1 = self.act1(x, shift, prefix=io.take(c1.history, c1.cin))  # conv1's whole input
+        io.put(a1, c1.history, dim=1)
+        a2 = self.act2(c1.run(a1), c1.bias32)
+        b, t, c = x.shape
+        out = torch.addmm(x.reshape(b * t, c), a2.reshape(b * t, c), self.conv2.w4).view(b, t, c)
+        return out, shift + self.conv2.bias32
 
 
 class DecoderBlock(nn.Module):
@@ -146,12 +202,27 @@ class DecoderBlock(nn.Module):
             + [ResidualUnit(cout, d) for d in (1, 3, 9)]
         )
 
-    def forward(self, x: Tensor, io: StateIO) -> Tensor:
+    def forward(self, x: Tensor, shift: Tensor, io: StateIO) -> tuple[Tensor, Tensor]:
         snake, up, *units = self.block
-        x = up(snake(x), io)
+        up = cast(CausalTransConv, up)
+        pair = snake(x, shift, prefix=io.take(1, up.cin), pair=True)  # (B, T, 2 Cin): [x_t, x_{t-1}]
+        io.put_rows(_last_valid(pair, up.cin, io))
+        x, shift = up.run_pair(pair), up.bias32
         for unit in units:
-            x = unit(x, io)
-        return x
+            x, shift = unit(x, shift, io)
+        return x, shift
+
+
+def _last_valid(pair: Tensor, cin: int, io: StateIO) -> Tensor:
+    """The step a pair's next call needs as x_{-1}: x_t of the row's last valid step, or for a row with
+    no valid frame the x_{-1} it was given (step 0's second half) -> (B, 1, Cin)."""
+    b, t, _ = pair.shape
+    if io.n_valid is None:
+        return pair[:, -1:, :cin]
+    valid = io.n_valid * (t // io.frames)  # this layer runs at t / frames steps per frame
+    halves = pair.view(b, 2 * t, cin)  # [x_0, x_-1, x_1, x_0, ...]
+    index = torch.where(valid > 0, 2 * valid - 2, torch.ones_like(valid))
+    return halves.gather(1, index.view(b, 1, 1).expand(b, 1, cin))
 
 
 class LayerScale(nn.Module):
@@ -276,6 +347,8 @@ class CodecDecoder(nn.Module):
         for m in self.modules():
             if isinstance(m, SnakeBeta):
                 m.prepare(kernel)
+            elif isinstance(m, CausalConv | CausalTransConv):
+                m.prepare()
         emb = self.codebook_sum.float() / self.cluster_usage.float().clamp(min=1e-5)[..., None]  # (Q, V, d)
         first = emb[:1] @ self.proj_first.float().T
         rest = emb[1:] @ self.proj_rest.float().T
@@ -332,12 +405,16 @@ class CodecDecoder(nn.Module):
             raise RuntimeError("CodecDecoder.prepare() was not called after loading weights")
         q = codes.shape[1]
         rows = torch.arange(q, device=codes.device)[None, :, None]
-        x = self._tables[rows, codes].sum(dim=1).transpose(1, 2)  # (B, codebook_dim, T)
-        x = self.pre_conv(x, io).transpose(1, 2)  # (B, T, latent)
-        x = self.pre_transformer(x, start, io).transpose(1, 2)  # (B, latent, T)
+        x = self._tables[rows, codes].sum(dim=1)  # (B, T, codebook_dim)
+        x = self.pre_transformer(self.pre_conv(x, io), start, io)  # (B, T, latent)
         for stage in self.upsample:
             up, convnext = cast(nn.ModuleList, stage)  # [transposed conv, ConvNeXt]
-            x = convnext(up(x, io), io)
-        for block in self.decoder:
-            x = block(x, io) if isinstance(block, CausalConv | DecoderBlock) else block(x)
-        return x[:, 0].clamp(-1.0, 1.0).to(torch.float32)
+            x = convnext(up(x), io)
+        first, *blocks, snake, last = self.decoder
+        first, last = cast(CausalConv, first), cast(CausalConv, last)
+        x, shift = first(x, io, bias=False), first.bias32
+        for block in blocks:
+            x, shift = block(x, shift, io)
+        xx = snake(x, shift, prefix=io.take(last.history, last.cin))
+        io.put(xx, last.history, dim=1)
+        return last.run(xx, bias=True)[..., 0].clamp(-1.0, 1.0).to(torch.float32)

@@ -83,6 +83,10 @@ class StateIO:
         shape[dim] = width
         self.out.append(steps.gather(dim, index.view(view).expand(shape)).reshape(self.batch, -1))
 
+    def put_rows(self, rows: Tensor) -> None:
+        """Keep ``rows`` (B, ...) as the next state, already chosen for each row's valid end."""
+        self.out.append(rows.reshape(self.batch, -1))
+
     def next_flat(self) -> Tensor:
         """(B, N) next state; checks every piece taken was put back with the same size."""
         flat = (

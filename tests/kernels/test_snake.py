@@ -1,4 +1,4 @@
-"""The one-pass SnakeBeta kernel against the codec's torch ops, and the codec decoder on it."""
+"""The one-pass SnakeBeta kernel against its torch reference in every layout, and the codec on it."""
 
 from __future__ import annotations
 
@@ -6,55 +6,76 @@ import pytest
 import torch
 
 from tests.kernels.common import needs_interpreter, rel_err
-from voicewire.engine.qwen3.codec_decoder import CodecDecoder, SnakeBeta
+from voicewire.engine.qwen3.codec_decoder import CodecDecoder
 from voicewire.engine.qwen3.presets import preset
-from voicewire.kernels.snake import snake
+from voicewire.kernels.snake import snake, snake_reference
 
 
-def _module(channels: int, device: str, dtype: torch.dtype, seed: int) -> SnakeBeta:
-    g = torch.Generator().manual_seed(seed)
-    m = SnakeBeta(channels)
-    with torch.no_grad():  # log-scale parameters around the trained range
-        m.alpha.copy_(torch.randn(channels, generator=g) * 0.5)
-        m.beta.copy_(torch.randn(channels, generator=g) * 0.5)
-    return m.to(device, dtype)
+def _consts(channels: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)  # log-scale parameters around the trained range
+    alpha, beta = torch.randn(channels, generator=g) * 0.5, torch.randn(channels, generator=g) * 0.5
+    shift = torch.randn(channels, generator=g) * 0.1
+    a, inv_b = torch.exp(alpha), 1.0 / (torch.exp(beta) + 1e-9)
+    return a.to(device), inv_b.to(device), shift.to(device)
 
 
-@pytest.mark.parametrize("shape", [(2, 6, 50), (1, 96, 1920), (3, 5, 1)])
-def test_snake_kernel_matches_the_torch_ops(device: str, shape: tuple[int, int, int]) -> None:
+def test_reference_is_snake_beta_of_the_shifted_input() -> None:
+    a, inv_b, shift = _consts(5, "cpu", 0)
+    x = torch.randn(2, 7, 5, generator=torch.Generator().manual_seed(1)) * 3
+    v = x + shift
+    want = v + inv_b * torch.sin(v * a) ** 2
+    assert rel_err(snake_reference(x, a, inv_b, shift), want) < 1e-6
+    pre = torch.randn(2, 1, 5)
+    pair = snake_reference(x, a, inv_b, shift, prefix=pre, pair=True)
+    assert torch.equal(pair[:, :, :5], snake_reference(x, a, inv_b, shift))
+    assert torch.equal(pair[:, 0, 5:], pre[:, 0]) and torch.equal(pair[:, 1:, 5:], pair[:, :-1, :5])
+
+
+@pytest.mark.parametrize("shape", [(2, 50, 6), (1, 1920, 96), (3, 1, 5)])
+@pytest.mark.parametrize("mode", ["plain", "shift", "prefix", "pair"])
+def test_snake_kernel_matches_the_reference(device: str, shape: tuple[int, int, int], mode: str) -> None:
+    b, t, c = shape
+    a, inv_b, shift = _consts(c, device, seed=t)
     for dtype in (torch.float32,) if device == "cpu" else (torch.float32, torch.bfloat16):
-        m = _module(shape[1], device, dtype, seed=shape[2])
-        x = (torch.randn(*shape, generator=torch.Generator().manual_seed(1)) * 3).to(device, dtype)
-        ref = m(x.float().to(dtype))  # the torch ops, rounded per op in dtype
-        m.prepare(kernel=True)
-        out = m(x)
-        assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
-        # fp32: the same math; bf16: the kernel rounds once where the torch ops round five times
+        g = torch.Generator().manual_seed(2)
+        x = (torch.randn(*shape, generator=g) * 3).to(device, dtype)
+        prefix = None
+        if mode in ("prefix", "pair"):
+            prefix = torch.randn(b, 1 if mode == "pair" else 6, c, generator=g).to(device, dtype)
+        kw = {"shift": shift if mode != "plain" else None, "prefix": prefix, "pair": mode == "pair"}
+        out, ref = snake(x, a, inv_b, **kw), snake_reference(x, a, inv_b, **kw)
+        assert out.shape == ref.shape and out.dtype == dtype and out.is_contiguous()
+        # the same fp32 math and one rounding on both sides: equal up to the sin implementations
         assert rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2), (dtype, rel_err(out, ref))
 
 
-def test_snake_kernel_reads_strided_input(device: str) -> None:
-    """The transposed conv's output is a slice along time: non-contiguous input, contiguous output."""
-    m = _module(4, device, torch.float32, seed=2)
-    big = torch.randn(2, 4, 40, generator=torch.Generator().manual_seed(3)).to(device)
-    x = big[..., 3:33]
-    ref = m(x)
-    m.prepare(kernel=True)
-    assert rel_err(m(x), ref) < 1e-6
-    assert rel_err(m(big.transpose(1, 2).contiguous().transpose(1, 2)), m(big)) == 0.0
+def test_snake_kernel_reads_strided_inputs(device: str) -> None:
+    """x a slice along time, the prefix a view into a flat (B, N) state row: both batch-strided."""
+    a, inv_b, shift = _consts(4, device, seed=3)
+    g = torch.Generator().manual_seed(4)
+    big = torch.randn(2, 40, 4, generator=g).to(device)
+    flat = torch.randn(2, 50, generator=g).to(device)
+    x, prefix = big[:, 3:33], flat.narrow(1, 10, 12).view(2, 3, 4)
+    out = snake(x, a, inv_b, shift, prefix=prefix)
+    assert rel_err(out, snake_reference(x.contiguous(), a, inv_b, shift, prefix=prefix.contiguous())) < 1e-6
+    assert torch.equal(out[:, :3], prefix)
 
 
 @needs_interpreter
 def test_snake_kernel_rejects_bad_inputs() -> None:
     a = torch.ones(4)
-    with pytest.raises(ValueError, match="B, C, T"):
+    with pytest.raises(ValueError, match="B, T, C"):
         snake(torch.zeros(4, 5), a, a)
     with pytest.raises(ValueError, match="inv_b"):
-        snake(torch.zeros(1, 4, 5), a, torch.ones(3))
+        snake(torch.zeros(1, 5, 4), a, torch.ones(3))
     with pytest.raises(ValueError, match="float32"):
-        snake(torch.zeros(1, 4, 5), a.double(), a)
+        snake(torch.zeros(1, 5, 4), a.double(), a)
     with pytest.raises(TypeError):
-        snake(torch.zeros(1, 4, 5, dtype=torch.int32), a, a)
+        snake(torch.zeros(1, 5, 4, dtype=torch.int32), a, a)
+    with pytest.raises(ValueError, match="pair"):
+        snake(torch.zeros(1, 5, 4), a, a, prefix=torch.zeros(1, 2, 4), pair=True)
+    with pytest.raises(ValueError, match="channel stride"):
+        snake(torch.zeros(1, 4, 5).transpose(1, 2), a, a)
 
 
 def test_codec_on_the_snake_kernel_decodes_like_the_torch_ops(device: str) -> None:
