@@ -289,6 +289,12 @@ class Tracer:
                 self.tick["tick_ms"] = (time.perf_counter() - t0) * 1e3
                 self.tick["t"] = t0
                 self.tick["ready"] = len(ready)
+                # what holds the slots: streams still generating, and those done but with audio left
+                # to decode (their slot stays taken until the last chunk is out)
+                reqs = sched.requests.values()
+                self.tick["live"] = len(engine._live)
+                self.tick["done_undecoded"] = sum(r.generation_done and not r.final_sent for r in reqs)
+                self.tick["pending_frames"] = sum(r.pending_frames for r in reqs)
                 self.ticks.append(self.tick)
             self.tick = {}
 
@@ -357,6 +363,14 @@ class Tracer:
             "either": (busy_main + busy_codec - both) / (hi - lo),
         }
         out["batch_mean"] = float(np.mean([t["ready"] for t in self.ticks]))
+        for k in ("live", "done_undecoded", "pending_frames"):
+            out[f"{k}_mean"] = float(np.mean([t[k] for t in self.ticks]))
+        # the run as a time series (tenths of the ticks): how the slots fill and what holds them
+        parts = np.array_split(np.arange(len(self.ticks)), min(10, len(self.ticks)))
+        keys = ("tick_ms", "ready", "live", "done_undecoded", "pending_frames", "codec_frames")
+        out["phases"] = [
+            {k: float(np.mean([self.ticks[i].get(k, 0) for i in idx])) for k in keys} for idx in parts if len(idx)
+        ]
         return out
 
 
