@@ -41,6 +41,7 @@ from voicewire.engine.qwen3 import ExperimentalOptions, Qwen3TTSModel
 VARIANTS: dict[str, dict[str, Any]] = {
     "served": {},
     "serial": {"overlap_decode": False},  # the codec after the frame step, on the worker's stream
+    "nohost": {"overlap_host": False},  # the worker's commands and hand-out after the frame step
     "noramp": {"chunks": ChunkSchedule(ramp_frames=())},  # 1, then 12-frame chunks
     "steady24": {"chunks": ChunkSchedule(ramp_frames=(2, 4, 8, 12), steady_frames=24)},
 }
@@ -260,9 +261,16 @@ class Tracer:
             return out
 
         graphs.run = graph_run  # type: ignore[method-assign]
-        model.generate = timed("generate_ms", model.generate)  # type: ignore[method-assign]
-        to_host = model._to_host
-        model._to_host = timed("codes_wait_ms", to_host)  # type: ignore[method-assign]
+        gen_start, to_host = model.generate_start, model._to_host
+
+        def generate_start(slots: Any) -> Any:
+            return timed("generate_finish_ms", timed("generate_launch_ms", gen_start)(slots))
+
+        def codes(x: Any) -> Any:
+            return timed("codes_wait_ms", to_host(x))
+
+        model.generate_start = generate_start  # type: ignore[method-assign]
+        model._to_host = codes  # type: ignore[method-assign]
         start = runner.decode_start
 
         def decode_start(work: Any) -> Any:
@@ -408,7 +416,7 @@ def traced_run(
         engine.close()
     graphs, runner = model.graphs, model.codec_runner
     for obj in (graphs, runner, model):  # the wrappers live on the instances: drop them
-        for name in ("run", "decode_start", "generate", "_to_host"):
+        for name in ("run", "decode_start", "generate_start", "_to_host"):
             obj.__dict__.pop(name, None)
     res["trace"] = tracer.summary()
     res["memory_after"] = memory(model.device)

@@ -363,6 +363,7 @@ SERVE_VARIANTS: dict[str, dict[str, Any]] = {
     "overlap": {"chunks": ChunkSchedule(slack_frames=())},
     "slack": {"overlap_decode": False},
     "b128": {"max_batch": 128},
+    "nohost": {"overlap_host": False},  # the worker's commands and hand-out after the frame step
 }
 
 

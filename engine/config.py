@@ -91,4 +91,7 @@ class EngineConfig:
     # decode the chunks of earlier steps while the next frame step runs (Model.decode_start); a
     # model without a stage 2 of its own queue does both in turn either way
     overlap_decode: bool = True
+    # take commands and hand out decoded audio while the device runs the frame step
+    # (Model.generate_start); a model whose step is host work does them after it either way
+    overlap_host: bool = True
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

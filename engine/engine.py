@@ -73,6 +73,10 @@ class Engine:
         self._ids = itertools.count(1)
         self._live: dict[int, Live] = {}
         self._free_slots: list[int] = []
+        # slots of the frame step the device is running (Model.generate_start): a stream of one that
+        # ends meanwhile gives its slot back once the step's results are in
+        self._stepping: frozenset[int] = frozenset()
+        self._freed_after_step: list[int] = []
         self._queued = OpenQueue()
         self._open_count = 0  # streams opened and not yet finished, counted on the caller side
         self._open_lock = threading.Lock()
@@ -249,7 +253,7 @@ class Engine:
             self._stopping = True
             return
         if isinstance(cmd, OpenStream):
-            if self._queued or len(self._live) >= self.stream_limit:
+            if self._queued or not self._can_open():
                 self._queued.add(cmd, time.perf_counter() + self.config.queue_wait_s)
                 self.stats.streams_queued += 1
                 return
@@ -282,9 +286,13 @@ class Engine:
         except ModelError as err:
             self._fail(live, StreamError("model_error", str(err)))
 
+    def _can_open(self) -> bool:
+        # a slot freed during a frame step comes back after it: until then the stream waits
+        return len(self._live) < self.stream_limit and bool(self._free_slots)
+
     def _admit_queued(self) -> None:
         """Waiting opens, oldest first, into the streams that are free now."""
-        while self._queued and len(self._live) < self.stream_limit and not self._stopping:
+        while self._queued and self._can_open() and not self._stopping:
             q = self._queued.pop_oldest()
             self._open(q.open.stream, q.open.params)
             for cmd in q.commands:
@@ -346,40 +354,87 @@ class Engine:
     def _step(self, ready: set[int]) -> None:
         plan = self._scheduler.plan_generate(ready)
         t0 = time.perf_counter()
-        if self.config.overlap_decode and self.model.decode_overlaps:
+        model = self.model
+        overlap = self.config.overlap_decode and model.decode_overlaps
+        if overlap and self.config.overlap_host and model.generate_overlaps:
+            # The frame step is queued first; while the device runs it the codec's calls are queued
+            # beside it, the commands that came in are taken, and the last step's chunks are handed
+            # out: the device does not wait for the host's bookkeeping between steps.
+            due = self._scheduler.plan_decode(t0)
+            results = self._generate_start(plan)
+            finish = self._decode_start(due)
+            self._drain(block=False)
+            td = time.perf_counter()
+            self._decode_finish(due, finish)
+            decode_s = time.perf_counter() - td
+            frames = self._generate_finish(plan, results)
+            t2 = time.perf_counter()
+            t1 = t2 - decode_s  # the step's time less the wait for (and hand-out of) the codec's audio
+        elif overlap:
             # The chunks completed by earlier steps decode while this step generates, on the model's
             # own device queue: a chunk leaves one step later, and the frame step and the codec no
             # longer take turns on the device.
             due = self._scheduler.plan_decode(t0)
             finish = self._decode_start(due)
-            frames = self._generate(plan) if not plan.empty else 0
+            frames = self._generate_finish(plan, self._generate_start(plan))
             t1 = time.perf_counter()
             self._decode_finish(due, finish)
+            t2 = time.perf_counter()
         else:
-            frames = self._generate(plan) if not plan.empty else 0
+            frames = self._generate_finish(plan, self._generate_start(plan))
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._decode_finish(due, self._decode_start(due))
-        t2 = time.perf_counter()
+            t2 = time.perf_counter()
         if not frames and not due:
             return  # nothing was made (or a model's work is still running): not a step
         self.stats.record_step(
-            t1 - t0, t2 - t1, len(plan.generate_slots), self.model.device_wait_s() - self._device_wait_base
+            t1 - t0, t2 - t1, len(plan.generate_slots), model.device_wait_s() - self._device_wait_base
         )
 
-    def _generate(self, plan: StepPlan) -> int:
-        """One stage-1 step; returns the frames it made (0 also when a model's work is still running)."""
+    def _generate_start(self, plan: StepPlan) -> Callable[[], list[GenerateResult]] | None:
+        """The stage-1 step begun (None: nothing to run, or it failed and its streams are failed);
+        until ``_generate_finish`` its slots stay taken."""
+        if plan.empty:
+            return None
         try:
-            results = self.model.generate(plan.generate_slots)
-        except ModelError as err:
-            self._fail_slot(err.slot, str(err))
-            return 0
+            results = self.model.generate_start(plan.generate_slots)
         except Exception as err:
-            log.exception("generate failed for streams %s", plan.generate_streams)
-            for sid in plan.generate_streams:
-                if sid in self._live:
-                    self._fail(self._live[sid], StreamError("model_error", f"model failed: {err}"))
+            self._generate_failed(plan, err)
+            return None
+        self._stepping = frozenset(plan.generate_slots)
+        return results
+
+    def _generate_finish(self, plan: StepPlan, results: Callable[[], list[GenerateResult]] | None) -> int:
+        """The step's results recorded; returns the frames it made (0 also when a model's work is
+        still running). Slots freed during the step are given back here."""
+        if results is None:
             return 0
+        try:
+            try:
+                done = results()
+            except Exception as err:
+                self._generate_failed(plan, err)
+                return 0
+            return self._record(plan, done)
+        finally:
+            self._stepping = frozenset()
+            freed, self._freed_after_step = self._freed_after_step, []
+            for slot in freed:
+                self._free_slot(slot)
+            if freed:
+                self._admit_queued()
+
+    def _generate_failed(self, plan: StepPlan, err: Exception) -> None:
+        if isinstance(err, ModelError):
+            self._fail_slot(err.slot, str(err))
+            return
+        log.error("generate failed for streams %s", plan.generate_streams, exc_info=err)
+        for sid in plan.generate_streams:
+            if sid in self._live:
+                self._fail(self._live[sid], StreamError("model_error", f"model failed: {err}"))
+
+    def _record(self, plan: StepPlan, results: list[GenerateResult]) -> int:
         for sid, res in zip(plan.generate_streams, results, strict=True):
             if res.error is not None and sid in self._live:
                 log.warning("stream %d failed in the model: %s", sid, res.error)
@@ -472,12 +527,20 @@ class Engine:
         if self._live.pop(sid, None) is None:
             return
         self._scheduler.remove(sid)
-        try:
-            self.model.close_slot(live.request.slot)
-        finally:
-            self._free_slots.append(live.request.slot)
+        if live.request.slot in self._stepping:
+            self._freed_after_step.append(live.request.slot)
             self._finish_count()
+        else:
+            self._free_slot(live.request.slot, count=True)
         self._admit_queued()
+
+    def _free_slot(self, slot: int, count: bool = False) -> None:
+        try:
+            self.model.close_slot(slot)
+        finally:
+            self._free_slots.append(slot)
+            if count:
+                self._finish_count()
 
     def _finish_count(self) -> None:
         with self._open_lock:

@@ -127,6 +127,9 @@ class Model(ABC):
     # decode_start returns before its work is done (stage 2 on a device queue of its own): the engine
     # then decodes one step's chunks while the next step generates (EngineConfig.overlap_decode)
     decode_overlaps: bool = False
+    # generate_start returns before its step's device work is done: the engine then takes its commands
+    # and hands out the last chunks' audio while the device runs the step (EngineConfig.overlap_host)
+    generate_overlaps: bool = False
 
     @abstractmethod
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -143,6 +146,15 @@ class Model(ABC):
     @abstractmethod
     def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
         """One stage-1 step for these ready slots (len <= max_batch_size); one result per slot, same order."""
+
+    def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
+        """``generate``, begun: the returned function gives its results. By default all of the work
+        is done here; a model whose step runs on a device queue returns once the step is queued.
+        Until the results are taken, the engine closes none of these slots (a stream that ends
+        meanwhile frees its slot after them) and starts no other step; it may open other slots,
+        add text and run stage 2."""
+        out = self.generate(slots)
+        return lambda: out
 
     @abstractmethod
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:

@@ -49,6 +49,9 @@ class CodecRunner:
         # pad nothing, a final remainder pads to the next size
         self.frames = frame_ladder(options.codec_graph_frames)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # the last state reset queued on the caller's stream, which the next codec call must follow;
+        # only that: the caller may have queued a frame step after it, which the codec runs beside
+        self._reset_done: torch.cuda.Event | None = None
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
         self.wait_s = 0.0  # the caller blocked waiting for the codec's PCM (Model.device_wait_s)
 
@@ -60,6 +63,9 @@ class CodecRunner:
             # state for its previous owner
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.states.reset(slot)
+        if self.stream is not None:
+            self._reset_done = torch.cuda.Event()
+            self._reset_done.record()
         self._history[slot] = []
 
     def prime(self, slot: int, codes: np.ndarray) -> None:
@@ -114,8 +120,8 @@ class CodecRunner:
     def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[np.ndarray]]:
         """Queue the due chunks' codec calls (those ``plan_codec_calls`` picks, usually one) and the one
         device->host copy of their PCM, and return the function that waits for it. On CUDA the calls
-        run on the codec's stream, after what the caller's stream has queued so far (new slots'
-        state resets) and beside what it queues next (the frame step)."""
+        run on the codec's stream, after the new slots' state resets queued on the caller's stream
+        and beside the rest of its work (the frame step, queued before or after)."""
         out = [np.zeros(0, np.float32) for _ in work]
         if self.options.codec_mode == "windowed":
             pcm = [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
@@ -136,7 +142,9 @@ class CodecRunner:
         if self.stream is None:  # run now, as on CUDA: a slot opened before the result keeps its reset
             hosts_now = [self._run([work[i] for i in g]).numpy() for g in groups]
             return lambda: fill(hosts_now)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        if self._reset_done is not None:
+            self.stream.wait_event(self._reset_done)
+            self._reset_done = None
         staged: list[Tensor] = []  # pinned inputs, alive until the copy back is waited for
         with torch.cuda.stream(self.stream):
             pcms = [self._run([work[i] for i in group], staged) for group in groups]

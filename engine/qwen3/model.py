@@ -152,6 +152,7 @@ class Qwen3TTSModel(Model):
             self.codec, t.num_code_groups, options, self.graphs, self.pad_slot, dev
         )
         self.decode_overlaps = self.codec_runner.stream is not None
+        self.generate_overlaps = dev.type == "cuda"  # generate_start returns with the step queued
         self._register_graphs()
         self._slots: dict[int, HostSlot] = {}
         self.limits = FrameLimits(
@@ -233,8 +234,13 @@ class Qwen3TTSModel(Model):
         self.codec_runner.close(slot)
 
     # --- generation --------------------------------------------------------------------------------
-    @torch.no_grad()
     def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
+        return self.generate_start(slots)()
+
+    @torch.no_grad()
+    def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
+        """The step's prefill and decode graphs and the copy of its codes, queued; the returned
+        function waits for the codes and records each slot's frame."""
         if len(slots) > self.options.max_batch_size:
             raise ValueError(f"{len(slots)} slots > max_batch_size {self.options.max_batch_size}")
         results: dict[int, GenerateResult] = {}
@@ -252,14 +258,19 @@ class Qwen3TTSModel(Model):
                 raise ModelError(s, f"prompt longer than max_seq_len {self.options.max_seq_len}")
             else:
                 (running if st.prefilled else new).append(s)
-        staged: list[Tensor] = []  # pinned graph inputs, alive until _to_host has waited for the step
+        staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
         for i in range(0, len(new), self.prefill_batches[-1]):
             self._run_prefill(new[i : i + self.prefill_batches[-1]], staged)
         batch = running + new  # new slots make their first frame in the same decode call
         size = self.decode_buckets[-1]
         parts = [self._run_decode(batch[i : i + size], staged) for i in range(0, len(batch), size)]
-        if batch:
-            host = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
+        if not batch:
+            return lambda: [results[s] for s in slots]
+        codes = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
+
+        def finish() -> list[GenerateResult]:
+            host = codes()
+            staged.clear()
             bad = self._invalid_rows(host)
             looped = self.repetition.push(np.asarray(batch), host[:, 0])
             for i, s in enumerate(batch):
@@ -277,7 +288,9 @@ class Qwen3TTSModel(Model):
                     results[s] = GenerateResult(s, None, 0, True, error="the model produced invalid codes")
                 else:
                     results[s] = self._slots[s].record(s, host[i], bool(looped[i]), self.limits)
-        return [results[s] for s in slots]
+            return [results[s] for s in slots]
+
+        return finish
 
     def _invalid_rows(self, host: np.ndarray) -> np.ndarray:
         """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
@@ -335,18 +348,24 @@ class Qwen3TTSModel(Model):
         staged.append(x)
         return x.to(self.device, non_blocking=True)
 
-    def _to_host(self, codes: Tensor) -> np.ndarray:
-        """The step's one device->host copy: (B, 16) codes through pinned memory."""
+    def _to_host(self, codes: Tensor) -> Callable[[], np.ndarray]:
+        """The step's one device->host copy, (B, 16) codes through pinned memory, queued; the returned
+        function waits for it."""
         if codes.device.type != "cuda":
-            return codes.numpy()
+            now = codes.numpy()
+            return lambda: now
         host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
         host.copy_(codes, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        t0 = time.perf_counter()
-        done.synchronize()
-        self._codes_wait_s += time.perf_counter() - t0
-        return host.numpy()
+
+        def wait() -> np.ndarray:
+            t0 = time.perf_counter()
+            done.synchronize()
+            self._codes_wait_s += time.perf_counter() - t0
+            return host.numpy()
+
+        return wait
 
     def _register_graphs(self) -> None:
         """Every bucket's body with padding-slot example rows (captured in ``warmup``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -141,6 +142,69 @@ async def test_the_engine_reports_the_time_its_model_waited_for_the_device() -> 
     assert st.device_wait_s >= model.waits * _DeviceModel.WAIT_S
     # the waits are inside the step's time: the rest is the worker's own (host) time
     assert st.generate_s + st.decode_s - st.device_wait_s > 0.0
+
+
+class _QueuedStepModel(_DeviceModel):
+    """The frame step as if queued on a device (generate_start returns before its results), and a
+    switch that holds the next generate_start until the test has sent its commands: they are then
+    taken while that step is in flight."""
+
+    generate_overlaps = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight: set[int] = set()
+        self.closed_in_flight: list[int] = []
+        self.hold: threading.Event | None = None
+        self.held = threading.Event()
+
+    def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
+        self.in_flight = set(slots)
+        if self.hold is not None:
+            hold, self.hold = self.hold, None
+            self.held.set()
+            hold.wait(5.0)
+
+        def finish() -> list[GenerateResult]:
+            out = self.generate(slots)
+            self.in_flight = set()
+            return out
+
+        return finish
+
+    def close_slot(self, slot: int) -> None:
+        if slot in self.in_flight:
+            self.closed_in_flight.append(slot)
+        super().close_slot(slot)
+
+
+async def test_a_stream_ended_during_a_queued_step_frees_its_slot_after_the_step() -> None:
+    model = _QueuedStepModel()
+    eng = Engine(EngineConfig(max_streams=2, max_queued_streams=2), model=model).start()
+    try:
+        a, b = eng.open_stream(seed=0), eng.open_stream(seed=1)
+        for s in (a, b):
+            s.push_text("Two turns share every step until the first one is cancelled. " * 3)
+        await a.__aiter__().__anext__()
+        release = model.hold = threading.Event()
+        assert await asyncio.get_running_loop().run_in_executor(None, model.held.wait, 5.0)
+        stepping = set(model.in_flight)
+        a.cancel()  # both commands reach the worker while the step of a's slot is in flight
+        c = eng.open_stream(seed=2)  # no slot is free until that step's results are in
+        c.push_text("This one waits for the slot a gives back.")
+        c.end()
+        release.set()
+        b.end()
+        chunks = await asyncio.wait_for(_collect(c), 20)
+        assert chunks[-1].final and sum(x.pcm.size for x in chunks) > 0
+        rest = await _collect(b)
+        assert rest[-1].final and sum(x.pcm.size for x in rest) > 0
+        await wait_engine_idle(eng)
+    finally:
+        eng.close()
+    assert len(stepping) == 2  # a's and b's slots were in that step
+    assert model.closed_in_flight == []
+    assert model.open_slots == 0 and eng.active_streams() == 0
 
 
 async def test_a_failing_stream_ends_with_an_error_and_others_complete() -> None:

@@ -1,0 +1,186 @@
+"""The engine's own host cost at serving scale: a model that costs nothing, hundreds of streams.
+
+    python3 benchmarks/host_overhead.py --rate 230 --out host_overhead_cpu.json [--profile]
+
+The engine (scheduler, text feeding, chunk planning, emitting, the event loop's consumers) runs
+exactly as served, in-process with the open-loop client of engine_load.py, around ``NullModel``:
+Qwen3-TTS-12Hz's shape (24 kHz, 1920 samples a frame, word text, 256 rows a step, 512 slots) whose
+generate and decode do no host work but wait (without the interpreter's lock, as a CUDA sync does)
+as long as the H200's frame step at that batch (``--step-ms`` + ``--row-us`` per row). What the run reaches is the ceiling the host puts on any model:
+frames per second, the worker's time per tick and per row, and how late the client's loop runs
+(both threads share the interpreter's lock). ``--profile`` adds the worker thread's top functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_load import Lengths, closed_loop, open_loop
+
+from voicewire.engine.config import EngineConfig, LevelConfig
+from voicewire.engine.engine import Engine
+from voicewire.engine.model import (
+    DecodeWork,
+    GenerateResult,
+    Model,
+    ModelInfo,
+    StreamParams,
+    TextGranularity,
+)
+
+FRAME_SAMPLES = 1920
+
+
+class NullModel(Model):
+    """Frames for free: one (1, 16) payload per ready slot per step, silence per decoded frame."""
+
+    def __init__(self, max_slots: int, max_batch: int, step_s: float = 0.0, row_s: float = 0.0) -> None:
+        self.step_s, self.row_s = step_s, row_s
+        self.info = ModelInfo(
+            name="null",
+            sample_rate_hz=24_000,
+            frame_samples=FRAME_SAMPLES,
+            text_granularity=TextGranularity.WORD,
+            max_batch_size=max_batch,
+            max_slots=max_slots,
+            voices=("null",),
+            random_weights=True,
+        )
+        self._left: dict[int, int] = {}
+        self._final: dict[int, bool] = {}
+        self._codes = np.zeros((1, 16), np.int64)
+
+    def open_slot(self, slot: int, params: StreamParams) -> None:
+        self._left[slot] = params.forced_frames or 1
+        self._final[slot] = False
+
+    def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
+        self._final[slot] = self._final[slot] or final
+
+    def ready(self, slot: int) -> bool:
+        return self._final.get(slot, False) and self._left.get(slot, 0) > 0
+
+    def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
+        if self.step_s or self.row_s:
+            time.sleep(self.step_s + self.row_s * len(slots))  # the device's step, the lock released
+        out = []
+        for s in slots:
+            self._left[s] -= 1
+            out.append(GenerateResult(s, self._codes, 1, self._left[s] == 0))
+        return out
+
+    def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
+        return [np.zeros(w.n_frames * FRAME_SAMPLES, np.float32) for w in work]
+
+    def close_slot(self, slot: int) -> None:
+        self._left.pop(slot, None)
+        self._final.pop(slot, None)
+
+
+class WorkerProfile:
+    """cProfile of the engine's worker thread (``Engine._step`` and the command drain)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.prof = cProfile.Profile()
+        self.ticks = 0
+        self.busy_s = 0.0
+        self.on = False
+        step = engine._step
+
+        def tick(ready: set[int]) -> None:
+            t0 = time.perf_counter()
+            if self.on:
+                self.prof.enable()
+            try:
+                step(ready)
+            finally:
+                if self.on:
+                    self.prof.disable()
+                    self.ticks += 1
+                    self.busy_s += time.perf_counter() - t0
+
+        engine._step = tick  # type: ignore[method-assign]
+
+    def top(self, n: int = 25) -> str:
+        buf = io.StringIO()
+        pstats.Stats(self.prof, stream=buf).sort_stats("tottime").print_stats(n)
+        return buf.getvalue()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model = NullModel(args.max_slots, args.max_batch, args.step_ms / 1e3, args.row_us / 1e6)
+    cfg = EngineConfig(
+        model="null",
+        max_streams=args.max_slots,
+        level=LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0),
+        max_queued_streams=0,
+    )
+    engine = Engine(cfg, model=model).start()
+    prof = WorkerProfile(engine)
+    res: dict[str, Any] = {}
+
+    async def main() -> None:
+        await closed_loop(engine, 4, 1.0, Lengths(), 999)
+        prof.on = args.profile
+        t0 = time.perf_counter()
+        r = await open_loop(engine, args.rate, args.duration_s, Lengths(), 1)
+        r.pop("arrivals", None)
+        r["wall_s"] = time.perf_counter() - t0
+        res["load"] = r
+        prof.on = False
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
+    eng = res["load"]["engine"]
+    hist = {int(k): v for k, v in eng["batch_hist"].items()}
+    rows = sum(k * v for k, v in hist.items())
+    steps = sum(hist.values())
+    wall = res["load"]["wall_s"]
+    res["frames_per_s"] = rows / wall
+    res["rows_per_step"] = rows / max(1, steps)
+    res["host_ms_per_step"] = eng.get("host_ms_per_step")
+    res["host_us_per_row"] = 1e3 * eng["generate_s"] / max(1, rows) if rows else None
+    if args.profile:
+        res["worker_busy_ms_per_tick"] = 1e3 * prof.busy_s / max(1, prof.ticks)
+        res["worker_top"] = prof.top()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=float, default=230.0)
+    ap.add_argument("--duration-s", type=float, default=6.0)
+    ap.add_argument("--max-slots", type=int, default=512)
+    ap.add_argument("--max-batch", type=int, default=256)
+    # the served 1.7B frame step on the H200 under load: ~5 ms at a few rows, ~14 ms at 256
+    ap.add_argument("--step-ms", type=float, default=5.0)
+    ap.add_argument("--row-us", type=float, default=35.0)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    res = {"command": " ".join(sys.argv), **run(args)}
+    Path(args.out).write_text(json.dumps(res, indent=1, default=str))
+    show = {k: v for k, v in res.items() if k != "worker_top"}
+    print(json.dumps(show, default=str)[:1500])
+    if args.profile:
+        print(res["worker_top"])
+
+
+if __name__ == "__main__":
+    main()
