@@ -2,10 +2,10 @@
 
 One call runs its rows padded to a common frame count: the smallest graphed count that fits the
 longest chunk (a chunk longer than every graph runs eagerly at its own length). Padding is not free:
-a lone 12-frame chunk next to fifteen 1-frame first chunks makes them all pay for 12 frames (~21 ms on
-the H200 instead of ~7.5 ms for two calls), while similar sizes are cheaper together than apart. A
+a lone 12-frame chunk next to fifteen 1-frame first chunks makes them all pay for 12 frames (~6.2 ms
+on the H200 instead of ~4.3 ms for two calls), while similar sizes are cheaper together than apart. A
 call costs about CODEC_CALL_MS + CODEC_FRAME_MS per padded frame (bucket rows x frames); chunks of
-one padded size always share calls, so the choice is where to cut the few (<= 6) size classes: a DP
+one padded size always share calls, so the choice is where to cut the few (<= 7) size classes: a DP
 over them, microseconds of host time per tick.
 """
 
@@ -16,11 +16,12 @@ from collections.abc import Sequence
 
 from .cuda_graphs import bucket_for
 
-# Estimated codec call time on the H200 (bf16, graphs; benchmarks/serving_bench.py's codec section,
-# docs/performance-history.md): ~2.7 ms per call plus
-# ~0.09 ms per padded frame (16 rows x 12 frames: 21 ms). Only used to choose how to split a tick.
-CODEC_CALL_MS = 2.7
-CODEC_FRAME_MS = 0.09
+# Estimated codec call time on the H200 (bf16, graphs, the time-major decoder): a fit of
+# benchmarks/results/throughput_h200.json [codec], 1-64 rows x 1-48 frames, within 10% from 4 rows
+# x 1 frame to 64 x 48: ~1.85 ms per call plus ~0.0225 ms per padded frame (16 rows x 12 frames: 6.3
+# ms), so a call costs as much as ~80 padded frames. Only used to choose how to split a tick.
+CODEC_CALL_MS = 1.85
+CODEC_FRAME_MS = 0.0225
 
 
 def padded_frames(n_frames: int, graphed: Sequence[int]) -> int:
