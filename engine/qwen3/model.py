@@ -244,23 +244,27 @@ class Qwen3TTSModel(Model):
         if len(slots) > self.options.max_batch_size:
             raise ValueError(f"{len(slots)} slots > max_batch_size {self.options.max_batch_size}")
         results: dict[int, GenerateResult] = {}
-        new: list[int] = []
+        prompts: dict[int, Prompt] = {}  # the new slots', built once for the length check and the prefill
         running: list[int] = []
         for s in slots:
             st = self._slot(s)
             if not self.ready(s):
                 results[s] = GenerateResult(s, None, 0, st.done)
-            elif not st.prefilled and not st.text.ids:  # the text ended empty
+            elif st.prefilled:
+                running.append(s)
+            elif not st.text.ids:  # the text ended empty
                 st.done = True
                 results[s] = GenerateResult(s, None, 0, True)
-            elif not st.prefilled and len(self._prompt(st)) >= self.options.max_seq_len:
+            elif len(prompt := self._prompt(st)) >= self.options.max_seq_len:
                 # refused before any work of this step, so the other slots are untouched
                 raise ModelError(s, f"prompt longer than max_seq_len {self.options.max_seq_len}")
             else:
-                (running if st.prefilled else new).append(s)
+                prompts[s] = prompt
+        new = list(prompts)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
-        for i in range(0, len(new), self.prefill_batches[-1]):
-            self._run_prefill(new[i : i + self.prefill_batches[-1]], staged)
+        per_call = self.prefill_batches[-1]
+        for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):
+            self._run_prefill(group, [prompts[s] for s in group], staged)
         batch = running + new  # new slots make their first frame in the same decode call
         size = self.decode_buckets[-1]
         parts = [self._run_decode(batch[i : i + size], staged) for i in range(0, len(batch), size)]
@@ -311,10 +315,9 @@ class Qwen3TTSModel(Model):
             self._slots[s].position += 1
         return codes[: len(group)].clone()  # the static output is overwritten by the next replay
 
-    def _run_prefill(self, group: list[int], staged: list[Tensor]) -> None:
+    def _run_prefill(self, group: list[int], prompts: list[Prompt], staged: list[Tensor]) -> None:
         """The group's prompts but their last positions into the KV cache; those wait as first feeds
         for this step's decode call (frame_step.py)."""
-        prompts = [self._prompt(self._slots[s]) for s in group]
         voices = [self._slots[s].voice for s in group]
         if any(v is not None for v in voices):  # vectors in the prompt: not a packed-id row
             prefill_embedded(self.step, prompts, voices, group)
