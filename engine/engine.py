@@ -362,12 +362,15 @@ class Engine:
             # out: the device does not wait for the host's bookkeeping between steps.
             due = self._scheduler.plan_decode(t0)
             results = self._generate_start(plan)
-            finish = self._decode_start(due)
-            self._drain(block=False)
-            td = time.perf_counter()
-            self._decode_finish(due, finish)
-            decode_s = time.perf_counter() - td
-            frames = self._generate_finish(plan, results)
+            decode_s = 0.0
+            try:
+                finish = self._decode_start(due)
+                self._drain(block=False)
+                td = time.perf_counter()
+                self._decode_finish(due, finish)
+                decode_s = time.perf_counter() - td
+            finally:  # the step's results are taken whatever failed meanwhile: its slots come back
+                frames = self._generate_finish(plan, results)
             t2 = time.perf_counter()
             t1 = t2 - decode_s  # the step's time less the wait for (and hand-out of) the codec's audio
         elif overlap:
