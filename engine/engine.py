@@ -7,7 +7,9 @@ commands reach the worker through a thread-safe queue. The worker's step is thre
     -> postprocess (lead-in trim, hand chunks back to each stream's loop)
 
 Audio flows back with ``loop.call_soon_threadsafe``. Cancel frees a stream's slot when the worker
-next drains its commands, between two steps (a step is a few ms for the embedded voice).
+next drains its commands, between two steps (a step is a few ms for the embedded voice). A model
+whose step runs on a device (Qwen3-TTS on CUDA) has it queued first: the worker drains commands and
+hands out audio while the device runs it, and a slot cancelled meanwhile is freed after the step.
 """
 
 from __future__ import annotations
