@@ -16,7 +16,7 @@
 #       codec      codec graphs: SnakeBeta kernel vs torch ops, cuDNN-timed vs heuristic convs -> codec_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh throughput [STEP...] # README "Throughput levers" (~8 min)
 #       levers     1.7B engine alone, open loop past the knee, one build: the served engine against
-#                  the same engine with each lever off (VARIANTS, RATES, MAX_BATCH override) -> throughput_h200.json
+#                  the same engine with each lever off (VARIANTS, RATES, MAX_BATCH, PREFILL_BATCH override) -> throughput_h200.json
 #       tests      tests/engine/qwen3/test_gpu.py (overlapped decode and long chunks equal the serial
 #                  audio; streaming equals offline for every chunk cadence)      -> gpu_tests_qwen3_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh front-door           # README "Through the front door" (~9 min)
@@ -169,6 +169,7 @@ if [ "$MODE" = throughput ]; then
   if want levers; then
     step levers 420 python3 benchmarks/serving_bench.py --size 1.7b --sections codec,serve \
       --serve-variants "${VARIANTS:-serial-b128,serial,overlap,served}" --max-batch "${MAX_BATCH:-256}" --max-slots 512 \
+      --max-prefill-batch "${PREFILL_BATCH:-8}" \
       --rates "${RATES:-120,160,200,240}" --rate-duration-s 8 --concurrency '' --out "$OUT/throughput_h200.json"
     stamp "$OUT/throughput_h200.json"
   fi

@@ -191,6 +191,7 @@ def build(
         max_slots=serve.pop("max_slots", args.max_slots),
         max_batch_size=serve.pop("max_batch_size", args.max_batch),
         max_seq_len=args.max_seq_len,
+        max_prefill_batch=getattr(args, "max_prefill_batch", ServeOptions.max_prefill_batch),
         codec_batch_buckets=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= args.max_batch),
         **serve,
     )
@@ -481,6 +482,7 @@ def main() -> None:
     ap.add_argument("--step-iters", type=int, default=20)
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--max-slots", type=int, default=256)
+    ap.add_argument("--max-prefill-batch", type=int, default=ServeOptions.max_prefill_batch)
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--codec-frames", type=int, default=48, help="codec graphs up to this many frames")
     ap.add_argument(

@@ -64,7 +64,7 @@ class ServeOptions:
     random_frames_per_token: float = 3.0  # random weights: frames per text token when not forced
     cuda_graphs: bool = True  # capture the frame step and the codec per bucket (CUDA only)
     decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
-    max_prefill_batch: int = 8  # new streams prefilled together (one graph call); more wait a step
+    max_prefill_batch: int = 8  # new streams prefilled together: a step's new ones in calls of this many
     prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
     codec_batch_buckets: tuple[int, ...] = ()  # () = powers of 2 up to max_batch_size
     # codec graphs for 1, 2, 4, 8 ... up to this many frames; a tick's chunks are padded to the
