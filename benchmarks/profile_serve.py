@@ -8,9 +8,11 @@ stream it runs on (the frame step and prefill on the worker's stream, the codec 
 JSON holds, per call kind, how long it ran on the GPU under load (which counts the slowdown of
 sharing the SMs with the other stream), and per tick: the host time of each phase (plan, the frame
 step's launches, the wait for its codes, the codec's launches, the wait for its PCM, hand-off),
-batch sizes, new streams prefilled, and codec calls with their shapes. Also: the codec graph's
-kernels by name (torch.profiler over replays), and each of its convolutions timed alone in the
-served layout against channels-last, which says what a layout change could win.
+batch sizes, new streams prefilled, codec calls with their shapes, and what holds the slots (live
+streams, those done but still decoding, frames awaiting the codec). Also: the decode graph and each
+codec graph alone and both at once on two streams (``contention``), the allocator's state and its
+cache retries around each run, the codec graph's kernels by name (torch.profiler over replays), and
+each of its convolutions timed alone in the served layout against channels-last.
 """
 
 from __future__ import annotations
