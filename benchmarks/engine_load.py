@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from voicewire.engine.config import EngineConfig, LevelConfig
 from voicewire.engine.engine import Engine, EngineBusy
 from voicewire.engine.model import StreamParams
 
@@ -31,6 +32,18 @@ def pct(xs: list[float], q: float) -> float | None:
 
 def med(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
+
+
+def load_config(model: str, max_streams: int, **overrides: Any) -> EngineConfig:
+    """The engine config of these load runs: no lead-in trim (random weights make noise from the first
+    sample), and an open past the slots is a rejection (no queue), as before the queue existed."""
+    return EngineConfig(
+        model=model,
+        max_streams=max_streams,
+        level=LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0),
+        max_queued_streams=0,
+        **overrides,
+    )
 
 
 class Lengths:

@@ -29,9 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_load import Lengths, closed_loop, open_loop
+from engine_load import Lengths, closed_loop, load_config, open_loop
 
-from voicewire.engine.config import EngineConfig, LevelConfig
 from voicewire.engine.engine import Engine
 from voicewire.engine.model import (
     DecodeWork,
@@ -123,12 +122,7 @@ class WorkerProfile:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model = NullModel(args.max_slots, args.max_batch, args.step_ms / 1e3, args.row_us / 1e6)
-    cfg = EngineConfig(
-        model="null",
-        max_streams=args.max_slots,
-        level=LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0),
-        max_queued_streams=0,
-    )
+    cfg = load_config("null", args.max_slots)
     engine = Engine(cfg, model=model).start()
     prof = WorkerProfile(engine)
     res: dict[str, Any] = {}

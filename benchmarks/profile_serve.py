@@ -33,10 +33,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_load import Lengths, closed_loop, open_loop, pct
+from engine_load import Lengths, closed_loop, load_config, open_loop, pct
 from serving_bench import build, env, gpu_ms, kernels_by_name
 
-from voicewire.engine.config import ChunkSchedule, EngineConfig, LevelConfig
+from voicewire.engine.config import ChunkSchedule
 from voicewire.engine.engine import Engine
 from voicewire.engine.qwen3 import ExperimentalOptions, Qwen3TTSModel
 
@@ -143,6 +143,18 @@ def memory(dev: torch.device) -> dict[str, Any]:
     }
 
 
+def _bracketed(fn: Callable[[], Any], stream: Any, n: int) -> list[tuple[Any, Any]]:
+    """n calls of fn queued on ``stream``, each between two events."""
+    out = []
+    for _ in range(n):
+        e0, e1 = _event(), _event()
+        e0.record(stream)
+        fn()
+        e1.record(stream)
+        out.append((e0, e1))
+    return out
+
+
 def contention(model: Qwen3TTSModel, decode_rows: int, shapes: list[tuple[int, int]], calls: int = 6) -> dict[str, Any]:
     """The frame step's decode graph and a codec graph, each alone and both at once on their two streams
     (the codec on its own stream, and on a high- and a low-priority one): how much each slows the other.
@@ -178,23 +190,13 @@ def contention(model: Qwen3TTSModel, decode_rows: int, shapes: list[tuple[int, i
         for name, stream in streams.items():
             assert stream is not None
             torch.cuda.synchronize(dev)
-            spans: dict[str, list[tuple[Any, Any]]] = {"codec": [], "decode": []}
+            spans: dict[str, list[tuple[Any, Any]]] = {}
             origin = _event()
             origin.record(main)
             stream.wait_stream(main)
             with torch.cuda.stream(stream):
-                for _ in range(calls):
-                    e0, e1 = _event(), _event()
-                    e0.record(stream)
-                    codec()
-                    e1.record(stream)
-                    spans["codec"].append((e0, e1))
-            for _ in range(n_decode):
-                e0, e1 = _event(), _event()
-                e0.record(main)
-                decode()
-                e1.record(main)
-                spans["decode"].append((e0, e1))
+                spans["codec"] = _bracketed(codec, stream, calls)
+            spans["decode"] = _bracketed(decode, main, n_decode)
             torch.cuda.synchronize(dev)
             row[name] = {
                 "codec_ms": float(np.mean([a.elapsed_time(b) for a, b in spans["codec"]])),
@@ -387,13 +389,7 @@ class Tracer:
 def traced_run(
     model: Qwen3TTSModel, args: argparse.Namespace, variant: dict[str, Any], rate: float
 ) -> dict[str, Any]:
-    cfg = EngineConfig(
-        model="qwen3-tts",
-        max_streams=args.max_slots,
-        level=LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0),
-        max_queued_streams=0,
-        **variant,
-    )
+    cfg = load_config("qwen3-tts", args.max_slots, **variant)
     engine = Engine(cfg, model=model).start()
     tracer = Tracer(engine, model)
     res: dict[str, Any] = {"memory_before": memory(model.device)}

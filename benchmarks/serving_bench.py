@@ -70,6 +70,7 @@ from engine_load import (  # noqa: E402  (this script's folder is on sys.path)
     Lengths,
     burst,
     closed_loop,
+    load_config,
     med,
     one_request,
     open_loop,
@@ -78,7 +79,7 @@ from engine_load import (  # noqa: E402  (this script's folder is on sys.path)
 )
 from kernels_bench import copy_rate_gb_s  # noqa: E402
 
-from voicewire.engine.config import ChunkSchedule, EngineConfig, LevelConfig  # noqa: E402
+from voicewire.engine.config import ChunkSchedule  # noqa: E402
 from voicewire.engine.engine import Engine  # noqa: E402
 from voicewire.engine.model import StreamParams  # noqa: E402
 from voicewire.engine.qwen3 import (  # noqa: E402
@@ -371,13 +372,7 @@ SERVE_VARIANTS: dict[str, dict[str, Any]] = {
 def section_serve(
     model: Qwen3TTSModel, args: argparse.Namespace, variant: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    cfg = EngineConfig(
-        model="qwen3-tts",
-        max_streams=args.max_slots,
-        level=LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0),
-        max_queued_streams=0,  # an open past the slots is a rejection here, as before the queue existed
-        **(variant or {}),
-    )
+    cfg = load_config("qwen3-tts", args.max_slots, **(variant or {}))
     engine = Engine(cfg, model=model).start()
     res: dict[str, Any] = {"open_loop": [], "closed_loop": [], "single_10s": None}
 

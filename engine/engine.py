@@ -44,6 +44,7 @@ from .model import (
     TextGranularity,
 )
 from .scheduler import Request, Scheduler, StepPlan
+from .slots import SlotPool
 from .stats import EngineStats
 from .stream import Stream, StreamError
 from .text_feeder import ClauseFeeder, WordFeeder
@@ -74,11 +75,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._live: dict[int, Live] = {}
-        self._free_slots: list[int] = []
-        # slots of the frame step the device is running (Model.generate_start): a stream of one that
-        # ends meanwhile gives its slot back once the step's results are in
-        self._stepping: frozenset[int] = frozenset()
-        self._freed_after_step: list[int] = []
+        self._slots = SlotPool()
         self._queued = OpenQueue()
         self._open_count = 0  # streams opened and not yet finished, counted on the caller side
         self._open_lock = threading.Lock()
@@ -121,7 +118,7 @@ class Engine:
             self._model = load_model(self.config.model, self.config.model_options)
         self._model.warmup()
         self._device_wait_base = self._model.device_wait_s()  # warm-up's waits are not a step's
-        self._free_slots = list(range(self._model.info.max_slots))[::-1]
+        self._slots = SlotPool(self._model.info.max_slots)
         chunks = self.config.chunks
         if chunks.slack_frames is None:
             chunks = dataclasses.replace(chunks, slack_frames=tuple(self._model.info.slack_chunk_frames))
@@ -290,7 +287,7 @@ class Engine:
 
     def _can_open(self) -> bool:
         # a slot freed during a frame step comes back after it: until then the stream waits
-        return len(self._live) < self.stream_limit and bool(self._free_slots)
+        return len(self._live) < self.stream_limit and bool(self._slots)
 
     def _admit_queued(self) -> None:
         """Waiting opens, oldest first, into the streams that are free now."""
@@ -320,7 +317,7 @@ class Engine:
 
     def _open(self, stream: Stream, params: StreamParams) -> None:
         model = self.model
-        slot = self._free_slots.pop()
+        slot = self._slots.take()
         request = Request(
             stream_id=stream.id,
             slot=slot,
@@ -345,7 +342,7 @@ class Engine:
         try:
             model.open_slot(slot, params)
         except Exception as err:  # a bad request must not take the worker down
-            self._free_slots.append(slot)
+            self._slots.put(slot)
             self._finish_count()
             self._to_loop(live, stream.fail, StreamError("bad_request", str(err)))
             return
@@ -407,7 +404,7 @@ class Engine:
         except Exception as err:
             self._generate_failed(plan, err)
             return None
-        self._stepping = frozenset(plan.generate_slots)
+        self._slots.step_started(plan.generate_slots)
         return results
 
     def _generate_finish(self, plan: StepPlan, results: Callable[[], list[GenerateResult]] | None) -> int:
@@ -423,8 +420,7 @@ class Engine:
                 return 0
             return self._record(plan, done)
         finally:
-            self._stepping = frozenset()
-            freed, self._freed_after_step = self._freed_after_step, []
+            freed = self._slots.step_done()
             for slot in freed:
                 self._free_slot(slot)
             if freed:
@@ -532,20 +528,18 @@ class Engine:
         if self._live.pop(sid, None) is None:
             return
         self._scheduler.remove(sid)
-        if live.request.slot in self._stepping:
-            self._freed_after_step.append(live.request.slot)
+        try:
+            if self._slots.release(live.request.slot):
+                self._free_slot(live.request.slot)
+        finally:
             self._finish_count()
-        else:
-            self._free_slot(live.request.slot, count=True)
         self._admit_queued()
 
-    def _free_slot(self, slot: int, count: bool = False) -> None:
+    def _free_slot(self, slot: int) -> None:
         try:
             self.model.close_slot(slot)
         finally:
-            self._free_slots.append(slot)
-            if count:
-                self._finish_count()
+            self._slots.put(slot)
 
     def _finish_count(self) -> None:
         with self._open_lock:

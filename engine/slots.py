@@ -1,0 +1,45 @@
+"""The model's slots on the engine's side: which are free, and when a released one comes back.
+
+A slot released while the frame step the device is running still uses it (``Model.generate_start``)
+stays taken until that step's results are in: until then the model must not close it, and no new
+stream may get it. Plain Python, owned by the worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class SlotPool:
+    def __init__(self, n: int = 0) -> None:
+        self._free = list(range(n))[::-1]  # popped from the end: slot 0 first
+        self._stepping: frozenset[int] = frozenset()
+        self._after_step: list[int] = []
+
+    def __bool__(self) -> bool:
+        """A slot is free now."""
+        return bool(self._free)
+
+    def take(self) -> int:
+        return self._free.pop()
+
+    def put(self, slot: int) -> None:
+        """The slot is free again (closed in the model, or never opened there)."""
+        self._free.append(slot)
+
+    def release(self, slot: int) -> bool:
+        """The slot's stream is gone: True when the caller may close it and ``put`` it back now; False
+        when a running step still uses it, and ``step_done`` hands it back."""
+        if slot in self._stepping:
+            self._after_step.append(slot)
+            return False
+        return True
+
+    def step_started(self, slots: Iterable[int]) -> None:
+        self._stepping = frozenset(slots)
+
+    def step_done(self) -> list[int]:
+        """The step's results are in: the slots released meanwhile, for the caller to close and put back."""
+        self._stepping = frozenset()
+        out, self._after_step = self._after_step, []
+        return out
