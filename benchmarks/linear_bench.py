@@ -3,7 +3,8 @@
     python3 benchmarks/linear_bench.py --out linear.json          # CUDA (~1-2 min)
 
 Shapes: every projection of the Qwen3-TTS-1.7B frame step (talker and code predictor, and the two
-heads) at M = 1, 16, 64, 128 rows, bf16, each in the form the step runs it (q|k|v and gate|up with the
+heads) at M = 1, 16, 64, 128 rows (or --rows: 256 is a loaded server's batch, 512+ a prefill's prompt
+positions), bf16, each in the form the step runs it (q|k|v and gate|up with the
 RMS-norm prologue, gate|up with the SwiGLU epilogue, o and down with the residual epilogue). The
 baseline is what the unfused step launches for the same work: torch's RMS norm (compiled: one kernel)
 is left out, so cuBLAS gets only its GEMM (+ the separate SwiGLU / residual kernels are not counted
@@ -50,12 +51,18 @@ SHAPES_1_7B = [
     ("cp.head", 2048, 1024, "head"),
 ]
 ROWS = (1, 16, 64, 128)
-SWEEP_ROWS = (1, 64)  # the other row counts time linear_config's pick only
+SWEEP_ROWS = (1, 64)  # up to 64 rows the other row counts time linear_config's pick only
 SWEEP = [
     LinearConfig(0, bn, bk, w, s)
     for bn in (16, 32, 64)
     for bk in (256, 512)
     for w, s in ((4, 3), (8, 3), (4, 5))
+]
+# above 64 rows (every row count is swept): the compute-bound tiles, block_m given
+WIDE_SWEEP = [
+    LinearConfig(bm, bn, bk, w, s)
+    for bm, bn, w in ((64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8))
+    for bk, s in ((64, 4), (128, 3))
 ]
 
 
@@ -96,8 +103,10 @@ def bench_shape(name: str, n: int, k: int, form: str, m: int, copy_gb_s: float) 
     row["default"] = {"config": picked.__dict__, "us": ours(None)}
     best: dict[str, Any] | None = None
     tried = set()
-    for c in SWEEP if m in SWEEP_ROWS else []:
-        cfg = LinearConfig(linear_config(m, n, k).block_m, c.block_n, c.block_k, c.num_warps, c.num_stages)
+    sweep = WIDE_SWEEP if m > 64 else SWEEP if m in SWEEP_ROWS else []
+    for c in sweep:
+        bm = c.block_m or linear_config(m, n, k).block_m
+        cfg = LinearConfig(bm, c.block_n, c.block_k, c.num_warps, c.num_stages)
         cfg = fit_shared_memory(cfg, kwargs.get("act", 0), 2)  # what the launcher would run
         if cfg in tried:
             continue

@@ -63,6 +63,17 @@ def profile_batch(model: Any, b: int, context: int, steps: int) -> dict[str, Any
     return row
 
 
+def time_prefill(model: Any, b: int, t: int) -> dict[str, Any]:
+    """The captured prefill graph of b prompts padded to t positions (padding slots: only KV is written)."""
+    from voicewire.engine.qwen3.frame_step import NO_CODEC, pack_prefill_row
+
+    key = ("prefill", b, t)
+    if not model.graphs.has(key):
+        return {"missing": str(key)}
+    rows = np.array([pack_prefill_row([0], [NO_CODEC], model.pad_slot, t)] * b, dtype=np.int64)
+    return {"rows": b * t, "replay_ms": gpu_ms(lambda: model.graphs.run(key, rows), model.device, 20)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1.7b")
@@ -76,6 +87,8 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--max-slots", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--max-prefill-batch", type=int, default=8)
+    ap.add_argument("--prefill", default="", help="prefill graphs to time, BxT,... (e.g. 8x16,32x64)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -85,6 +98,11 @@ def main() -> None:
         fused = FUSED_VARIANTS.get(variant, FusedSettings())
         model = build(args, ExperimentalOptions(fused=fused), codec_mode="windowed")
         res["variants"][variant] = {}
+        for bt in (x for x in args.prefill.split(",") if x):
+            pb, pt = (int(v) for v in bt.split("x"))
+            r = time_prefill(model, pb, pt)
+            res["variants"][variant][f"prefill[{pb},{pt}]"] = r
+            print(f"[profile {variant}] prefill[{pb},{pt}]: {r}", flush=True)
         for b in batches:
             r = profile_batch(model, b, args.context, args.steps)
             res["variants"][variant][str(b)] = r

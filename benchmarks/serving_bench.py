@@ -218,7 +218,9 @@ def close_streams(model: Qwen3TTSModel, slots: list[int]) -> None:
 # FusedSettings of the fused variants that differ from the served defaults
 FUSED_VARIANTS: dict[str, FusedSettings] = {
     "fused-kernels": FusedSettings(cublas_rows=1 << 20),  # wide projections never on cuBLAS
-    "fused-cublas": FusedSettings(cublas_rows=0),  # always norm + cuBLAS + SwiGLU
+    "fused-cublas": FusedSettings(cublas_rows=0, residual_cublas_rows=0),  # every linear on cuBLAS
+    "fused-residual-cublas": FusedSettings(residual_cublas_rows=64),  # o and down too above 64 rows
+    "fused-plain-prefill": FusedSettings(prefill=False),  # the prompt through the unfused talker layers
     "fused-nopdl": FusedSettings(pdl=False),  # every kernel launched plainly (kernels/pdl.py)
     "fused-noprefetch": FusedSettings(prefetch_kib=0),  # PDL without the L2 weight prefetch
     "fused-prefetch-all": FusedSettings(prefetch_kib=1 << 16),  # whole weight bands prefetched

@@ -128,6 +128,7 @@ class FusedDecode:
         self.cp_heads = torch.stack([cast(nn.Linear, h).weight for h in code_predictor.lm_head])  # (15, V, H)
         self.suppress = suppress  # (vocab,) bool: the talker's control ids (frame_step.py)
         self.cublas_rows, self.pdl = settings.cublas_rows, settings.pdl
+        self.residual_cublas_rows = settings.residual_cublas_rows
         self.prefetch_bytes, self.gemv_rows = settings.prefetch_bytes, settings.gemv_rows
         self._rows: dict[int, _Rows] = {}
 
@@ -145,6 +146,22 @@ class FusedDecode:
         norm = self.talker.norm
         return rms_norm_rows(x, norm.weight, norm.eps, pdl=self.pdl)
 
+    def talker_prefill(self, x: Tensor, slots: Tensor) -> None:
+        """x (B, T, H) prompt inputs at positions 0 .. T - 1 of ``slots`` (B,): writes their KV.
+
+        Each position is a row of its own, a query over its slot's cache up to itself: every layer
+        stores the K/V of all rows before any row attends, so the decode kernels give causal attention
+        over the prompt, at the tiles of a B x T-row batch instead of the unfused layers' launches."""
+        b, t, h = x.shape
+        slots32 = slots.to(torch.int32).repeat_interleave(t)
+        positions = torch.arange(t, device=x.device).repeat(b)
+        rows = self.rows(b * t)
+        pos32, x = positions.to(torch.int32), x.reshape(b * t, h)
+        for i, w in enumerate(self.talker_layers):
+            x = self._layer(
+                w, x, slots32, pos32, pos32 + 1, self.kv.k[i], self.kv.v[i], self.talker_freqs, rows.talker_plan
+            )
+
     def talker_logits(self, hidden: Tensor) -> Tensor:
         """(B, H) final-norm hidden -> (B, vocab) float32."""
         return self._linear(hidden, self.talker.codec_head.weight, None, 0.0, logits=True)
@@ -161,6 +178,12 @@ class FusedDecode:
         if act == ACT_SILU_MUL:
             return silu_mul_rows(y, pdl=self.pdl)
         return y.float() if logits else y
+
+    def _residual(self, x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+        """residual + x @ W^T (o and down)."""
+        if x.shape[0] <= self.residual_cublas_rows:
+            return self._fused(x, weight, residual=residual)
+        return residual + F.linear(x, weight)
 
     def _fused(self, x: Tensor, weight: Tensor, **kw: Any) -> Tensor:
         return fused_linear(
@@ -272,9 +295,9 @@ class FusedDecode:
             pdl=self.pdl,
         )
         a = decode_attention(q, k_cache, v_cache, slots, lengths, scale=w.scale, plan=plan, pdl=self.pdl)
-        x = self._fused(a.view(m, -1), w.o, residual=x)
+        x = self._residual(a.view(m, -1), w.o, x)
         g = self._linear(x, w.gate_up, w.ln2, w.eps, ACT_SILU_MUL)
-        return self._fused(g, w.down, residual=x)
+        return self._residual(g, w.down, x)
 
     def rows(self, b: int) -> _Rows:
         """Row metadata for batch ``b`` (made on first use: the eager warm-up runs before capture)."""

@@ -21,6 +21,10 @@ class FusedSettings:
 
     # batches above this many rows run the wide projections on norm + cuBLAS + SwiGLU
     cublas_rows: int = 8
+    # and above this many, o and down too (cuBLAS, then the residual add); below, the fused epilogue
+    residual_cublas_rows: int = 1 << 20
+    # the prompt's prefill on these kernels, its positions as rows (False: the unfused talker layers)
+    prefill: bool = True
     # programmatic dependent launch on sm_90+ (kernels/pdl.py)
     pdl: bool = True
     # of each program's weight band, this much is pulled into L2 while the kernel before it runs

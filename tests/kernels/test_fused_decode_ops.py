@@ -39,8 +39,9 @@ def _tol(dtype: torch.dtype) -> float:
 
 
 # (M, N, K): a lone row, a ragged batch, the first code-predictor pass (2 rows per stream), K not a
-# multiple of the K tile, and (GPU) the real 1.7B shapes at batch 1 and 64
-CASES = [(1, 64, 32), (5, 48, 64), (6, 96, 48), (3, 40, 80)]
+# multiple of the K tile, batches past 64 rows (the wide tiles, a ragged last row block), and (GPU)
+# the real 1.7B shapes at batch 1, 64, a loaded server's 256 and a prefill's 512 positions
+CASES = [(1, 64, 32), (5, 48, 64), (6, 96, 48), (3, 40, 80), (70, 48, 64), (130, 40, 80)]
 GPU_CASES = [
     (1, 4096, 2048),
     (64, 6144, 2048),
@@ -48,6 +49,10 @@ GPU_CASES = [
     (2, 4096, 1024),
     (1, 1024, 3072),
     (2, 6144, 2048),
+    (256, 2048, 6144),
+    (256, 6144, 2048),
+    (512, 1024, 3072),
+    (130, 4096, 2048),
 ]
 
 

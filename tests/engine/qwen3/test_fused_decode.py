@@ -32,22 +32,27 @@ STREAMS = [
 ]
 
 
-def _model(fused: bool, cublas_rows: int = 8) -> Qwen3TTSModel:
+def _model(fused: bool, settings: FusedSettings | None = None) -> Qwen3TTSModel:
     opts = ServeOptions(
         max_slots=4,
         max_batch_size=4,
         max_seq_len=64,
         cuda_graphs=False,
-        experimental=ExperimentalOptions(fused_kernels=fused, fused=FusedSettings(cublas_rows=cublas_rows)),
+        experimental=ExperimentalOptions(fused_kernels=fused, fused=settings or FusedSettings()),
     )
     return load_qwen3(None, "tiny", device="cpu", seed=5, options=opts)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; the GPU has its own")
-@pytest.mark.parametrize("cublas_rows", [8, 0], ids=["fused-linears", "norm+cublas-linears"])
-def test_fused_step_gives_the_unfused_codes_and_cache(cublas_rows: int) -> None:
-    """Both ways of running the wide projections: the fused kernel (few rows) and norm + GEMM (many)."""
-    fused, plain = _model(True, cublas_rows), _model(False)
+@pytest.mark.parametrize(
+    "settings",
+    [FusedSettings(), FusedSettings(cublas_rows=0, residual_cublas_rows=0)],
+    ids=["fused-linears", "norm+cublas-linears"],
+)
+def test_fused_step_gives_the_unfused_codes_and_cache(settings: FusedSettings) -> None:
+    """Both ways of running the linears: the fused kernels (few rows) and norm + GEMM + epilogue (many).
+    The prefill runs on them too: its KV is in the cache compared."""
+    fused, plain = _model(True, settings), _model(False)
     assert fused.step.fused is not None and plain.step.fused is None
     got, want = run_joining(fused, STREAMS, 12), run_joining(plain, STREAMS, 12)
     for slot, _, _, params in STREAMS:
