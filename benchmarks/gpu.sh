@@ -169,7 +169,7 @@ if [ "$MODE" = throughput ]; then
   if want levers; then
     step levers 420 python3 benchmarks/serving_bench.py --size 1.7b --sections codec,serve \
       --serve-variants "${VARIANTS:-serial-b128,serial,overlap,served}" --max-batch "${MAX_BATCH:-256}" --max-slots 512 \
-      --max-prefill-batch "${PREFILL_BATCH:-8}" \
+      --max-prefill-batch "${PREFILL_BATCH:-32}" \
       --rates "${RATES:-120,160,200,240}" --rate-duration-s 8 --concurrency '' --out "$OUT/throughput_h200.json"
     stamp "$OUT/throughput_h200.json"
   fi

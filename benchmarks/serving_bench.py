@@ -217,9 +217,9 @@ def close_streams(model: Qwen3TTSModel, slots: list[int]) -> None:
 # --- section: step ---------------------------------------------------------------------------------
 # FusedSettings of the fused variants that differ from the served defaults
 FUSED_VARIANTS: dict[str, FusedSettings] = {
-    "fused-kernels": FusedSettings(cublas_rows=1 << 20),  # wide projections never on cuBLAS
+    "fused-kernels": FusedSettings(cublas_rows=1 << 20, residual_cublas_rows=1 << 20),  # no cuBLAS
     "fused-cublas": FusedSettings(cublas_rows=0, residual_cublas_rows=0),  # every linear on cuBLAS
-    "fused-residual-cublas": FusedSettings(residual_cublas_rows=64),  # o and down too above 64 rows
+    "fused-residual-fused": FusedSettings(residual_cublas_rows=1 << 20),  # o and down never on cuBLAS
     "fused-plain-prefill": FusedSettings(prefill=False),  # the prompt through the unfused talker layers
     "fused-nopdl": FusedSettings(pdl=False),  # every kernel launched plainly (kernels/pdl.py)
     "fused-noprefetch": FusedSettings(prefetch_kib=0),  # PDL without the L2 weight prefetch
@@ -367,6 +367,7 @@ SERVE_VARIANTS: dict[str, dict[str, Any]] = {
     "overlap": {"chunks": ChunkSchedule(slack_frames=())},
     "slack": {"overlap_decode": False},
     "b128": {"max_batch": 128},
+    "b256": {"max_batch": 256},
     "nohost": {"overlap_host": False},  # the worker's commands and hand-out after the frame step
 }
 

@@ -20,14 +20,13 @@ the fused and unfused models agree to the last bit in fp32 and to bf16 rounding 
 
 Two kernels, one launcher (``fused_linear``):
 
-* tiled (3 rows and more): grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)). A program owns BLOCK_N output
+* tiled (3 rows and more): grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). A program owns BLOCK_N output
   columns of BLOCK_M rows. With a norm it first walks its rows of x once for the sum of squares (x is a
   few KB and sits in L2: every program re-reading it costs far less than a separate norm kernel's
   launch), then walks K in BLOCK_K tiles: x tile (normed and scaled on the fly) . W tile^T with tl.dot,
-  fp32 accumulation. At decode sizes (M <= 64) the kernel is bound by reading W, and the tiles are
-  chosen so that there are enough programs to keep every SM streaming. Above 64 rows (a loaded
-  server's batch, a prefill's prompt positions) it is bound by the tensor cores: square tiles, with the
-  row blocks of one band of W next to each other in the grid so the band is read from HBM once.
+  fp32 accumulation. The weights are streamed exactly once per row block; at decode sizes (M <= 64)
+  the kernel is bound by reading W, and the tiles are chosen so that there are enough programs to keep
+  every SM streaming.
 * one or two rows (the B = 1 frame step): kernels/gemv.py, which loads its weights into registers
   before the programmatic-dependent-launch wait.
 """
@@ -51,13 +50,9 @@ from voicewire.kernels.launch_checks import (
 from voicewire.kernels.linear_epilogue import ACT_NONE, ACT_SILU, ACT_SILU_MUL, epilogue
 from voicewire.kernels.pdl import pdl_enter, pdl_launch, prefetch_l2, prefetch_ok
 
-# Rows per program up to 64 rows: tl.dot needs >= 16; above 64 the x tile and the accumulator crowd
-# four warps' registers, so larger batches take the compute-bound tiles of ``_wide_config``.
+# Rows per program: tl.dot needs >= 16; above 64 the x tile and the accumulator crowd the registers,
+# so larger batches take several row blocks (each re-reads W: 2x the bytes at M = 128).
 MAX_BLOCK_M = 64
-# Compute-bound tiles above MAX_BLOCK_M rows, largest first: (block_m, block_n, num_warps). The first
-# that still gives a full wave of programs is taken, else the one with the most programs.
-WIDE_TILES = ((128, 128, 8), (128, 64, 4), (64, 64, 4))
-WIDE_WAVE = 120
 # Programs per launch below which a wider band leaves SMs idle (132 SMs on the H200; 96 measured best
 # for the 3072-wide heads and gate|up bands, which stream two tiles per step).
 PROGRAMS_WANTED = 96
@@ -86,8 +81,6 @@ def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
     gives >= PROGRAMS_WANTED programs; 512-deep K steps where K >= 2048 (256 for gate|up, which streams two bands per step);
     3 stages (5 for the 16-wide bands, whose stages are small); then cut to what shared memory holds.
     """
-    if m > MAX_BLOCK_M:
-        return _wide_config(m, n, k, act)
     block_m = max(MIN_DOT_DIM, min(MAX_BLOCK_M, triton.next_power_of_2(m)))
     block_n = MIN_DOT_DIM
     # gate|up streams two bands per step: 64-wide bands (6 x 64 KiB stages) leave room for only 2
@@ -101,19 +94,6 @@ def linear_config(m: int, n: int, k: int, act: int = ACT_NONE) -> LinearConfig:
     deep = 512 if k >= 2048 and act != ACT_SILU_MUL else 256
     block_k = min(deep, max(MIN_DOT_DIM, triton.next_power_of_2(k)))
     return LinearConfig(block_m, block_n, block_k, 4, 5 if block_n == MIN_DOT_DIM else 3)
-
-
-def _wide_config(m: int, n: int, k: int, act: int) -> LinearConfig:
-    """Tiles above MAX_BLOCK_M rows (WIDE_TILES); gate|up holds two accumulators, so half the band."""
-
-    def programs(t: tuple[int, int, int]) -> int:
-        return triton.cdiv(m, t[0]) * triton.cdiv(n, t[1] // (2 if act == ACT_SILU_MUL else 1))
-
-    bm, bn, warps = next((t for t in WIDE_TILES if programs(t) >= WIDE_WAVE), max(WIDE_TILES, key=programs))
-    if act == ACT_SILU_MUL:
-        bn //= 2
-    bn = min(bn, max(MIN_DOT_DIM, triton.next_power_of_2(n)))
-    return LinearConfig(bm, bn, min(64, max(MIN_DOT_DIM, triton.next_power_of_2(k))), warps, 4)
 
 
 def fit_shared_memory(cfg: LinearConfig, act: int, element_bytes: int) -> LinearConfig:
@@ -162,9 +142,8 @@ def _fused_linear_kernel(
     PREFETCH: tl.constexpr,
     PREFETCH_PIECES: tl.constexpr,
 ):
-    # row blocks vary fastest: the programs reading one band of W run together, so it leaves HBM once
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
     if PREFETCH:  # noqa: SIM102 (a constexpr branch: compiled out when off)
         # PDL: while the previous kernel runs, pull the head of this program's weight band(s) into L2
         if pid_m == 0:
@@ -410,7 +389,7 @@ def fused_linear(
         return out
     tiled = config if isinstance(config, LinearConfig) else linear_config(m, n, k, act)
     cfg = fit_shared_memory(tiled, act, x.element_size())
-    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _fused_linear_kernel[grid](
         *common,
         m,

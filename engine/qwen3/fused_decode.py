@@ -17,8 +17,13 @@ Above ``cublas_rows`` rows (8) the wide projections (q|k|v, gate|up, the heads) 
 one-kernel norm, with a one-kernel SwiGLU: the fused kernel's norm prologue and epilogue re-read x for
 every band of W, which at 64 rows costs 2-2.5x cuBLAS's time (gate|up 34-40 us against 16 us,
 benchmarks/linear_bench.py); at a few rows the fused kernel wins by the launches it saves. o and down
-keep the fused residual epilogue at every size (on par with cuBLAS). Both ways are measured by
-benchmarks/serving_bench.py's step variants fused-kernels / fused-cublas (docs/performance-history.md).
+keep the fused residual epilogue up to ``residual_cublas_rows`` (128); above, cuBLAS's tiles beat the
+decode-shaped ones (talker gate|up at 256 rows 21 us against 55 for the best fused tile) and pay for
+the extra add. Each way is measured by benchmarks/serving_bench.py's step variants fused-kernels /
+fused-cublas / fused-residual-fused (docs/performance-history.md).
+
+The prompt's prefill runs on the same layers (``talker_prefill``): its B x T positions are rows of one
+batch, each a query over its own slot's cache up to its position.
 
 On sm_90+ every Triton kernel here is launched with programmatic dependent launch (kernels/pdl.py): the
 next kernel launches while the current one runs, and a fused linear pulls the head of its weight band
