@@ -6,8 +6,9 @@
     v_cache  (S, Hkv, L, D)         and its value, as projected
 
 Unfused this is ~15 kernels per layer (two norms, two rotations with their cat/neg, two cache writes);
-here it is one, grid (M, Hq + Hkv): program (m, h) handles query head h (h < Hq) or KV head h - Hq.
-cos / sin are computed in fp32 from the position and rounded to the input dtype, and every elementwise
+here it is one, grid (M,): program m handles every head of its row as (heads, D / 2) tiles, so the row's
+cos / sin are computed once for all its heads, and a large batch is M programs rather than M x 24 one-warp
+ones. cos / sin are computed in fp32 from the position and rounded to the input dtype, and every elementwise
 step is rounded where the unfused reference rounds it (rope.py / layers.py), so fp32 results match it
 exactly and bf16 ones to rounding noise.
 """
@@ -24,15 +25,16 @@ from voicewire.kernels.pdl import pdl_enter, pdl_launch
 
 @triton.jit
 def _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM: tl.constexpr):
-    """RMS-normed, weight-scaled and rotated halves of one head (reference rounding)."""
+    """RMS-normed, weight-scaled and rotated halves (H, D / 2) of a row's heads (reference rounding)."""
     dtype = x1.dtype
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
-    n1 = ((f1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
-    n2 = ((f2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)[:, None]
+    n1 = ((f1 * rstd).to(dtype).to(tl.float32) * w1[None, :]).to(dtype).to(tl.float32)
+    n2 = ((f2 * rstd).to(dtype).to(tl.float32) * w2[None, :]).to(dtype).to(tl.float32)
     # x * cos + cat(-x2, x1) * sin, each product rounded, then the sum
-    o1 = (n1 * cos).to(dtype).to(tl.float32) + (-n2 * sin).to(dtype).to(tl.float32)
-    o2 = (n2 * cos).to(dtype).to(tl.float32) + (n1 * sin).to(dtype).to(tl.float32)
+    c, s = cos[None, :], sin[None, :]
+    o1 = (n1 * c).to(dtype).to(tl.float32) + (-n2 * s).to(dtype).to(tl.float32)
+    o2 = (n2 * c).to(dtype).to(tl.float32) + (n1 * s).to(dtype).to(tl.float32)
     return o1.to(dtype), o2.to(dtype)
 
 
@@ -59,12 +61,13 @@ def _qk_norm_rope_store_kernel(
     eps,
     Q_HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
+    Q_BLOCK: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
     m = tl.program_id(0)
-    h = tl.program_id(1)
     half: tl.constexpr = HEAD_DIM // 2
     d = tl.arange(0, half)
     pos = tl.load(pos_ptr + m)
@@ -72,29 +75,36 @@ def _qk_norm_rope_store_kernel(
     dtype = qkv_ptr.dtype.element_ty
     cos = tl.cos(angle).to(dtype).to(tl.float32)
     sin = tl.sin(angle).to(dtype).to(tl.float32)
-    row = qkv_ptr + m * stride_qkv + h * HEAD_DIM
-    x1 = tl.load(row + d)
-    x2 = tl.load(row + half + d)
-    if h < Q_HEADS:
-        w1 = tl.load(q_norm_ptr + d).to(tl.float32)
-        w2 = tl.load(q_norm_ptr + half + d).to(tl.float32)
-        o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
-        out = q_out_ptr + m * stride_qm + h * stride_qh
-        tl.store(out + d, o1)
-        tl.store(out + half + d, o2)
-    else:
-        kv = h - Q_HEADS
-        w1 = tl.load(k_norm_ptr + d).to(tl.float32)
-        w2 = tl.load(k_norm_ptr + half + d).to(tl.float32)
-        o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
-        slot = tl.load(slot_ptr + m).to(tl.int64)
-        k_dst = k_cache_ptr + slot * stride_ks + kv * stride_kh + pos * stride_kl
-        tl.store(k_dst + d, o1)
-        tl.store(k_dst + half + d, o2)
-        v_src = row + KV_HEADS * HEAD_DIM
-        v_dst = v_cache_ptr + slot * stride_vs + kv * stride_vh + pos * stride_vl
-        tl.store(v_dst + d, tl.load(v_src + d))
-        tl.store(v_dst + half + d, tl.load(v_src + half + d))
+    row = qkv_ptr + m * stride_qkv
+
+    hq = tl.arange(0, Q_BLOCK)
+    q_ok = (hq < Q_HEADS)[:, None]
+    q_src = row + hq[:, None] * HEAD_DIM + d[None, :]
+    w1 = tl.load(q_norm_ptr + d).to(tl.float32)
+    w2 = tl.load(q_norm_ptr + half + d).to(tl.float32)
+    x1 = tl.load(q_src, mask=q_ok, other=0.0)
+    x2 = tl.load(q_src + half, mask=q_ok, other=0.0)
+    o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
+    q_dst = q_out_ptr + m * stride_qm + hq[:, None] * stride_qh + d[None, :]
+    tl.store(q_dst, o1, mask=q_ok)
+    tl.store(q_dst + half, o2, mask=q_ok)
+
+    hk = tl.arange(0, KV_BLOCK)
+    kv_ok = (hk < KV_HEADS)[:, None]
+    k_src = row + (Q_HEADS + hk[:, None]) * HEAD_DIM + d[None, :]
+    w1 = tl.load(k_norm_ptr + d).to(tl.float32)
+    w2 = tl.load(k_norm_ptr + half + d).to(tl.float32)
+    x1 = tl.load(k_src, mask=kv_ok, other=0.0)
+    x2 = tl.load(k_src + half, mask=kv_ok, other=0.0)
+    o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
+    slot = tl.load(slot_ptr + m).to(tl.int64)
+    k_dst = k_cache_ptr + slot * stride_ks + hk[:, None] * stride_kh + pos * stride_kl + d[None, :]
+    tl.store(k_dst, o1, mask=kv_ok)
+    tl.store(k_dst + half, o2, mask=kv_ok)
+    dv = tl.arange(0, HEAD_DIM)
+    v = tl.load(row + (Q_HEADS + KV_HEADS + hk[:, None]) * HEAD_DIM + dv[None, :], mask=kv_ok, other=0.0)
+    v_dst = v_cache_ptr + slot * stride_vs + hk[:, None] * stride_vh + pos * stride_vl + dv[None, :]
+    tl.store(v_dst, v, mask=kv_ok)
 
 
 def qk_norm_rope_store(
@@ -152,7 +162,7 @@ def qk_norm_rope_store(
     check_same_device_unit_stride(tensors, qkv.device)
     if m == 0:
         return q_out
-    _qk_norm_rope_store_kernel[(m, q_heads + kv_heads)](
+    _qk_norm_rope_store_kernel[(m,)](
         qkv,
         q_out,
         q_norm,
@@ -174,8 +184,10 @@ def qk_norm_rope_store(
         eps,
         Q_HEADS=q_heads,
         KV_HEADS=kv_heads,
+        Q_BLOCK=triton.next_power_of_2(q_heads),
+        KV_BLOCK=triton.next_power_of_2(kv_heads),
         HEAD_DIM=head_dim,
-        num_warps=1,
+        num_warps=4,
         **pdl_launch(pdl, qkv.device),
     )
     return q_out

@@ -217,7 +217,7 @@ def test_fused_linear_rejects_bad_shapes() -> None:
         fused_linear(x, w.double())
 
 
-@pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(16, 4, 2), (128, 16, 8)])
+@pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(16, 4, 2), (16, 6, 3), (128, 16, 8)])
 def test_qk_norm_rope_store_matches_norm_rotate_and_cache_write(
     device: str, head_dim: int, q_heads: int, kv_heads: int
 ) -> None:
