@@ -6,9 +6,11 @@
     v_cache  (S, Hkv, L, D)         and its value, as projected
 
 Unfused this is ~15 kernels per layer (two norms, two rotations with their cat/neg, two cache writes);
-here it is one, grid (M,): program m handles every head of its row as (heads, D / 2) tiles, so the row's
-cos / sin are computed once for all its heads, and a large batch is M programs rather than M x 24 one-warp
-ones. cos / sin are computed in fp32 from the position and rounded to the input dtype, and every elementwise
+here it is one. Up to ``HEAD_GRID_ROWS`` rows the grid is (M, Hq + Hkv), program (m, h) one head (one warp):
+few rows get all their heads in parallel. Above, it is (M,): program m takes every head of its row as
+(heads, D / 2) tiles, the row's cos / sin once, so a large batch is M programs rather than M x 24 tiny ones
+(1.7B frame step on the H200: 4.1 us a call at 1 row per head against 6.0 per row; 8.5 against 5.0 at
+256 rows). cos / sin are computed in fp32 from the position and rounded to the input dtype, and every elementwise
 step is rounded where the unfused reference rounds it (rope.py / layers.py), so fp32 results match it
 exactly and bf16 ones to rounding noise.
 """
@@ -21,6 +23,11 @@ import triton.language as tl
 
 from voicewire.kernels.launch_checks import SUPPORTED_DTYPES, check_index, check_same_device_unit_stride
 from voicewire.kernels.pdl import pdl_enter, pdl_launch
+
+# Rows up to which each head is a program of its own. Between the two measured sizes (1 and 256 rows)
+# the per-head grid stays within one wave of resident one-warp programs up to ~170 rows; 128 is the
+# largest decode bucket below that.
+HEAD_GRID_ROWS = 128
 
 
 @triton.jit
@@ -64,10 +71,18 @@ def _qk_norm_rope_store_kernel(
     Q_BLOCK: tl.constexpr,
     KV_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PER_HEAD: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
     m = tl.program_id(0)
+    if PER_HEAD:  # program (m, h): query head h, or KV head h - Q_HEADS (Q_BLOCK = KV_BLOCK = 1)
+        h = tl.program_id(1)
+        q0, kv0 = h, h - Q_HEADS
+        run_q, run_kv = h < Q_HEADS, h >= Q_HEADS
+    else:  # program m: every head of row m
+        q0, kv0 = 0, 0
+        run_q, run_kv = True, True
     half: tl.constexpr = HEAD_DIM // 2
     d = tl.arange(0, half)
     pos = tl.load(pos_ptr + m)
@@ -77,34 +92,35 @@ def _qk_norm_rope_store_kernel(
     sin = tl.sin(angle).to(dtype).to(tl.float32)
     row = qkv_ptr + m * stride_qkv
 
-    hq = tl.arange(0, Q_BLOCK)
-    q_ok = (hq < Q_HEADS)[:, None]
-    q_src = row + hq[:, None] * HEAD_DIM + d[None, :]
-    w1 = tl.load(q_norm_ptr + d).to(tl.float32)
-    w2 = tl.load(q_norm_ptr + half + d).to(tl.float32)
-    x1 = tl.load(q_src, mask=q_ok, other=0.0)
-    x2 = tl.load(q_src + half, mask=q_ok, other=0.0)
-    o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
-    q_dst = q_out_ptr + m * stride_qm + hq[:, None] * stride_qh + d[None, :]
-    tl.store(q_dst, o1, mask=q_ok)
-    tl.store(q_dst + half, o2, mask=q_ok)
-
-    hk = tl.arange(0, KV_BLOCK)
-    kv_ok = (hk < KV_HEADS)[:, None]
-    k_src = row + (Q_HEADS + hk[:, None]) * HEAD_DIM + d[None, :]
-    w1 = tl.load(k_norm_ptr + d).to(tl.float32)
-    w2 = tl.load(k_norm_ptr + half + d).to(tl.float32)
-    x1 = tl.load(k_src, mask=kv_ok, other=0.0)
-    x2 = tl.load(k_src + half, mask=kv_ok, other=0.0)
-    o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
-    slot = tl.load(slot_ptr + m).to(tl.int64)
-    k_dst = k_cache_ptr + slot * stride_ks + hk[:, None] * stride_kh + pos * stride_kl + d[None, :]
-    tl.store(k_dst, o1, mask=kv_ok)
-    tl.store(k_dst + half, o2, mask=kv_ok)
-    dv = tl.arange(0, HEAD_DIM)
-    v = tl.load(row + (Q_HEADS + KV_HEADS + hk[:, None]) * HEAD_DIM + dv[None, :], mask=kv_ok, other=0.0)
-    v_dst = v_cache_ptr + slot * stride_vs + hk[:, None] * stride_vh + pos * stride_vl + dv[None, :]
-    tl.store(v_dst, v, mask=kv_ok)
+    if run_q:
+        hq = q0 + tl.arange(0, Q_BLOCK)
+        q_ok = (hq < Q_HEADS)[:, None]
+        q_src = row + hq[:, None] * HEAD_DIM + d[None, :]
+        w1 = tl.load(q_norm_ptr + d).to(tl.float32)
+        w2 = tl.load(q_norm_ptr + half + d).to(tl.float32)
+        x1 = tl.load(q_src, mask=q_ok, other=0.0)
+        x2 = tl.load(q_src + half, mask=q_ok, other=0.0)
+        o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
+        q_dst = q_out_ptr + m * stride_qm + hq[:, None] * stride_qh + d[None, :]
+        tl.store(q_dst, o1, mask=q_ok)
+        tl.store(q_dst + half, o2, mask=q_ok)
+    if run_kv:
+        hk = kv0 + tl.arange(0, KV_BLOCK)
+        kv_ok = (hk < KV_HEADS)[:, None]
+        k_src = row + (Q_HEADS + hk[:, None]) * HEAD_DIM + d[None, :]
+        w1 = tl.load(k_norm_ptr + d).to(tl.float32)
+        w2 = tl.load(k_norm_ptr + half + d).to(tl.float32)
+        x1 = tl.load(k_src, mask=kv_ok, other=0.0)
+        x2 = tl.load(k_src + half, mask=kv_ok, other=0.0)
+        o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
+        slot = tl.load(slot_ptr + m).to(tl.int64)
+        k_dst = k_cache_ptr + slot * stride_ks + hk[:, None] * stride_kh + pos * stride_kl + d[None, :]
+        tl.store(k_dst, o1, mask=kv_ok)
+        tl.store(k_dst + half, o2, mask=kv_ok)
+        dv = tl.arange(0, HEAD_DIM)
+        v_src = row + (Q_HEADS + KV_HEADS + hk[:, None]) * HEAD_DIM + dv[None, :]
+        v_dst = v_cache_ptr + slot * stride_vs + hk[:, None] * stride_vh + pos * stride_vl + dv[None, :]
+        tl.store(v_dst, tl.load(v_src, mask=kv_ok, other=0.0), mask=kv_ok)
 
 
 def qk_norm_rope_store(
@@ -121,11 +137,13 @@ def qk_norm_rope_store(
     eps: float,
     q_out: torch.Tensor | None = None,
     pdl: bool = False,
+    head_grid_rows: int = HEAD_GRID_ROWS,
 ) -> torch.Tensor:
     """Normed, rotated queries (M, Hq, D); keys and values of the M rows written into the caches.
 
     slots, positions: (M,) int32; inv_freq (D / 2,) float32 (rope.inv_freq). Positions must be < L and
     slots < S: the kernel does not check them (it runs inside CUDA graphs; the callers own the bounds).
+    Up to ``head_grid_rows`` rows a program per (row, head), above a program per row (module docstring).
     """
     if qkv.dim() != 2 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -162,7 +180,8 @@ def qk_norm_rope_store(
     check_same_device_unit_stride(tensors, qkv.device)
     if m == 0:
         return q_out
-    _qk_norm_rope_store_kernel[(m,)](
+    per_head = m <= head_grid_rows
+    _qk_norm_rope_store_kernel[(m, q_heads + kv_heads) if per_head else (m,)](
         qkv,
         q_out,
         q_norm,
@@ -184,10 +203,11 @@ def qk_norm_rope_store(
         eps,
         Q_HEADS=q_heads,
         KV_HEADS=kv_heads,
-        Q_BLOCK=triton.next_power_of_2(q_heads),
-        KV_BLOCK=triton.next_power_of_2(kv_heads),
+        Q_BLOCK=1 if per_head else triton.next_power_of_2(q_heads),
+        KV_BLOCK=1 if per_head else triton.next_power_of_2(kv_heads),
         HEAD_DIM=head_dim,
-        num_warps=4,
+        PER_HEAD=per_head,
+        num_warps=1 if per_head else 4,
         **pdl_launch(pdl, qkv.device),
     )
     return q_out

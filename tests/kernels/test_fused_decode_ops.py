@@ -217,9 +217,10 @@ def test_fused_linear_rejects_bad_shapes() -> None:
         fused_linear(x, w.double())
 
 
+@pytest.mark.parametrize("head_grid_rows", [1 << 20, 0], ids=["program-per-head", "program-per-row"])
 @pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(16, 4, 2), (16, 6, 3), (128, 16, 8)])
 def test_qk_norm_rope_store_matches_norm_rotate_and_cache_write(
-    device: str, head_dim: int, q_heads: int, kv_heads: int
+    device: str, head_dim: int, q_heads: int, kv_heads: int, head_grid_rows: int
 ) -> None:
     if device == "cpu" and head_dim > 16:
         pytest.skip("real shapes run on the GPU only")
@@ -235,7 +236,17 @@ def test_qk_norm_rope_store_matches_norm_rotate_and_cache_write(
         k_cache = torch.zeros(slots_n, kv_heads, max_len, head_dim, device=device, dtype=dtype)
         v_cache = torch.zeros_like(k_cache)
         q = qk_norm_rope_store(
-            qkv, qn, kn, freqs, k_cache, v_cache, slots, positions, q_heads=q_heads, eps=EPS
+            qkv,
+            qn,
+            kn,
+            freqs,
+            k_cache,
+            v_cache,
+            slots,
+            positions,
+            q_heads=q_heads,
+            eps=EPS,
+            head_grid_rows=head_grid_rows,
         )
 
         nq, nkv = q_heads * head_dim, kv_heads * head_dim
