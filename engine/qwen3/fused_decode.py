@@ -1,4 +1,4 @@
-"""The frame step's decode work on fused Triton kernels: 6 launches per decoder layer (9 above 8 rows),
+"""The frame step's decode work on fused Triton kernels: 6 launches per decoder layer (9 above 8 rows, 11 above 128),
 against ~20 for the unfused layers even after torch.compile.
 
     qkv  = rms_norm(x) @ Wqkv^T                       fused_linear (norm prologue)
