@@ -29,6 +29,7 @@ from serving_bench import FUSED_VARIANTS, build, close_streams, env, gpu_ms, ope
 
 from voicewire.engine.qwen3 import ExperimentalOptions, FusedSettings
 from voicewire.engine.qwen3.cuda_graphs import bucket_for
+from voicewire.engine.qwen3.frame_step import NO_CODEC, pack_prefill_row
 
 TOP = 25  # kernel names kept per table
 
@@ -65,8 +66,6 @@ def profile_batch(model: Any, b: int, context: int, steps: int) -> dict[str, Any
 
 def time_prefill(model: Any, b: int, t: int) -> dict[str, Any]:
     """The captured prefill graph of b prompts padded to t positions (padding slots: only KV is written)."""
-    from voicewire.engine.qwen3.frame_step import NO_CODEC, pack_prefill_row
-
     key = ("prefill", b, t)
     if not model.graphs.has(key):
         return {"missing": str(key)}

@@ -77,7 +77,6 @@ class FrameStep:
         self.sample = sample  # fused_ops.compile_sampler swaps in a compiled version
         # the decode work on fused Triton kernels (fused_decode.py): CUDA, or the CPU interpreter in tests
         self.fused: FusedDecode | None = None
-        self.fused_prefill = fused is not None and fused.prefill
         if fused is not None:
             from .fused_decode import FusedDecode
 
@@ -104,7 +103,7 @@ class FrameStep:
         # right-padded rows write garbage KV from position n - 1 on; each position is rewritten by the
         # slot's own next step before any query can see it (attention admits keys <= position). The
         # hidden states are not needed: only the KV each layer writes.
-        if t > 0 and self.fused is not None and self.fused_prefill:  # t is a shape: 0 when every prompt is 1
+        if t > 0 and self.fused is not None and self.fused.prefill:  # t is a shape: 0 when every prompt is 1
             self.fused.talker_prefill(x[:, :t], slots)
         elif t > 0:
             positions = torch.arange(t, device=dev).expand(b, t)

@@ -133,7 +133,7 @@ class FusedDecode:
         self.cp_heads = torch.stack([cast(nn.Linear, h).weight for h in code_predictor.lm_head])  # (15, V, H)
         self.suppress = suppress  # (vocab,) bool: the talker's control ids (frame_step.py)
         self.cublas_rows, self.pdl = settings.cublas_rows, settings.pdl
-        self.residual_cublas_rows = settings.residual_cublas_rows
+        self.residual_cublas_rows, self.prefill = settings.residual_cublas_rows, settings.prefill
         self.prefetch_bytes, self.gemv_rows = settings.prefetch_bytes, settings.gemv_rows
         self._rows: dict[int, _Rows] = {}
 
@@ -141,13 +141,7 @@ class FusedDecode:
     def talker_hidden(self, x: Tensor, slots32: Tensor, positions: Tensor) -> Tensor:
         """x (B, H) input embeddings of one token per slot (int32 slot ids) at ``positions`` (B,) int64
         -> final-norm hidden (B, H)."""
-        rows = self.rows(x.shape[0])
-        pos32 = positions.to(torch.int32)
-        lengths = pos32 + 1
-        for i, w in enumerate(self.talker_layers):
-            x = self._layer(
-                w, x, slots32, pos32, lengths, self.kv.k[i], self.kv.v[i], self.talker_freqs, rows.talker_plan
-            )
+        x = self._talker_layers(x, slots32, positions.to(torch.int32))
         norm = self.talker.norm
         return rms_norm_rows(x, norm.weight, norm.eps, pdl=self.pdl)
 
@@ -158,14 +152,16 @@ class FusedDecode:
         stores the K/V of all rows before any row attends, so the decode kernels give causal attention
         over the prompt, at the tiles of a B x T-row batch instead of the unfused layers' launches."""
         b, t, h = x.shape
-        slots32 = slots.to(torch.int32).repeat_interleave(t)
-        positions = torch.arange(t, device=x.device).repeat(b)
-        rows = self.rows(b * t)
-        pos32, x = positions.to(torch.int32), x.reshape(b * t, h)
+        positions = torch.arange(t, device=x.device, dtype=torch.int32).repeat(b)
+        self._talker_layers(x.reshape(b * t, h), slots.to(torch.int32).repeat_interleave(t), positions)
+
+    def _talker_layers(self, x: Tensor, slots32: Tensor, pos32: Tensor) -> Tensor:
+        """x (M, H) one token per row at ``pos32`` (M,) of ``slots32`` (M,) -> the last layer's output."""
+        plan = self.rows(x.shape[0]).talker_plan
+        lengths = pos32 + 1
         for i, w in enumerate(self.talker_layers):
-            x = self._layer(
-                w, x, slots32, pos32, pos32 + 1, self.kv.k[i], self.kv.v[i], self.talker_freqs, rows.talker_plan
-            )
+            x = self._layer(w, x, slots32, pos32, lengths, self.kv.k[i], self.kv.v[i], self.talker_freqs, plan)
+        return x
 
     def talker_logits(self, hidden: Tensor) -> Tensor:
         """(B, H) final-norm hidden -> (B, vocab) float32."""
