@@ -38,12 +38,13 @@ from serving_bench import build, env, gpu_ms, kernels_by_name
 
 from voicewire.engine.config import ChunkSchedule
 from voicewire.engine.engine import Engine
+from voicewire.engine.model import Queued
 from voicewire.engine.qwen3 import ExperimentalOptions, Qwen3TTSModel
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "served": {},
     "serial": {"overlap_decode": False},  # the codec after the frame step, on the worker's stream
-    "nohost": {"overlap_host": False},  # the worker's commands and hand-out after the frame step
+    "noahead": {"queue_ahead": False},  # no frame step queued behind the running one
     "noramp": {"chunks": ChunkSchedule(ramp_frames=())},  # 1, then 12-frame chunks
     "steady24": {"chunks": ChunkSchedule(ramp_frames=(2, 4, 8, 12), steady_frames=24)},
 }
@@ -283,7 +284,7 @@ class Tracer:
             self.tick["codec_launch_ms"] = self.tick.get("codec_launch_ms", 0.0) + (time.perf_counter() - t0) * 1e3
             self.tick["codec_chunks"] = len(work)
             self.tick["codec_frames"] = sum(w.n_frames for w in work)
-            return timed("pcm_wait_ms", finish)
+            return Queued(timed("pcm_wait_ms", finish), finish.done)
 
         runner.decode_start = decode_start  # type: ignore[method-assign]
         sched = engine._scheduler

@@ -368,7 +368,7 @@ SERVE_VARIANTS: dict[str, dict[str, Any]] = {
     "slack": {"overlap_decode": False},
     "b128": {"max_batch": 128},
     "b256": {"max_batch": 256},
-    "nohost": {"overlap_host": False},  # the worker's commands and hand-out after the frame step
+    "noahead": {"queue_ahead": False},  # no frame step queued behind the running one
 }
 
 

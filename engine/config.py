@@ -88,10 +88,12 @@ class EngineConfig:
     queue_wait_s: float = 0.5
     max_buffered_text_chars: int = 20_000  # per stream, not yet spoken
     max_ahead_s: float = 30.0  # a stream whose caller has not taken this much of its audio stops generating
-    # decode the chunks of earlier steps while the next frame step runs (Model.decode_start); a
-    # model without a stage 2 of its own queue does both in turn either way
+    # decode the chunks of earlier steps while the next frame steps run (Model.decode_start), taking
+    # their audio once it is done; a model without a stage 2 of its own queue does both in turn
+    # either way
     overlap_decode: bool = True
-    # take commands and hand out decoded audio while the device runs the frame step
-    # (Model.generate_start); a model whose step is host work does them after it either way
-    overlap_host: bool = True
+    # queue the next frame step behind the running one before taking that one's results, where the
+    # model allows it (Model.steps_in_flight): the device runs steps back to back while the worker
+    # records, plans and hands out audio; a stream that ends in one step may run one more, discarded
+    queue_ahead: bool = True
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

@@ -7,9 +7,18 @@ commands reach the worker through a thread-safe queue. The worker's step is thre
     -> postprocess (lead-in trim, hand chunks back to each stream's loop)
 
 Audio flows back with ``loop.call_soon_threadsafe``. Cancel frees a stream's slot when the worker
-next drains its commands, between two steps (a step is a few ms for the embedded voice). A model
-whose step runs on a device (Qwen3-TTS on CUDA) has it queued first: the worker drains commands and
-hands out audio while the device runs it, and a slot cancelled meanwhile is freed after the step.
+next drains its commands, between two steps (a step is a few ms for the embedded voice).
+
+A model whose stage 2 runs on a device queue of its own (Qwen3-TTS on CUDA) is driven as a pipeline:
+
+    begin step k (queued behind step k - 1 where the model allows two in flight)
+    -> take commands -> hand out finished codec work -> take step k - 1's codes and record them
+    -> begin the codec work of the chunks they completed -> hand out finished codec work
+
+so the device runs frame steps back to back while the worker records, plans and hands out audio, and
+the codec runs beside them, its audio taken once done (the worker waits for it only when nothing
+else is in flight, or when codec work piles up). A slot released while a begun step uses it is
+freed once that step's results are in.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeAlias, TypeVar
@@ -40,6 +50,7 @@ from .model import (
     Model,
     ModelError,
     ModelInfo,
+    Queued,
     StreamParams,
     TextGranularity,
 )
@@ -52,6 +63,9 @@ from .text_feeder import ClauseFeeder, WordFeeder
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
+# codec work begun and not yet handed out, past which the worker waits for the oldest: a stage 2
+# that falls behind holds the frame steps back instead of letting its audio grow later and later
+MAX_DECODES_IN_FLIGHT = 2
 
 _T = TypeVar("_T")
 
@@ -84,6 +98,10 @@ class Engine:
         # read it: an engine whose model exists but is still capturing graphs is not ready.
         self._worker_running = threading.Event()
         self.stats = EngineStats()
+        # begun work whose results are not taken yet, oldest first (the pipeline in the module docstring)
+        self._stepping: deque[tuple[StepPlan, Callable[[], list[GenerateResult]]]] = deque()
+        self._decoding: deque[tuple[list[DecodeWork], Queued[list[Decoded]]]] = deque()
+        self._steps_ahead = 1  # frame steps begun at once: set by start() from the config and the model
         self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
         self._device_wait_base = 0.0
 
@@ -125,6 +143,7 @@ class Engine:
         batch = min(self.config.max_batch or self._model.info.max_batch_size, self._model.info.max_batch_size)
         self._scheduler = Scheduler(chunks, batch)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
+        self._steps_ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         # Set before the thread runs so a caller may open streams as soon as start() returns;
         # the worker clears it when it exits (stop, or an error it cannot outlive).
@@ -205,14 +224,16 @@ class Engine:
             try:
                 self._expire_queued()
                 ready = self._ready()
-                idle = not ready and not self._decode_pending()
-                self._drain(block=idle)
+                busy = bool(ready or self._stepping or self._decoding) or self._decode_pending()
+                if self._drain(block=not busy):
+                    ready = self._ready()
                 if self._stopping:
                     break
-                self._step(self._ready())
+                self._step(ready)
             except Exception:  # the worker serves every stream: it must outlive any one failure
                 log.exception("engine step failed")
                 time.sleep(0.01)
+        self._settle()
         for live in list(self._live.values()):
             self._fail(live, StreamError("engine_closed", "the engine is shutting down"))
         for q in self._queued.take_all():
@@ -220,6 +241,15 @@ class Engine:
                 q.open.stream.loop.call_soon_threadsafe(
                     q.open.stream.fail, StreamError("engine_closed", "the engine is shutting down")
                 )
+
+    def _settle(self) -> None:
+        """Waits for the begun work at shutdown, so the model's device is idle when the worker ends."""
+        while self._stepping:
+            with contextlib.suppress(Exception):
+                self._finish_step()
+        while self._decoding:
+            with contextlib.suppress(Exception):
+                self._decoding.popleft()[1]()
 
     def _ready(self) -> set[int]:
         model = self.model
@@ -234,18 +264,19 @@ class Engine:
     def _decode_pending(self) -> bool:
         return any(lv.request.generation_done and not lv.request.final_sent for lv in self._live.values())
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, block: bool) -> bool:
+        """Handles the commands that came in (waiting for one when ``block``); True when there were any."""
         wait_s = min(IDLE_WAIT_S, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
         try:
             cmd = self._commands.get(timeout=wait_s) if block else self._commands.get_nowait()
         except queue.Empty:
-            return
+            return False
         while True:
             self._handle(cmd)
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
-                return
+                return True
 
     def _handle(self, cmd: Command) -> None:
         if isinstance(cmd, Stop):
@@ -351,74 +382,60 @@ class Engine:
         self.stats.streams_opened += 1
 
     def _step(self, ready: set[int]) -> None:
-        plan = self._scheduler.plan_generate(ready)
         t0 = time.perf_counter()
         model = self.model
-        overlap = self.config.overlap_decode and model.decode_overlaps
-        if overlap and self.config.overlap_host and model.generate_overlaps:
-            # The frame step is queued first; while the device runs it the codec's calls are queued
-            # beside it, the commands that came in are taken, and the last step's chunks are handed
-            # out: the device does not wait for the host's bookkeeping between steps.
-            due = self._scheduler.plan_decode(t0)
-            results = self._generate_start(plan)
-            decode_s = 0.0
-            try:
-                finish = self._decode_start(due)
-                self._drain(block=False)
-                td = time.perf_counter()
-                self._decode_finish(due, finish)
-                decode_s = time.perf_counter() - td
-            finally:  # the step's results are taken whatever failed meanwhile: its slots come back
-                frames = self._generate_finish(plan, results)
-            t2 = time.perf_counter()
-            t1 = t2 - decode_s  # the step's time less the wait for (and hand-out of) the codec's audio
-        elif overlap:
-            # The chunks completed by earlier steps decode while this step generates, on the model's
-            # own device queue: a chunk leaves one step later, and the frame step and the codec no
-            # longer take turns on the device.
-            due = self._scheduler.plan_decode(t0)
-            finish = self._decode_start(due)
-            frames = self._generate_finish(plan, self._generate_start(plan))
-            t1 = time.perf_counter()
-            self._decode_finish(due, finish)
-            t2 = time.perf_counter()
-        else:
-            frames = self._generate_finish(plan, self._generate_start(plan))
+        plan = self._scheduler.plan_generate(ready) if len(self._stepping) < self._steps_ahead else None
+        begun = plan is not None and self._begin_step(plan)
+        rows = len(plan.generate_slots) if plan is not None and begun else 0
+        if not (self.config.overlap_decode and model.decode_overlaps):
+            # stage 2 on the worker's own queue: the step's frames, then the chunks they complete
+            while self._stepping:
+                self._finish_step()
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
-            self._decode_finish(due, self._decode_start(due))
-            t2 = time.perf_counter()
-        if not frames and not due:
-            return  # nothing was made (or a model's work is still running): not a step
-        self.stats.record_step(
-            t1 - t0, t2 - t1, len(plan.generate_slots), model.device_wait_s() - self._device_wait_base
-        )
+            self._begin_decode(due)
+            taken = self._take_decoded(wait=True)
+        else:
+            # the pipeline (module docstring): while the device runs the begun steps, the commands
+            # that came in are taken and finished codec work is handed out; the oldest step's codes
+            # are taken once another is queued behind it (or none will be)
+            self._drain(block=False)
+            taken = self._take_decoded(wait=False)
+            if self._stepping and (len(self._stepping) >= self._steps_ahead or not begun):
+                self._finish_step()
+            t1 = time.perf_counter()
+            due = self._scheduler.plan_decode(t1)
+            self._begin_decode(due)
+            taken += self._take_decoded(wait=not (self._stepping or begun))  # nothing else to wait for
+        if not (rows or due or taken):
+            return  # nothing was begun or handed out: not a step
+        t2 = time.perf_counter()
+        self.stats.record_step(t1 - t0, t2 - t1, rows, model.device_wait_s() - self._device_wait_base)
 
-    def _generate_start(self, plan: StepPlan) -> Callable[[], list[GenerateResult]] | None:
-        """The stage-1 step begun (None: nothing to run, or it failed and its streams are failed);
-        until ``_generate_finish`` its slots stay taken."""
+    def _begin_step(self, plan: StepPlan) -> bool:
+        """The stage-1 step begun; False when there is nothing to run, or it failed (its streams are
+        failed). Until ``_finish_step`` takes its results its slots stay taken."""
         if plan.empty:
-            return None
+            return False
         try:
             results = self.model.generate_start(plan.generate_slots)
         except Exception as err:
             self._generate_failed(plan, err)
-            return None
+            return False
         self._slots.step_started(plan.generate_slots)
-        return results
+        self._stepping.append((plan, results))
+        return True
 
-    def _generate_finish(self, plan: StepPlan, results: Callable[[], list[GenerateResult]] | None) -> int:
-        """The step's results recorded; returns the frames it made (0 also when a model's work is
-        still running). Slots freed during the step are given back here."""
-        if results is None:
-            return 0
+    def _finish_step(self) -> None:
+        """The oldest begun step's results recorded. Slots freed during the step are given back here."""
+        plan, results = self._stepping.popleft()
         try:
             try:
                 done = results()
             except Exception as err:
                 self._generate_failed(plan, err)
-                return 0
-            return self._record(plan, done)
+                return
+            self._record(plan, done)
         finally:
             freed = self._slots.step_done()
             for slot in freed:
@@ -435,7 +452,7 @@ class Engine:
             if sid in self._live:
                 self._fail(self._live[sid], StreamError("model_error", f"model failed: {err}"))
 
-    def _record(self, plan: StepPlan, results: list[GenerateResult]) -> int:
+    def _record(self, plan: StepPlan, results: list[GenerateResult]) -> None:
         for sid, res in zip(plan.generate_streams, results, strict=True):
             if res.error is not None and sid in self._live:
                 log.warning("stream %d failed in the model: %s", sid, res.error)
@@ -445,9 +462,7 @@ class Engine:
                     self._live[sid].stop_reason = res.stop_reason
                 self._charge(self._live[sid], res)
         self._scheduler.record(plan, results)  # failed streams are gone from the scheduler already
-        frames = sum(r.n_frames for r in results)
-        self.stats.frames_generated += frames
-        return frames
+        self.stats.frames_generated += sum(r.n_frames for r in results)
 
     def _charge(self, live: Live, res: GenerateResult) -> None:
         """Ends a turn whose model time outgrows the audio it makes (text a model reads slowly
@@ -466,31 +481,42 @@ class Engine:
                 ),
             )
 
-    def _decode_start(self, due: list[DecodeWork]) -> Callable[[], list[Decoded]] | None:
-        """The due chunks' decode, begun; None when it failed (its streams are failed already)."""
+    def _begin_decode(self, due: list[DecodeWork]) -> None:
+        """The due chunks' decode, begun (in order behind the codec work begun before); a failure
+        fails their streams."""
+        if not due:
+            return
         work = [d for d in due if d.n_frames]
-        if not work:
-            return lambda: []
         try:
-            return self.model.decode_start(work)
+            finish = self.model.decode_start(work) if work else Queued.finished([])
         except Exception as err:
             self._decode_failed(due, err)
-            return None
+            return
+        self._decoding.append((due, finish))
 
-    def _decode_finish(self, due: list[DecodeWork], finish: Callable[[], list[Decoded]] | None) -> None:
-        if finish is None or not due:
-            return
-        try:
-            decoded = iter(finish())
-        except Exception as err:
-            self._decode_failed(due, err)
-            return
-        for d in due:
-            live = self._live.get(d.stream_id)
-            chunk = next(decoded) if d.n_frames else Decoded(np.zeros(0, np.float32))
-            if live is None:
-                continue  # failed or cancelled meanwhile
-            self._emit(live, chunk, d.final, d.text)
+    def _take_decoded(self, wait: bool) -> int:
+        """Hands out the audio of begun codec work, oldest first, as far as it is done: waits for it
+        when ``wait``, or for the oldest while more than MAX_DECODES_IN_FLIGHT are begun. Returns how
+        many pieces of codec work it took."""
+        taken = 0
+        while self._decoding:
+            due, finish = self._decoding[0]
+            if not (wait or len(self._decoding) > MAX_DECODES_IN_FLIGHT or finish.done()):
+                break
+            self._decoding.popleft()
+            taken += 1
+            try:
+                decoded = iter(finish())
+            except Exception as err:
+                self._decode_failed(due, err)
+                continue
+            for d in due:
+                live = self._live.get(d.stream_id)
+                chunk = next(decoded) if d.n_frames else Decoded(np.zeros(0, np.float32))
+                if live is None:
+                    continue  # failed or cancelled meanwhile
+                self._emit(live, chunk, d.final, d.text)
+        return taken
 
     def _decode_failed(self, due: list[DecodeWork], err: Exception) -> None:
         log.error("decode failed", exc_info=err)

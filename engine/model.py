@@ -23,11 +23,32 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from .cloned_voice import ClonedVoice, CloningNotSupported
 from .word_timing import WordTiming, shifted
+
+_T = TypeVar("_T")
+
+
+class Queued(Generic[_T]):
+    """Work a model has begun: calling it waits for its result; ``done`` says, without waiting,
+    whether that call would return at once (always, for work finished before it was handed back)."""
+
+    def __init__(self, wait: Callable[[], _T], done: Callable[[], bool] | None = None) -> None:
+        self._wait, self._done = wait, done
+
+    @classmethod
+    def finished(cls, result: _T) -> Queued[_T]:
+        return cls(lambda: result)
+
+    def __call__(self) -> _T:
+        return self._wait()
+
+    def done(self) -> bool:
+        return self._done is None or self._done()
 
 
 class TextGranularity(enum.Enum):
@@ -125,11 +146,13 @@ class Model(ABC):
 
     info: ModelInfo
     # decode_start returns before its work is done (stage 2 on a device queue of its own): the engine
-    # then decodes one step's chunks while the next step generates (EngineConfig.overlap_decode)
+    # then decodes one step's chunks while the next steps generate (EngineConfig.overlap_decode)
     decode_overlaps: bool = False
-    # generate_start returns before its step's device work is done: the engine then takes its commands
-    # and hands out the last chunks' audio while the device runs the step (EngineConfig.overlap_host)
-    generate_overlaps: bool = False
+    # frame steps that may be begun before the oldest one's results are taken: 2 lets the engine
+    # queue the next step behind the running one, so the device never waits for the host's record
+    # and plan between them (EngineConfig.queue_ahead). Such a model's ``ready`` counts the frames
+    # of its begun steps, and a slot that a begun step ended (a stop token) makes nothing in a later one.
+    steps_in_flight: int = 1
 
     @abstractmethod
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -151,8 +174,9 @@ class Model(ABC):
         """``generate``, begun: the returned function gives its results. By default all of the work
         is done here; a model whose step runs on a device queue returns once the step is queued.
         Until the results are taken, the engine closes none of these slots (a stream that ends
-        meanwhile frees its slot after them) and starts no other step; it may open other slots,
-        add text and run stage 2."""
+        meanwhile frees its slot after them) and begins at most ``steps_in_flight - 1`` other
+        steps, whose results it takes in the order the steps began; it may open other slots, add
+        text and run stage 2."""
         out = self.generate(slots)
         return lambda: out
 
@@ -173,12 +197,11 @@ class Model(ABC):
         engine's step time less this is the host's time per step."""
         return 0.0
 
-    def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[Decoded]]:
-        """``decode_timed``, begun: the returned function gives its result. By default all of the work
-        is done here; a model whose stage 2 runs on a device queue of its own returns once it is
-        queued, and the engine runs the next frame step while it runs."""
-        out = self.decode_timed(work)
-        return lambda: out
+    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
+        """``decode_timed``, begun. By default all of the work is done here; a model whose stage 2
+        runs on a device queue of its own returns once it is queued, and the engine runs the next
+        frame steps while it runs, taking its result once it is done."""
+        return Queued.finished(self.decode_timed(work))
 
     @abstractmethod
     def close_slot(self, slot: int) -> None:

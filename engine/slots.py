@@ -1,19 +1,20 @@
 """The model's slots on the engine's side: which are free, and when a released one comes back.
 
-A slot released while the frame step the device is running still uses it (``Model.generate_start``)
-stays taken until that step's results are in: until then the model must not close it, and no new
-stream may get it. Plain Python, owned by the worker thread.
+A slot released while a frame step the device is running (or has queued) still uses it
+(``Model.generate_start``) stays taken until the results of every such step are in: until then the
+model must not close it, and no new stream may get it. Plain Python, owned by the worker thread.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 
 class SlotPool:
     def __init__(self, n: int = 0) -> None:
         self._free = list(range(n))[::-1]  # popped from the end: slot 0 first
-        self._stepping: frozenset[int] = frozenset()
+        self._stepping: deque[frozenset[int]] = deque()  # the slots of each begun step, oldest first
         self._after_step: list[int] = []
 
     def __bool__(self) -> bool:
@@ -29,17 +30,19 @@ class SlotPool:
 
     def release(self, slot: int) -> bool:
         """The slot's stream is gone: True when the caller may close it and ``put`` it back now; False
-        when a running step still uses it, and ``step_done`` hands it back."""
-        if slot in self._stepping:
+        when a begun step still uses it, and ``step_done`` hands it back."""
+        if any(slot in step for step in self._stepping):
             self._after_step.append(slot)
             return False
         return True
 
     def step_started(self, slots: Iterable[int]) -> None:
-        self._stepping = frozenset(slots)
+        self._stepping.append(frozenset(slots))
 
     def step_done(self) -> list[int]:
-        """The step's results are in: the slots released meanwhile, for the caller to close and put back."""
-        self._stepping = frozenset()
-        out, self._after_step = self._after_step, []
+        """The oldest begun step's results are in: the slots released meanwhile that no other begun
+        step uses, for the caller to close and put back."""
+        self._stepping.popleft()
+        out = [s for s in self._after_step if not any(s in step for step in self._stepping)]
+        self._after_step = [s for s in self._after_step if s not in out]
         return out

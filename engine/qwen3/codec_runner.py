@@ -15,14 +15,15 @@ The model (model.py) owns the slots and the frame step; this owns what a slot's 
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import DecodeWork
+from ..model import DecodeWork, Queued
 from .codec_decoder import CodecDecoder
 from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
@@ -49,23 +50,16 @@ class CodecRunner:
         # pad nothing, a final remainder pads to the next size
         self.frames = frame_ladder(options.codec_graph_frames)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # the last state reset queued on the caller's stream, which the next codec call must follow;
-        # only that: the caller may have queued a frame step after it, which the codec runs beside
-        self._reset_done: torch.cuda.Event | None = None
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
         self.wait_s = 0.0  # the caller blocked waiting for the codec's PCM (Model.device_wait_s)
 
     # --- slots -----------------------------------------------------------------------------------
     def open(self, slot: int) -> None:
-        """A new stream on ``slot``: fresh decoder state, no frames before."""
-        if self.stream is not None:
-            # the reset runs on the caller's stream: after any codec call still writing the slot's
-            # state for its previous owner
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        self.states.reset(slot)
-        if self.stream is not None:
-            self._reset_done = torch.cuda.Event()
-            self._reset_done.record()
+        """A new stream on ``slot``: fresh decoder state, no frames before. On CUDA the reset is queued
+        on the codec's stream, after any codec call still writing the slot's state for its previous
+        owner and before the new owner's: the frame steps on the caller's stream never wait for it."""
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            self.states.reset(slot)
         self._history[slot] = []
 
     def prime(self, slot: int, codes: np.ndarray) -> None:
@@ -117,18 +111,18 @@ class CodecRunner:
         return self.decode_start(work)()
 
     @torch.no_grad()
-    def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[np.ndarray]]:
+    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[np.ndarray]]:
         """Queue the due chunks' codec calls (those ``plan_codec_calls`` picks, usually one) and the one
-        device->host copy of their PCM, and return the function that waits for it. On CUDA the calls
-        run on the codec's stream, after the new slots' state resets queued on the caller's stream
-        and beside the rest of its work (the frame step, queued before or after)."""
+        device->host copy of their PCM; calling the result waits for it. On CUDA the calls run on the
+        codec's stream, beside the caller's (the frame steps, queued before or after), and the
+        result's ``done`` asks whether they have finished without waiting."""
         out = [np.zeros(0, np.float32) for _ in work]
         if self.options.codec_mode == "windowed":
             pcm = [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
-            return lambda: pcm
+            return Queued.finished(pcm)
         due = sorted((i for i, w in enumerate(work) if w.n_frames), key=lambda i: -work[i].n_frames)
         if not due:
-            return lambda: out
+            return Queued.finished(out)
         frames = [work[i].n_frames for i in due]
         groups = [[due[j] for j in g] for g in plan_codec_calls(frames, self.frames, self.buckets)]
         frame_samples = self.codec.cfg.frame_samples
@@ -141,10 +135,7 @@ class CodecRunner:
 
         if self.stream is None:  # run now, as on CUDA: a slot opened before the result keeps its reset
             hosts_now = [self._run([work[i] for i in g]).numpy() for g in groups]
-            return lambda: fill(hosts_now)
-        if self._reset_done is not None:
-            self.stream.wait_event(self._reset_done)
-            self._reset_done = None
+            return Queued.finished(fill(hosts_now))
         staged: list[Tensor] = []  # pinned inputs, alive until the copy back is waited for
         with torch.cuda.stream(self.stream):
             pcms = [self._run([work[i] for i in group], staged) for group in groups]
@@ -162,7 +153,7 @@ class CodecRunner:
             pcms.clear()
             return fill([h.numpy() for h in hosts])
 
-        return finish
+        return Queued(finish, done.query)
 
     def _run(self, chunks: list[DecodeWork], staged: list[Tensor] | None = None) -> Tensor:
         """One codec call: the chunks padded to a common frame count T -> pcm (len(chunks), T * 1920)

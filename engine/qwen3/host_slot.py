@@ -44,16 +44,20 @@ class HostSlot:
     words_reported: int = 0  # words already reported in a GenerateResult
     prefilled: bool = False
     frames: int = 0  # frames emitted
-    position: int = 0  # talker positions written (KV length)
+    position: int = 0  # talker positions written (KV length), counting the begun steps'
+    begun: int = 0  # frames of begun steps whose codes are not recorded yet (Model.steps_in_flight)
     done: bool = False
 
     def fed_ids(self) -> list[int]:
         """The slot's device text queue: entry k is fed with frame k (an in-context voice shifts it)."""
         return self.text.ids if self.voice is None else self.voice.fed_ids(self.text.ids)
 
-    def ready(self) -> bool:
-        """Model.ready: a step would make progress for this slot now."""
-        if self.done:
+    def ready(self, limits: FrameLimits) -> bool:
+        """Model.ready: a step begun now would make progress for this slot (after the begun ones)."""
+        if self.done or self.position >= limits.max_seq_len:  # no KV row left for another feed
+            return False
+        forced = self.forced(limits)
+        if forced is not None and self.frames + self.begun >= forced:
             return False
         if not self.prefilled:
             if self.whole_text:
@@ -63,7 +67,7 @@ class HostSlot:
             return bool(self.text.ids) or self.text.final
         # the feed after frame k-1 carries text token k (of the queue: see fed_ids)
         shift = 0 if self.voice is None else self.voice.text_shift
-        return self.text.final or len(self.text.ids) + shift > self.frames  # (whole text: final already)
+        return self.text.final or len(self.text.ids) + shift > self.frames + self.begun  # (whole text: final already)
 
     def forced(self, limits: FrameLimits) -> int | None:
         if self.forced_frames is not None:
@@ -73,7 +77,11 @@ class HostSlot:
         return None
 
     def record(self, slot: int, codes: np.ndarray, looped: bool, limits: FrameLimits) -> GenerateResult:
-        """One frame of this slot, (16,) codes; ``looped``: its codebook 0 repeats (guards.py)."""
+        """One frame of this slot, (16,) codes; ``looped``: its codebook 0 repeats (guards.py). A frame
+        of a step begun before an earlier one ended the stream is dropped."""
+        self.begun -= 1
+        if self.done:
+            return GenerateResult(slot, None, 0, True)
         if int(codes[0]) == limits.eos_id:
             self.done = True
             return GenerateResult(slot, None, 0, True)

@@ -50,6 +50,7 @@ from ..model import (
     Model,
     ModelError,
     ModelInfo,
+    Queued,
     StreamParams,
     TextGranularity,
     with_frame_words,
@@ -152,7 +153,8 @@ class Qwen3TTSModel(Model):
             self.codec, t.num_code_groups, options, self.graphs, self.pad_slot, dev
         )
         self.decode_overlaps = self.codec_runner.stream is not None
-        self.generate_overlaps = dev.type == "cuda"  # generate_start returns with the step queued
+        # generate_start returns with the step queued on the device: the next may queue behind it
+        self.steps_in_flight = 2 if dev.type == "cuda" else 1
         self._register_graphs()
         self._slots: dict[int, HostSlot] = {}
         self.limits = FrameLimits(
@@ -225,7 +227,7 @@ class Qwen3TTSModel(Model):
 
     def ready(self, slot: int) -> bool:
         st = self._slots.get(slot)
-        return st is not None and st.ready()
+        return st is not None and st.ready(self.limits)
 
     def close_slot(self, slot: int) -> None:
         # KV rows need no clearing (see kv_cache.py); decoder state and sampling rows are reset by
@@ -239,8 +241,9 @@ class Qwen3TTSModel(Model):
 
     @torch.no_grad()
     def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
-        """The step's prefill and decode graphs and the copy of its codes, queued; the returned
-        function waits for the codes and records each slot's frame."""
+        """The step's prefill and decode graphs and the copy of its codes, queued (behind any step
+        begun before, whose frames ``ready`` counts already); the returned function waits for the
+        codes and records each slot's frame."""
         if len(slots) > self.options.max_batch_size:
             raise ValueError(f"{len(slots)} slots > max_batch_size {self.options.max_batch_size}")
         results: dict[int, GenerateResult] = {}
@@ -289,6 +292,7 @@ class Qwen3TTSModel(Model):
                         self._slots[s].frames,
                     )
                     self._slots[s].done = True
+                    self._slots[s].begun -= 1
                     results[s] = GenerateResult(s, None, 0, True, error="the model produced invalid codes")
                 else:
                     results[s] = self._slots[s].record(s, host[i], bool(looped[i]), self.limits)
@@ -312,7 +316,9 @@ class Qwen3TTSModel(Model):
         rows[: len(group)] = group
         codes = self.graphs.run(("decode", b), rows, staged)
         for s in group:
-            self._slots[s].position += 1
+            st = self._slots[s]
+            st.position += 1
+            st.begun += 1
         return codes[: len(group)].clone()  # the static output is overwritten by the next replay
 
     def _run_prefill(self, group: list[int], prompts: list[Prompt], staged: list[Tensor]) -> None:
@@ -401,10 +407,10 @@ class Qwen3TTSModel(Model):
         """All due chunks of all streams, through the slots' streaming codec (codec_runner.py)."""
         return self.codec_runner.decode(work)
 
-    def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[Decoded]]:
-        """``decode_timed`` queued on the codec's own CUDA stream; the engine runs a frame step meanwhile."""
-        finish = self.codec_runner.decode_start(work)
-        return lambda: with_frame_words(work, finish(), self.info.frame_samples)
+    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
+        """``decode_timed`` queued on the codec's own CUDA stream; the engine runs frame steps meanwhile."""
+        pcm = self.codec_runner.decode_start(work)
+        return Queued(lambda: with_frame_words(work, pcm(), self.info.frame_samples), pcm.done)
 
     def device_wait_s(self) -> float:
         """The waits for each step's codes and each tick's PCM (Model.device_wait_s)."""

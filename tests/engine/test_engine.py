@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import wait_engine_idle
 from voicewire.engine import Engine, EngineBusy, EngineConfig, StreamError, StreamParams
 from voicewire.engine.level import first_audible_sample
-from voicewire.engine.model import Decoded, DecodeWork, GenerateResult
+from voicewire.engine.model import Decoded, DecodeWork, GenerateResult, Queued
 from voicewire.engine.models.hibari_voice import HibariModel
 
 
@@ -110,7 +110,7 @@ class _DeviceModel(HibariModel):
         self.waited_s = 0.0
         self.waits = 0
 
-    def decode_start(self, work: Sequence[DecodeWork]) -> Callable[[], list[Decoded]]:
+    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
         out = self.decode_timed(work)
 
         def finish() -> list[Decoded]:
@@ -120,7 +120,7 @@ class _DeviceModel(HibariModel):
             self.waits += 1
             return out
 
-        return finish
+        return Queued(finish, lambda: False)  # taken when the engine has nothing else to wait for
 
     def device_wait_s(self) -> float:
         return self.waited_s
@@ -148,8 +148,6 @@ class _QueuedStepModel(_DeviceModel):
     """The frame step as if queued on a device (generate_start returns before its results), and a
     switch that holds the next generate_start until the test has sent its commands: they are then
     taken while that step is in flight."""
-
-    generate_overlaps = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import gc
+from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from voicewire.engine.model import DecodeWork, StreamParams
+from voicewire.engine.model import DecodeWork, GenerateResult, StreamParams
 from voicewire.engine.qwen3 import Qwen3TTSModel
+from voicewire.engine.qwen3.host_slot import HostSlot
+from voicewire.engine.qwen3.tokenizer import TextStream
 
 from .conftest import run_stream
 
@@ -97,3 +101,57 @@ def test_cancelled_slot_is_reused_without_leaks(tiny: Qwen3TTSModel) -> None:
         else:
             assert _tensor_bytes() == baseline
     assert not tiny._slots
+
+
+def test_steps_begun_two_at_a_time_give_the_codes_of_one_at_a_time(tiny: Qwen3TTSModel) -> None:
+    """The engine queues a step behind the begun one before taking its codes (Model.steps_in_flight):
+    readiness counts the begun frames, so no stream is stepped past its length or past the text it
+    has, and the codes are those of steps taken one at a time. Text arrives a word every other step."""
+    alone = _alone(tiny)
+    got: dict[int, list[np.ndarray]] = {slot: [] for slot, *_ in STREAMS}
+    words = {slot: text.split() for slot, _, text, _ in STREAMS}
+    live: list[int] = []
+    begun: deque[Callable[[], list[GenerateResult]]] = deque()
+    most_begun = 0
+    for step in range(120):
+        for slot, join, _, params in STREAMS:
+            if join == step:
+                tiny.open_slot(slot, params)
+                live.append(slot)
+            if join <= step and words[slot] and step % 2 == join % 2:
+                word = words[slot].pop(0)
+                tiny.add_text(slot, [word if not words[slot] else word + " "], not words[slot])
+        ready = [s for s in live if tiny.ready(s)]
+        if ready:
+            begun.append(tiny.generate_start(ready))
+            most_begun = max(most_begun, len(begun))
+        if begun and (len(begun) == 2 or not ready):
+            for r in begun.popleft()():
+                if r.frames is not None:
+                    got[r.slot].append(r.frames)
+                if r.finished and r.slot in live:
+                    live.remove(r.slot)  # closed once no begun step has it (all at the end here)
+        if not live and not begun:
+            break
+    assert most_begun == 2 and not live
+    for slot, _, _, params in STREAMS:
+        codes = np.concatenate(got[slot])
+        assert codes.shape == (params.forced_frames, 16)
+        np.testing.assert_array_equal(codes, alone[slot], err_msg=f"slot {slot}")
+        tiny.close_slot(slot)
+
+
+def test_a_frame_begun_after_the_step_that_ended_the_stream_is_dropped(tiny: Qwen3TTSModel) -> None:
+    """A stop token is seen only when the codes are recorded, so a step begun behind the one that
+    made it may have stepped the stream once more: that frame is not the stream's."""
+    limits = tiny.limits
+    st = HostSlot(TextStream(tiny.tokenizer), None, None, [], None, (True, True), False, None)
+    st.text.push(["Two words"], False)
+    st.prefilled, st.begun = True, 2
+    eos = np.full(16, 0, np.int64)
+    eos[0] = limits.eos_id
+    first = st.record(0, eos, False, limits)
+    second = st.record(0, np.ones(16, np.int64), False, limits)
+    assert (first.n_frames, first.finished) == (0, True)
+    assert (second.n_frames, second.finished, second.frames) == (0, True, None)
+    assert st.frames == 0 and st.begun == 0 and not st.ready(limits)
