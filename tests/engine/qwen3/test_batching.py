@@ -106,7 +106,9 @@ def test_cancelled_slot_is_reused_without_leaks(tiny: Qwen3TTSModel) -> None:
 def test_steps_begun_two_at_a_time_give_the_codes_of_one_at_a_time(tiny: Qwen3TTSModel) -> None:
     """The engine queues a step behind the begun one before taking its codes (Model.steps_in_flight):
     readiness counts the begun frames, so no stream is stepped past its length or past the text it
-    has, and the codes are those of steps taken one at a time. Text arrives a word every other step."""
+    has (the tiny model's greedy codes do not depend on its text: the device's text queue says it),
+    and the codes are those of steps taken one at a time. Text arrives a word every fourth step
+    (a word is 2-3 tokens: a stream that reads a token a frame waits for most of its text)."""
     alone = _alone(tiny)
     got: dict[int, list[np.ndarray]] = {slot: [] for slot, *_ in STREAMS}
     words = {slot: text.split() for slot, _, text, _ in STREAMS}
@@ -118,13 +120,16 @@ def test_steps_begun_two_at_a_time_give_the_codes_of_one_at_a_time(tiny: Qwen3TT
             if join == step:
                 tiny.open_slot(slot, params)
                 live.append(slot)
-            if join <= step and words[slot] and step % 2 == join % 2:
+            if join <= step and words[slot] and (step - join) % 4 == 0:
                 word = words[slot].pop(0)
                 tiny.add_text(slot, [word if not words[slot] else word + " "], not words[slot])
         ready = [s for s in live if tiny.ready(s)]
         if ready:
             begun.append(tiny.generate_start(ready))
             most_begun = max(most_begun, len(begun))
+            for s in ready:  # frame k > 0 is fed text token k: it was there, or the text had ended
+                k = int(tiny.state.frames[s]) - 1
+                assert k == 0 or k < int(tiny.state.text_len[s]) or not words[s], (step, s, k)
         if begun and (len(begun) == 2 or not ready):
             for r in begun.popleft()():
                 if r.frames is not None:

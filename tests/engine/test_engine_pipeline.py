@@ -1,0 +1,167 @@
+"""The engine's pipeline (engine.py's docstring) around a model shaped like Qwen3-TTS on CUDA: two frame
+steps in flight, codec work that finishes a while after it is begun. Every frame's audio is its own
+number, so a listener can tell a lost, doubled or reordered frame."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tests.conftest import wait_engine_idle
+from voicewire.engine import AudioChunk, Engine, EngineConfig, LevelConfig, Stream, StreamParams
+from voicewire.engine.model import (
+    Decoded,
+    DecodeWork,
+    GenerateResult,
+    Model,
+    ModelInfo,
+    Queued,
+    TextGranularity,
+)
+from voicewire.engine.slots import SlotPool
+
+FRAME = 1920
+STEP_S = 0.002  # a frame step's device time
+CODEC_S = 0.003  # a piece of codec work's
+
+
+class _DeviceTimeline:
+    """One in-order device queue: work begun now finishes ``seconds`` after the work before it."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+
+    def begin(self, seconds: float) -> float:
+        self.free_at = max(time.perf_counter(), self.free_at) + seconds
+        return self.free_at
+
+
+class _PipelinedModel(Model):
+    """``forced_frames`` is a length ``ready`` knows; ``extra["stops_after"]`` one that shows only when
+    the frame that ends it is recorded (a stop token), so a step begun behind that one steps the
+    stream once more, and that frame must be dropped."""
+
+    steps_in_flight = 2
+    decode_overlaps = True
+
+    def __init__(self) -> None:
+        self.info = ModelInfo("pipelined", 24_000, FRAME, TextGranularity.WORD, 8, 8, ("v",), random_weights=True)
+        self.main, self.codec = _DeviceTimeline(), _DeviceTimeline()
+        self.forced: dict[int, int | None] = {}
+        self.stops_after: dict[int, int | None] = {}
+        self.made: dict[int, int] = {}  # frames recorded
+        self.begun: dict[int, int] = {}  # frames of begun steps not recorded yet
+        self.done: dict[int, bool] = {}
+        self.steps_begun = 0  # begun steps whose results are not taken
+        self.most_steps_begun = 0
+        self.closed_while_begun: list[int] = []
+        self.wasted_rows = 0
+
+    def open_slot(self, slot: int, params: StreamParams) -> None:
+        assert slot not in self.made, f"slot {slot} opened twice"
+        stop = params.extra.get("stops_after")
+        self.forced[slot], self.stops_after[slot] = params.forced_frames, int(stop) if stop else None
+        self.made[slot], self.begun[slot], self.done[slot] = 0, 0, False
+
+    def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
+        pass
+
+    def ready(self, slot: int) -> bool:
+        forced = self.forced.get(slot)
+        return not self.done.get(slot, True) and (forced is None or self.made[slot] + self.begun[slot] < forced)
+
+    def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
+        return self.generate_start(slots)()
+
+    def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
+        assert all(self.ready(s) for s in slots)
+        for s in slots:
+            self.begun[s] += 1
+        self.steps_begun += 1
+        self.most_steps_begun = max(self.most_steps_begun, self.steps_begun)
+        assert self.steps_begun <= self.steps_in_flight
+        ends_at = self.main.begin(STEP_S)
+
+        def finish() -> list[GenerateResult]:
+            time.sleep(max(0.0, ends_at - time.perf_counter()))
+            self.steps_begun -= 1
+            return [self._record(s) for s in slots]
+
+        return finish
+
+    def _record(self, slot: int) -> GenerateResult:
+        self.begun[slot] -= 1
+        if self.done[slot]:
+            self.wasted_rows += 1
+            return GenerateResult(slot, None, 0, True)
+        self.made[slot] += 1
+        n = self.made[slot]
+        self.done[slot] = n in (self.forced[slot], self.stops_after[slot])
+        return GenerateResult(slot, np.array([n]), 1, self.done[slot])
+
+    def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
+        return [np.repeat(np.concatenate(w.frames).astype(np.float32), FRAME) / 1000 for w in work]
+
+    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
+        out = self.decode_timed(work)
+        ends_at = self.codec.begin(CODEC_S)
+        return Queued(
+            lambda: time.sleep(max(0.0, ends_at - time.perf_counter())) or out,
+            lambda: time.perf_counter() >= ends_at,
+        )
+
+    def close_slot(self, slot: int) -> None:
+        if self.begun.get(slot):
+            self.closed_while_begun.append(slot)
+        for d in (self.forced, self.stops_after, self.made, self.begun, self.done):
+            d.pop(slot, None)
+
+
+async def _collect(stream: Stream) -> list[AudioChunk]:
+    return [c async for c in stream]
+
+
+async def test_frames_of_pipelined_steps_reach_each_stream_once_and_in_order() -> None:
+    model = _PipelinedModel()
+    flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
+    eng = Engine(EngineConfig(max_streams=8, max_queued_streams=8, level=flat), model=model).start()
+    lengths = [(17, None), (None, 9), (30, None), (None, 23), (5, None), (None, 1), (12, None), (None, 40)]
+    try:
+        streams = []
+        for i, (forced, stop) in enumerate(lengths):
+            s = eng.open_stream(StreamParams(forced_frames=forced, extra={"stops_after": stop} if stop else {}))
+            s.push_text(f"turn {i}.")
+            s.end()
+            streams.append(s)
+            await asyncio.sleep(0.003 * (i % 3))  # they join steps already in flight
+        cut = eng.open_stream(StreamParams(forced_frames=200))
+        cut.push_text("cancelled while its steps are in flight.")
+        got = await asyncio.wait_for(asyncio.gather(*(_collect(s) for s in streams)), 20)
+        first = await cut.__aiter__().__anext__()
+        cut.cancel()
+        await wait_engine_idle(eng)
+    finally:
+        eng.close()
+    for (forced, stop), chunks in zip(lengths, got, strict=True):
+        n = forced or stop
+        pcm = np.concatenate([c.pcm for c in chunks])
+        np.testing.assert_array_equal(pcm, np.repeat(np.arange(1, n + 1, dtype=np.float32), FRAME) / 1000)
+        assert chunks[-1].final
+    assert first.pcm.size and model.made == {}  # the cancelled stream's slot was closed too
+    assert model.most_steps_begun == 2 and model.closed_while_begun == []
+    assert model.wasted_rows >= 1  # a stop seen late stepped its stream once more, and that was dropped
+    assert eng.active_streams() == 0
+
+
+def test_a_released_slot_comes_back_after_every_begun_step_that_has_it() -> None:
+    pool = SlotPool(4)
+    a, b = pool.take(), pool.take()
+    pool.step_started([a, b])
+    pool.step_started([a])
+    assert not pool.release(a) and not pool.release(b)
+    assert pool.step_done() == [b]  # a is still in the step begun behind
+    assert pool.step_done() == [a]
+    assert pool.release(a)  # no step has it any more: the caller frees it at once
