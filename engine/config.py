@@ -96,4 +96,7 @@ class EngineConfig:
     # model allows it (Model.steps_in_flight): the device runs steps back to back while the worker
     # records, plans and hands out audio; a stream that ends in one step may run one more, discarded
     queue_ahead: bool = True
+    # with this many streams ready (engine.LOADED_ROWS), a frame step begins no sooner than this after
+    # the one before: fewer, fuller steps (and codec calls) when the device is the limit; 0 = never held
+    loaded_step_interval_s: float = 0.0
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's
