@@ -306,7 +306,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else NullModel(args.max_slots, args.max_batch, args.step_ms / 1e3, args.row_us / 1e6)
     )
     cfg = load_config(
-        "null", args.max_slots, queue_ahead=not args.no_queue_ahead, loaded_step_interval_s=args.step_interval_ms / 1e3
+        "null",
+        args.max_slots,
+        queue_ahead=not args.no_queue_ahead,
+        loaded_step_interval_s=args.step_interval_ms / 1e3,
+        max_decodes_in_flight=args.decodes_in_flight,
     )
     if args.slack_chunks is not None:  # (seconds ahead, frames) pairs, "" for none
         pairs = [float(x) for x in args.slack_chunks.split(",") if x]
@@ -369,6 +373,7 @@ def main() -> None:
     ap.add_argument("--row-us", type=float, default=35.0)
     ap.add_argument("--device", choices=("none", "h200"), default="none", help="h200: H200Model (docstring)")
     ap.add_argument("--no-queue-ahead", action="store_true", help="EngineConfig.queue_ahead off")
+    ap.add_argument("--decodes-in-flight", type=int, default=1, help="EngineConfig.max_decodes_in_flight")
     ap.add_argument("--step-interval-ms", type=float, default=0.0, help="EngineConfig.loaded_step_interval_s")
     ap.add_argument("--slack-chunks", help="ChunkSchedule.slack_frames as s,frames,s,frames ('' = none)")
     ap.add_argument("--profile", action="store_true")

@@ -96,6 +96,10 @@ class EngineConfig:
     # model allows it (Model.steps_in_flight): the device runs steps back to back while the worker
     # records, plans and hands out audio; a stream that ends in one step may run one more, discarded
     queue_ahead: bool = True
+    # codec work begun and not yet handed out, past which the worker waits for the oldest: a stage 2
+    # that falls behind holds the frame steps back instead of letting its audio, and a new stream's
+    # first chunk queued behind it, grow later and later
+    max_decodes_in_flight: int = 1
     # with this many streams ready (engine.LOADED_ROWS), a frame step begins no sooner than this after
     # the one before: fewer, fuller steps (and codec calls) when the device is the limit; 0 = never held
     loaded_step_interval_s: float = 0.0

@@ -63,9 +63,6 @@ from .text_feeder import ClauseFeeder, WordFeeder
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
-# codec work begun and not yet handed out, past which the worker waits for the oldest: a stage 2
-# that falls behind holds the frame steps back instead of letting its audio grow later and later
-MAX_DECODES_IN_FLIGHT = 2
 LOADED_ROWS = 64  # ready streams from which EngineConfig.loaded_step_interval_s applies
 
 _T = TypeVar("_T")
@@ -509,12 +506,12 @@ class Engine:
 
     def _take_decoded(self, wait: bool) -> int:
         """Hands out the audio of begun codec work, oldest first, as far as it is done: waits for it
-        when ``wait``, or for the oldest while more than MAX_DECODES_IN_FLIGHT are begun. Returns how
-        many pieces of codec work it took."""
+        when ``wait``, or for the oldest while more than ``max_decodes_in_flight`` are begun. Returns
+        how many pieces of codec work it took."""
         taken = 0
         while self._decoding:
             due, finish = self._decoding[0]
-            if not (wait or len(self._decoding) > MAX_DECODES_IN_FLIGHT or finish.done()):
+            if not (wait or len(self._decoding) > self.config.max_decodes_in_flight or finish.done()):
                 break
             self._decoding.popleft()
             taken += 1
