@@ -174,7 +174,7 @@ if [ "$MODE" = throughput ]; then
     stamp "$OUT/throughput_h200.json"
   fi
   if want tests; then
-    step tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py
+    step tests 300 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py
     suites_json "$OUT/gpu_tests_qwen3_h200.json" "the Qwen3 GPU tests on the lent GPU" "$CMD|$RC|$SECS"
     stamp "$OUT/gpu_tests_qwen3_h200.json"
   fi
