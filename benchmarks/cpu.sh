@@ -12,6 +12,9 @@
 #     queue                the same overload with the admission queue off and on (2 streams)  -> admission_queue_cpu.json
 #     core                 the engine-core boundary per chunk, engine TTFP in process and through a core,
 #                          10 WebRTC peers' packet gaps with the engine in and out of the gateway -> core_ipc_cpu.json
+#     sim                  the engine around a simulated H200 (benchmarks/host_overhead.py --device h200: the
+#                          measured graph times on two device queues), served and without a step queued ahead,
+#                          at 150, 200 and 240 req/s                                    -> h200_sim_cpu.json
 #
 # Files go to $OUT (default benchmarks/results, where the README's rows point), each with a "meta"
 # object first (command, commit, machine, date: benchmarks/meta.sh). Each benchmark starts its own
@@ -60,6 +63,34 @@ fi
 if want words; then
   step words 600 "$PY" benchmarks/word_timing.py --out "$OUT/word_timing_cpu.json"
   stamp "$OUT/word_timing_cpu.json"
+fi
+
+if want sim; then
+  runs=()
+  for v in served noahead; do
+    for r in 150 200 240; do
+      flags=()
+      [ $v = noahead ] && flags=(--no-queue-ahead)
+      step "sim-$v-$r" 200 "$PY" benchmarks/host_overhead.py --device h200 --rate "$r" --duration-s 6 \
+        "${flags[@]}" --out "/tmp/sim_${v}_$r.json"
+      runs+=("$CMD")
+    done
+  done
+  "$PY" - "$OUT/h200_sim_cpu.json" << 'EOF'
+import json, sys
+out = {"what": "the engine (this CPU) around a simulated H200: host_overhead.py --device h200, per variant and rate",
+       "variants": {}}
+for v in ("served", "noahead"):
+    for r in (150, 200, 240):
+        try:
+            d = json.load(open(f"/tmp/sim_{v}_{r}.json"))
+        except (OSError, ValueError) as err:
+            d = {"error": repr(err)}
+        out["variants"].setdefault(v, {})[str(r)] = d
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+EOF
+  CMD=$(printf '%s; ' "${runs[@]}") CMD=${CMD%; }
+  stamp "$OUT/h200_sim_cpu.json"
 fi
 
 if want queue; then

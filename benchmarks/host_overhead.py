@@ -124,16 +124,19 @@ H200_CODEC_MS = {
 SHARED_RATE = 0.52
 
 
-def _interp(table: dict[int, float], x: float, log: bool = False) -> float:
+def _interp(table: dict[int, float], x: float) -> float:
+    """Piecewise linear in ``x``; past the last key in proportion to it."""
     keys = sorted(table)
-    f = (lambda v: float(np.log2(v))) if log else float
     if x <= keys[0]:
         return table[keys[0]]
     for lo, hi in itertools.pairwise(keys):
         if x <= hi:
-            w = (f(x) - f(lo)) / (f(hi) - f(lo))
-            return table[lo] + w * (table[hi] - table[lo])
+            return table[lo] + (x - lo) / (hi - lo) * (table[hi] - table[lo])
     return table[keys[-1]] * x / keys[-1]
+
+
+def codec_call_ms(rows: int, frames: int) -> float:
+    return _interp({b: _interp(row, frames) for b, row in H200_CODEC_MS.items()}, rows)
 
 
 class DeviceQueues:
@@ -255,8 +258,7 @@ class H200Model(NullModel):
         for call in plan_codec_calls(frames, graphed, buckets):
             t = padded_frames(frames[call[0]], graphed)
             b = bucket_for(len(call), buckets)
-            by_t = {k: _interp(row, t) for k, row in H200_CODEC_MS.items()}
-            job = self.device.submit("codec", _interp(by_t, b, log=True), "codec")
+            job = self.device.submit("codec", codec_call_ms(b, t), "codec")
             self.codec_shapes[(b, t)] += 1
             self.codec_frames += sum(frames[i] for i in call)
         return Queued(lambda: self.device.wait(job) or out, lambda: self.device.is_done(job))
@@ -309,14 +311,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "null",
         args.max_slots,
         queue_ahead=not args.no_queue_ahead,
-        loaded_step_interval_s=args.step_interval_ms / 1e3,
         max_decodes_in_flight=args.decodes_in_flight,
     )
-    if args.slack_chunks is not None:  # (seconds ahead, frames) pairs, "" for none
-        pairs = [float(x) for x in args.slack_chunks.split(",") if x]
-        cfg = dataclasses.replace(
-            cfg, chunks=dataclasses.replace(cfg.chunks, slack_frames=tuple(zip(pairs[::2], map(int, pairs[1::2]), strict=True)))
-        )
     engine = Engine(cfg, model=model).start()
     prof = WorkerProfile(engine)
     res: dict[str, Any] = {}
@@ -374,8 +370,6 @@ def main() -> None:
     ap.add_argument("--device", choices=("none", "h200"), default="none", help="h200: H200Model (docstring)")
     ap.add_argument("--no-queue-ahead", action="store_true", help="EngineConfig.queue_ahead off")
     ap.add_argument("--decodes-in-flight", type=int, default=1, help="EngineConfig.max_decodes_in_flight")
-    ap.add_argument("--step-interval-ms", type=float, default=0.0, help="EngineConfig.loaded_step_interval_s")
-    ap.add_argument("--slack-chunks", help="ChunkSchedule.slack_frames as s,frames,s,frames ('' = none)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

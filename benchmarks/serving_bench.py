@@ -369,7 +369,6 @@ SERVE_VARIANTS: dict[str, dict[str, Any]] = {
     "b128": {"max_batch": 128},
     "b256": {"max_batch": 256},
     "noahead": {"queue_ahead": False},  # no frame step queued behind the running one
-    "paced15": {"loaded_step_interval_s": 0.015},  # loaded: a frame step at most every 15 ms
     "decodes2": {"max_decodes_in_flight": 2},  # two pieces of codec work queued beside the running one
 }
 

@@ -100,7 +100,4 @@ class EngineConfig:
     # that falls behind holds the frame steps back instead of letting its audio, and a new stream's
     # first chunk queued behind it, grow later and later
     max_decodes_in_flight: int = 1
-    # with this many streams ready (engine.LOADED_ROWS), a frame step begins no sooner than this after
-    # the one before: fewer, fuller steps (and codec calls) when the device is the limit; 0 = never held
-    loaded_step_interval_s: float = 0.0
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

@@ -63,7 +63,6 @@ from .text_feeder import ClauseFeeder, WordFeeder
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
-LOADED_ROWS = 64  # ready streams from which EngineConfig.loaded_step_interval_s applies
 
 _T = TypeVar("_T")
 
@@ -100,7 +99,6 @@ class Engine:
         self._stepping: deque[tuple[StepPlan, Callable[[], list[GenerateResult]]]] = deque()
         self._decoding: deque[tuple[list[DecodeWork], Queued[list[Decoded]]]] = deque()
         self._steps_ahead = 1  # frame steps begun at once: set by start() from the config and the model
-        self._last_begin = 0.0  # perf_counter when the last frame step was begun
         self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
         self._device_wait_base = 0.0
 
@@ -263,10 +261,9 @@ class Engine:
     def _decode_pending(self) -> bool:
         return any(lv.request.generation_done and not lv.request.final_sent for lv in self._live.values())
 
-    def _drain(self, block: bool, wait_s: float = IDLE_WAIT_S) -> bool:
-        """Handles the commands that came in (waiting up to ``wait_s`` for one when ``block``); True
-        when there were any."""
-        wait_s = min(wait_s, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
+    def _drain(self, block: bool) -> bool:
+        """Handles the commands that came in (waiting for one when ``block``); True when there were any."""
+        wait_s = min(IDLE_WAIT_S, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
         try:
             cmd = self._commands.get(timeout=wait_s) if block else self._commands.get_nowait()
         except queue.Empty:
@@ -384,17 +381,9 @@ class Engine:
     def _step(self, ready: set[int]) -> None:
         t0 = time.perf_counter()
         model = self.model
-        interval = self.config.loaded_step_interval_s
-        hold_s = self._last_begin + interval - t0 if interval and len(ready) >= LOADED_ROWS else 0.0
-        plan = (
-            self._scheduler.plan_generate(ready)
-            if len(self._stepping) < self._steps_ahead and hold_s <= 0
-            else None
-        )
+        plan = self._scheduler.plan_generate(ready) if len(self._stepping) < self._steps_ahead else None
         begun = plan is not None and self._begin_step(plan)
         rows = len(plan.generate_slots) if plan is not None and begun else 0
-        if begun:
-            self._last_begin = t0
         if not (self.config.overlap_decode and model.decode_overlaps):
             # stage 2 on the worker's own queue: the step's frames, then the chunks they complete
             while self._stepping:
@@ -416,8 +405,6 @@ class Engine:
             self._begin_decode(due)
             taken += self._take_decoded(wait=not (self._stepping or begun))  # nothing else to wait for
         if not (rows or due or taken):
-            if hold_s > 0 and not self._stepping:  # a loaded engine waits for its next step's time
-                self._drain(block=True, wait_s=hold_s)
             return  # nothing was begun or handed out: not a step
         t2 = time.perf_counter()
         self.stats.record_step(t1 - t0, t2 - t1, rows, model.device_wait_s() - self._device_wait_base)
