@@ -145,7 +145,7 @@ class Qwen3TTSModel(Model):
 
             compile_elementwise((self.talker, self.code_predictor))
             compile_sampler(self.step)
-        self.decode_buckets = options.decode_buckets or _default_buckets(options.max_batch_size)
+        self.decode_buckets = options.decode_buckets or default_decode_buckets(options.max_batch_size)
         self.prefill_batches = powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
         self.prefill_lens = tuple(b for b in options.prefill_len_buckets if b <= options.max_seq_len)
         self.graphs = CudaGraphs(dev, options.cuda_graphs)
@@ -462,7 +462,7 @@ class Qwen3TTSModel(Model):
         return st
 
 
-def _default_buckets(limit: int) -> tuple[int, ...]:
+def default_decode_buckets(limit: int) -> tuple[int, ...]:
     """1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96 ...: a padded bucket runs at most 1/3 empty rows."""
     out = [b for b in (1, 2, 4, 8) if b < limit]
     b = 8
