@@ -181,7 +181,11 @@ class H200Model(NullModel):
             job = self.device.submit("codec", codec_call_ms(b, t), "codec")
             self.codec_shapes[(b, t)] += 1
             self.codec_frames += sum(frames[i] for i in call)
-        return Queued(lambda: self.device.wait(job) or out, lambda: self.device.is_done(job))
+        def wait() -> list[Decoded]:
+            self.device.wait(job)
+            return out
+
+        return Queued(wait, lambda: self.device.is_done(job))
 
     def close_slot(self, slot: int) -> None:
         super().close_slot(slot)

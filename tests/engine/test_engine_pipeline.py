@@ -108,10 +108,12 @@ class _PipelinedModel(Model):
     def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
         out = self.decode_timed(work)
         ends_at = self.codec.begin(CODEC_S)
-        return Queued(
-            lambda: time.sleep(max(0.0, ends_at - time.perf_counter())) or out,
-            lambda: time.perf_counter() >= ends_at,
-        )
+
+        def wait() -> list[Decoded]:
+            time.sleep(max(0.0, ends_at - time.perf_counter()))
+            return out
+
+        return Queued(wait, lambda: time.perf_counter() >= ends_at)
 
     def close_slot(self, slot: int) -> None:
         if self.begun.get(slot):
