@@ -37,7 +37,7 @@ def main() -> None:
     mods = build_modules(preset(args.size), dev, torch.bfloat16, torch.bfloat16)
     randomize(mods, 0)
     codec = mods.codec
-    codec.prepare(snake_kernel=True)
+    codec.prepare(kernels=True)
     q, fs = codec.cfg.num_quantizers, codec.cfg.frame_samples
     res: dict[str, Any] = {"command": " ".join(sys.argv), "env": env(dev), "calls": {}, "kernels": {}}
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -70,7 +70,7 @@ def main() -> None:
     codes = torch.randint(0, codec.cfg.codebook_size, (3, q, 12), device=dev, generator=gen)
     pcm16 = codec.decode(codes)
     codec.float()
-    codec.prepare(snake_kernel=True)
+    codec.prepare(kernels=True)
     pcm32 = codec.decode(codes)
     err = (pcm16 - pcm32).norm() / pcm32.norm()
     res["bf16_vs_fp32_rel_err"] = float(err)

@@ -212,9 +212,9 @@ if [ "$MODE" = kernels ]; then
   if want codec; then
     # the codec is the same for both sizes: the 0.6B build captures its graphs fastest
     cmds=()
-    for v in torch-snake kernel-heuristics served; do
+    for v in torch-ops kernel-heuristics served; do
       case $v in
-        torch-snake) flags=(--torch-snake --cudnn-heuristics) ;;
+        torch-ops) flags=(--codec-torch-ops --cudnn-heuristics) ;;
         kernel-heuristics) flags=(--cudnn-heuristics) ;;
         served) flags=() ;;
       esac
@@ -225,9 +225,9 @@ if [ "$MODE" = kernels ]; then
     python3 - "$OUT/codec_h200.json" << 'EOF'
 import json, os, sys
 variants = {}
-for v, what in (("torch-snake", "SnakeBeta as torch ops, cuDNN's heuristic conv algorithms"),
-                ("kernel-heuristics", "SnakeBeta kernel, cuDNN's heuristic conv algorithms"),
-                ("served", "SnakeBeta kernel, conv algorithms timed by cuDNN during capture (served)")):
+for v, what in (("torch-ops", "SnakeBeta, norms and SwiGLU as torch ops, cuDNN's heuristic conv algorithms"),
+                ("kernel-heuristics", "the codec's kernels, cuDNN's heuristic conv algorithms"),
+                ("served", "the codec's kernels, conv algorithms timed by cuDNN during capture (served)")):
     try:
         d = json.load(open(f"/tmp/codec_{v}.json"))
         variants[v] = {"what": what, "command": d.get("command"), "serve_model": d.get("serve_model"), "codec": d.get("codec")}

@@ -499,7 +499,9 @@ def main() -> None:
     ap.add_argument("--length-scale", type=float, default=1.0)
     ap.add_argument("--compile", action="store_true", help="serve with torch.compile'd elementwise ops")
     ap.add_argument("--no-fused", action="store_true", help="serve on the unfused layers (no fused kernels)")
-    ap.add_argument("--torch-snake", action="store_true", help="codec SnakeBeta on torch ops, not the kernel")
+    ap.add_argument(
+        "--codec-torch-ops", action="store_true", help="the codec's SnakeBeta, norms and SwiGLU on torch ops, not kernels"
+    )
     ap.add_argument(
         "--cudnn-heuristics", action="store_true", help="codec graphs on cuDNN's heuristic conv algorithms"
     )
@@ -567,7 +569,7 @@ def main() -> None:
             ExperimentalOptions(
                 compile_elementwise=args.compile,
                 fused_kernels=not args.no_fused,
-                codec_snake_kernel=False if args.torch_snake else None,
+                codec_kernels=False if args.codec_torch_ops else None,
             ),
             codec_cudnn_benchmark=not args.cudnn_heuristics,
             codec_graph_frames=args.codec_frames,
@@ -575,7 +577,7 @@ def main() -> None:
         res["serve_model"] = {
             "compile_elementwise": args.compile,
             "fused_kernels": not args.no_fused,
-            "codec_snake_kernel": not args.torch_snake,
+            "codec_kernels": not args.codec_torch_ops,
             "codec_cudnn_benchmark": not args.cudnn_heuristics,
             "build_and_capture_s": round(time.perf_counter() - t0, 1),
             "capture_s": round(model.graphs.capture_s, 1),

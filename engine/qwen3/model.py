@@ -95,7 +95,7 @@ class Qwen3TTSModel(Model):
         for m in (self.talker, self.code_predictor, self.codec):
             m.eval().requires_grad_(False)
         experimental = options.experimental
-        self.codec.prepare(experimental.codec_snake_kernel)
+        self.codec.prepare(experimental.codec_kernels)
         p = next(self.talker.parameters())
         self.device, self.dtype = p.device, p.dtype
         t = cfg.talker

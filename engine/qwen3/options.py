@@ -54,8 +54,9 @@ class ExperimentalOptions:
     # (needs TRITON_INTERPRET=1: tests); False = the unfused layers
     fused_kernels: bool | None = None
     fused: FusedSettings = field(default_factory=FusedSettings)
-    # codec SnakeBeta activations on the one-pass Triton kernel (kernels/snake.py): None = on CUDA
-    codec_snake_kernel: bool | None = None
+    # the codec's SnakeBeta activations, RMS norms and SwiGLU activations on their Triton kernels
+    # (kernels/snake.py, kernels/fused_linear.py's row kernels): None = on CUDA; False = torch ops
+    codec_kernels: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,20 @@ def test_snake_kernel_matches_the_reference(device: str, shape: tuple[int, int, 
         assert rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2), (dtype, rel_err(out, ref))
 
 
+def test_snake_kernel_sin_holds_for_large_arguments(device: str) -> None:
+    """The kernel reduces x * a by pi itself: arguments of up to ~1e4 (far past the trained range)
+    still give sin^2 to ~1e-6, here with v = x (no shift) and inv_b = 1 so the sin term is exposed."""
+    c = 64
+    g = torch.Generator().manual_seed(5)
+    a = torch.logspace(-2, 2, c).to(device)
+    x = (torch.rand(3, 200, c, generator=g) * 200 - 100).to(device)
+    ones = torch.ones(c, device=device)
+    got = snake(x, a, ones) - x
+    want = torch.sin((x * a).double()) ** 2  # of the float32 product, as the kernel takes it
+    assert float((got.double() - want).abs().max()) < 2e-5  # |x| <= 100 rounds y = x + s to ~4e-6
+    assert got.min() > -1e-5 and got.max() < 1 + 2e-5
+
+
 def test_snake_kernel_reads_strided_inputs(device: str) -> None:
     """x a slice along time, the prefix a view into a flat (B, N) state row: both batch-strided."""
     a, inv_b, shift = _consts(4, device, seed=3)
@@ -78,15 +92,16 @@ def test_snake_kernel_rejects_bad_inputs() -> None:
         snake(torch.zeros(1, 4, 5).transpose(1, 2), a, a)
 
 
-def test_codec_on_the_snake_kernel_decodes_like_the_torch_ops(device: str) -> None:
-    """The whole streaming decoder (tiny shapes, fp32) with every SnakeBeta on the kernel."""
+def test_codec_on_its_kernels_decodes_like_the_torch_ops(device: str) -> None:
+    """The whole streaming decoder (tiny shapes, fp32) with every SnakeBeta, RMS norm and SwiGLU
+    activation on its kernel."""
     torch.manual_seed(0)
     codec = CodecDecoder(preset("tiny").codec).to(device)
     with torch.no_grad():
         for p in codec.parameters():
             p.normal_(0, 0.05)
     codes = torch.randint(0, codec.cfg.codebook_size, (2, codec.cfg.num_quantizers, 3), device=device)
-    codec.prepare(snake_kernel=False)
+    codec.prepare(kernels=False)
     ref = codec.decode(codes)
-    codec.prepare(snake_kernel=True)
+    codec.prepare(kernels=True)
     assert rel_err(codec.decode(codes), ref) < 1e-5
