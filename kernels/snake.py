@@ -33,11 +33,11 @@ ELEMENTS = 4096  # per program: a (rows x columns) tile of the output
 # reduction stays exact to ~1e-7 for |z| up to ~1e5), then sin r is an odd Taylor polynomial to r^11,
 # within 6e-8 of sin on that interval. Libdevice's sinf does a three-part reduction with a branch to
 # a slow path for large arguments: about 3x the instructions, and this kernel is bound by them.
-INV_PI = 0.3183098861837907
-PI_HI = 3.1415927410125732  # float32(pi)
-PI_LO = -8.742278012618954e-08  # pi - PI_HI
-SIN_C3, SIN_C5, SIN_C7 = -1.0 / 6, 1.0 / 120, -1.0 / 5040
-SIN_C9, SIN_C11 = 1.0 / 362880, -1.0 / 39916800
+INV_PI = tl.constexpr(0.3183098861837907)
+PI_HI = tl.constexpr(3.1415927410125732)  # float32(pi)
+PI_LO = tl.constexpr(-8.742278012618954e-08)  # pi - PI_HI
+SIN_C3, SIN_C5, SIN_C7 = tl.constexpr(-1.0 / 6), tl.constexpr(1.0 / 120), tl.constexpr(-1.0 / 5040)
+SIN_C9, SIN_C11 = tl.constexpr(1.0 / 362880), tl.constexpr(-1.0 / 39916800)
 
 
 @triton.jit

@@ -2,11 +2,11 @@
 
 One call runs its rows padded to a common frame count: the smallest graphed count that fits the
 longest chunk (a chunk longer than every graph runs eagerly at its own length). Padding is not free:
-a lone 12-frame chunk next to fifteen 1-frame first chunks makes them all pay for 12 frames (~6.2 ms
-on the H200 instead of ~4.3 ms for two calls), while similar sizes are cheaper together than apart. A
-call costs about CODEC_CALL_MS + CODEC_FRAME_MS per padded frame (bucket rows x frames); chunks of
-one padded size always share calls, so the choice is where to cut the few (<= 7) size classes: a DP
-over them, microseconds of host time per tick.
+a lone 12-frame chunk next to fifteen 1-frame first chunks makes them all pay for 12 frames, while
+similar sizes are cheaper together than apart. A call costs about CODEC_CALL_MS, plus CODEC_ROW_MS
+per bucket row and CODEC_FRAME_MS per padded frame (bucket rows x frames); chunks of one padded
+size always share calls, so the choice is where to cut the few (<= 7) size classes: a DP over them,
+microseconds of host time per tick.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from collections.abc import Sequence
 
 from .cuda_graphs import bucket_for
 
-# Estimated codec call time on the H200 (bf16, graphs, the time-major decoder): a fit of
-# benchmarks/results/throughput_h200.json [codec], 1-64 rows x 1-48 frames, within 10% from 4 rows
-# x 1 frame to 64 x 48: ~1.85 ms per call plus ~0.0225 ms per padded frame (16 rows x 12 frames: 6.3
-# ms), so a call costs as much as ~80 padded frames. Only used to choose how to split a tick.
-CODEC_CALL_MS = 1.85
-CODEC_FRAME_MS = 0.0225
+# Estimated codec call time on the H200 (bf16, graphs): a least-squares fit of
+# benchmarks/results/codec_h200.json [calls], 1-64 rows x 1-48 frames, within 10% everywhere
+# (1 x 1: 1.03 ms, 16 x 12: 4.88, 64 x 48: 55.8): a call costs as much as ~60 padded frames. Only
+# used to choose how to split a tick.
+CODEC_CALL_MS = 1.08
+CODEC_ROW_MS = 0.016
+CODEC_FRAME_MS = 0.0175
 
 
 def padded_frames(n_frames: int, graphed: Sequence[int]) -> int:
@@ -45,7 +46,9 @@ def plan_codec_calls(
     def cost(t: int, rows: int) -> float:
         full, rest = divmod(rows, biggest)
         calls = [biggest] * full + ([rest] if rest else [])
-        return sum(CODEC_CALL_MS + CODEC_FRAME_MS * bucket_for(r, buckets) * t for r in calls)
+        return sum(
+            CODEC_CALL_MS + (CODEC_ROW_MS + CODEC_FRAME_MS * t) * bucket_for(r, buckets) for r in calls
+        )
 
     # best[i]: the cheapest split of classes [0, i) -> (estimated ms, the classes that start a call)
     best: list[tuple[float, list[int]]] = [(0.0, [])]

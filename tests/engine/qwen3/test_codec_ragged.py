@@ -189,7 +189,7 @@ def test_a_tick_splits_only_where_padding_costs_more_than_a_call() -> None:
     assert groups([1] * 6) == [list(range(6))]
     # one long chunk with fifteen first chunks: the 1-frame chunks must not pay for 12 frames
     assert groups([12] + [1] * 15) == [[0], list(range(1, 16))]
-    # similar sizes share a call (the padding costs less than a call's ~1.85 ms)
+    # similar sizes share a call (the padding costs less than a call's ~1.1 ms)
     assert groups([12, 8, 1]) == [[0, 1, 2]]
     # past a full bucket the rest share one call: 7 rows padded to 12 frames cost less than two calls
     assert [len(g) for g in groups([12] * 20 + [1] * 3)] == [16, 7]
