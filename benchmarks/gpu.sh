@@ -18,7 +18,8 @@
 #       levers     1.7B engine alone, open loop past the knee, one build: the served engine against
 #                  the same engine with each lever off (VARIANTS, RATES, MAX_BATCH, PREFILL_BATCH override) -> throughput_h200.json
 #       tests      tests/engine/qwen3/test_gpu.py (overlapped decode and long chunks equal the serial
-#                  audio; streaming equals offline for every chunk cadence)      -> gpu_tests_qwen3_h200.json
+#                  audio; streaming equals offline for every chunk cadence; TESTS_K: pytest's -k
+#                  expression, to run some of them)                              -> gpu_tests_qwen3_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh front-door           # README "Through the front door" (~9 min)
 #       `voicewire serve --model qwen3-tts --qwen-size SIZE --device cuda --random-weights SERVE_FLAGS`
 #       (the README's command), probed from another process: open loop, a session per turn, whole
@@ -174,7 +175,7 @@ if [ "$MODE" = throughput ]; then
     stamp "$OUT/throughput_h200.json"
   fi
   if want tests; then
-    step tests 300 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py
+    step tests 300 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py ${TESTS_K:+-k "$TESTS_K"}
     suites_json "$OUT/gpu_tests_qwen3_h200.json" "the Qwen3 GPU tests on the lent GPU" "$CMD|$RC|$SECS"
     stamp "$OUT/gpu_tests_qwen3_h200.json"
   fi

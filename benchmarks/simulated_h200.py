@@ -30,14 +30,15 @@ from voicewire.engine.qwen3.model import default_decode_buckets
 
 # The served 1.7B engine's graphs on one H200 (bf16, ms): the decode graph per batch bucket
 # (step_1.7b_h200.json, step_profile_large_batch_h200.json), the prefill of b prompts of 16 positions
-# (2.41 ms for 8, 4.49 for 32), the codec per (streams, frames) call (throughput_h200.json [codec]).
+# (2.41 ms for 8, 4.49 for 32), the codec per (streams, frames) call (codec_bench_h200.json
+# [after.calls]; the shapes it did not time from codec_plan.py's fit of it).
 H200_DECODE_MS = {1: 2.92, 64: 5.77, 128: 7.01, 256: 8.46, 512: 13.59}
 H200_PREFILL_MS = (1.72, 0.0867)  # + per prompt
 H200_CODEC_MS = {
-    1: {1: 1.69, 2: 1.81, 4: 1.83, 12: 1.96, 24: 2.22, 48: 2.72},
-    4: {1: 1.90, 2: 1.97, 4: 2.13, 12: 2.85, 24: 3.92, 48: 5.97},
-    16: {1: 2.37, 2: 2.86, 4: 3.50, 12: 6.28, 24: 9.98, 48: 17.70},
-    64: {1: 4.56, 2: 6.22, 4: 8.59, 12: 18.57, 24: 33.97, 48: 65.72},
+    1: {1: 1.03, 2: 1.13, 4: 1.17, 12: 1.26, 24: 1.52, 48: 1.94},
+    4: {1: 1.21, 2: 1.28, 4: 1.40, 12: 1.98, 24: 2.82, 48: 4.50},
+    16: {1: 1.55, 2: 1.90, 4: 2.49, 12: 4.88, 24: 8.06, 48: 14.72},
+    64: {1: 3.22, 2: 4.34, 4: 6.69, 12: 15.29, 24: 28.98, 48: 55.82},
 }
 # The decode graph at 256 rows beside a codec graph and a codec graph beside it: both chains at once
 # take 96% of their time back to back (overlap_contention_h200.json), so each runs at ~0.52

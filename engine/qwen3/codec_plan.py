@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from .cuda_graphs import bucket_for
 
 # Estimated codec call time on the H200 (bf16, graphs): a least-squares fit of
-# benchmarks/results/codec_h200.json [calls], 1-64 rows x 1-48 frames, within 10% everywhere
+# benchmarks/results/codec_bench_h200.json [after.calls], 1-64 rows x 1-48 frames, within 10% everywhere
 # (1 x 1: 1.03 ms, 16 x 12: 4.88, 64 x 48: 55.8): a call costs as much as ~60 padded frames. Only
 # used to choose how to split a tick.
 CODEC_CALL_MS = 1.08
