@@ -77,9 +77,9 @@ def _snake_kernel(
     PAIR: tl.constexpr,
     WHOLE_HALVES: tl.constexpr,  # a pair's column tile lies in one half (BW divides C)
 ):
-    # Index math per row, per column, or per program, never per element: an integer division is tens
-    # of instructions, and a column index the compiler cannot see as contiguous stops it from
-    # vectorizing the loads (one 2-byte load an element instead of one 16-byte load per eight).
+    # Index math per row, per column or per program, never per element (an integer division is tens
+    # of instructions): a plain or prefix tile reads one source row per output row, and so does a
+    # pair's tile that lies within one half; only a pair with BW not dividing C needs one per element.
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     w = tl.program_id(1) * BW + tl.arange(0, BW)
     b = (r // L).to(tl.int64)

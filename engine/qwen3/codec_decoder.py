@@ -242,15 +242,12 @@ def _last_valid(pair: Tensor, cin: int, io: StateIO) -> Tensor:
 
 
 class LayerScale(nn.Module):
-    """A per-channel scale on a residual branch; the decoder folds it into the projection before it
-    (``CodecLayer.prepare``), so this holds the checkpoint's parameter and runs only in tests."""
+    """The checkpoint's per-channel scale of a residual branch; ``CodecLayer.prepare`` folds it into
+    the projection that ends the branch, so it is never applied on its own."""
 
     def __init__(self, dim: int, init: float) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x
 
 
 class WindowAttention(nn.Module):
@@ -288,7 +285,9 @@ class WindowAttention(nn.Module):
         # the tail keeps K's heads then V's (B, 2 KVH, tail, hd), one piece of state for both
         kv = torch.cat((io.take(2 * kvh, self.tail, hd), torch.cat((qk[:, h:], v), dim=1)), dim=2)
         io.put(kv, self.tail, dim=2)
-        out = F.scaled_dot_product_attention(qk[:, :h], kv[:, :kvh], kv[:, kvh:], attn_mask=mask, enable_gqa=h != kvh)
+        out = F.scaled_dot_product_attention(
+            qk[:, :h], kv[:, :kvh], kv[:, kvh:], attn_mask=mask, enable_gqa=h != kvh
+        )
         return out.transpose(1, 2).reshape(b, t, h * hd)
 
 
@@ -364,7 +363,8 @@ class CodecTransformer(nn.Module):
         # additive, so attention does not convert a boolean mask in every layer. Every query sees
         # itself, so no row is all -inf.
         allowed = (diff >= 0) & (diff < self.window) & (k_pos[:, None, :] >= 0)
-        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
+        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+        mask.masked_fill_(~allowed, float("-inf"))
         cos, sin = cos_sin(q_pos, self.rope_freqs)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         h = self.input_proj(x)
