@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 from null_model import NullModel
 
 from voicewire.engine.model import Decoded, DecodeWork, GenerateResult, Queued, StreamParams
+from voicewire.engine.qwen3 import CODEC_MAX_BATCH, CODEC_MAX_FRAMES_CUDA
 from voicewire.engine.qwen3.codec_plan import padded_frames, plan_codec_calls
 from voicewire.engine.qwen3.cuda_graphs import bucket_for, frame_ladder, powers_of_two
-from voicewire.engine.qwen3.model import default_decode_buckets
+from voicewire.engine.qwen3.model import SLACK_CHUNK_FRAMES, default_decode_buckets
 
 # The served 1.7B engine's graphs on one H200 (bf16, ms): the decode graph per batch bucket
 # (step_1.7b_h200.json, step_profile_large_batch_h200.json), the prefill of b prompts of 16 positions
@@ -134,8 +135,8 @@ class H200Model(NullModel):
 
     def __init__(self, max_slots: int, max_batch: int) -> None:
         super().__init__(max_slots, max_batch)
-        # as Qwen3TTSModel with codec graphs of 24 and 48 frames: longer chunks for streams ahead
-        self.info = dataclasses.replace(self.info, slack_chunk_frames=((2.0, 24), (6.0, 48)))
+        # as Qwen3TTSModel with its CUDA codec graphs: longer chunks for streams ahead
+        self.info = dataclasses.replace(self.info, slack_chunk_frames=SLACK_CHUNK_FRAMES)
         self.codec_shapes: Counter[tuple[int, int]] = Counter()  # (rows bucket, frames) of each call
         self.codec_frames = 0  # frames decoded, padding not counted
         self.device = DeviceQueues()
@@ -171,7 +172,7 @@ class H200Model(NullModel):
 
     def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
         frames = sorted((w.n_frames for w in work if w.n_frames), reverse=True)
-        graphed, buckets = frame_ladder(48), powers_of_two(64)
+        graphed, buckets = frame_ladder(CODEC_MAX_FRAMES_CUDA), powers_of_two(CODEC_MAX_BATCH)
         out = self.decode_timed(work)
         if not frames:
             return Queued.finished(out)

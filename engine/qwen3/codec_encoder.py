@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import CodecEncoderConfig
+from .layers import LayerScale
 from .rope import cos_sin, inv_freq, rotate
 
 USAGE_EPS = 1e-5  # floor of a centroid's usage count when the mean is formed
@@ -100,15 +101,6 @@ class SEANetEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x
 
 
 class Attention(nn.Module):

@@ -51,6 +51,19 @@ class RMSNorm(nn.Module):
         return self.fn(x, self.weight, self.eps)
 
 
+class LayerScale(nn.Module):
+    """A per-channel scale on a residual branch (the codec's encoder and decoder transformers). The
+    decoder folds it into the projection that ends the branch (codec_transformer.py) and never
+    applies it on its own."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.scale * x
+
+
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()

@@ -76,6 +76,11 @@ from .weights import Modules
 log = logging.getLogger("voicewire.qwen3")
 
 
+# (seconds of playback slack, frames): chunks of 24 and 48 frames for streams seconds ahead of their
+# listener, where the codec has graphs of them (ModelInfo.slack_chunk_frames)
+SLACK_CHUNK_FRAMES = ((2.0, 24), (6.0, 48))
+
+
 class Qwen3TTSModel(Model):
     def __init__(
         self,
@@ -110,10 +115,9 @@ class Qwen3TTSModel(Model):
             voices=voices,
             random_weights=random_weights,
             voice_encoder=cloner.encoder_id if cloner is not None else "",
-            # chunks of 24 and 48 frames for streams seconds ahead, where the codec has graphs of them
             slack_chunk_frames=tuple(
                 (slack_s, n)
-                for slack_s, n in ((2.0, 24), (6.0, 48))
+                for slack_s, n in SLACK_CHUNK_FRAMES
                 if options.cuda_graphs
                 and self.device.type == "cuda"
                 and n in frame_ladder(options.codec_graph_frames)

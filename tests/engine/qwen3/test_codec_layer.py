@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from voicewire.engine.qwen3.codec_decoder import CodecLayer
 from voicewire.engine.qwen3.codec_state import StateIO
+from voicewire.engine.qwen3.codec_transformer import CodecLayer
 from voicewire.engine.qwen3.layers import rms_norm
 from voicewire.engine.qwen3.presets import preset
 from voicewire.engine.qwen3.rope import cos_sin, inv_freq, rotate
