@@ -269,7 +269,8 @@ class Tracer:
         gen_start, to_host = model.generate_start, model._to_host
 
         def generate_start(slots: Any) -> Any:
-            return timed("generate_finish_ms", timed("generate_launch_ms", gen_start)(slots))
+            results = timed("generate_launch_ms", gen_start)(slots)
+            return Queued(timed("generate_finish_ms", results), results.done)
 
         def codes(x: Any) -> Any:
             return timed("codes_wait_ms", to_host(x))
@@ -278,12 +279,12 @@ class Tracer:
         model._to_host = codes  # type: ignore[method-assign]
         start = runner.decode_start
 
-        def decode_start(work: Any) -> Any:
+        def decode_start(work: Any, urgent: bool = False) -> Any:
             t0 = time.perf_counter()
-            finish = start(work)
+            finish = start(work, urgent)
             self.tick["codec_launch_ms"] = self.tick.get("codec_launch_ms", 0.0) + (time.perf_counter() - t0) * 1e3
-            self.tick["codec_chunks"] = len(work)
-            self.tick["codec_frames"] = sum(w.n_frames for w in work)
+            self.tick["codec_chunks"] = self.tick.get("codec_chunks", 0) + len(work)
+            self.tick["codec_frames"] = self.tick.get("codec_frames", 0) + sum(w.n_frames for w in work)
             return Queued(timed("pcm_wait_ms", finish), finish.done)
 
         runner.decode_start = decode_start  # type: ignore[method-assign]

@@ -370,6 +370,7 @@ SERVE_VARIANTS: dict[str, dict[str, Any]] = {
     "b256": {"max_batch": 256},
     "noahead": {"queue_ahead": False},  # no frame step queued behind the running one
     "decodes2": {"max_decodes_in_flight": 2},  # two pieces of codec work queued beside the running one
+    "nourgent": {"urgent_slack_s": 0.0},  # first chunks queued with the bulk codec work (no urgent lane)
 }
 
 

@@ -100,4 +100,9 @@ class EngineConfig:
     # that falls behind holds the frame steps back instead of letting its audio, and a new stream's
     # first chunk queued behind it, grow later and later
     max_decodes_in_flight: int = 1
+    # chunks of streams less than this far ahead of their listener (every first chunk among them)
+    # are decoded apart from the rest, on the model's urgent lane where it has one
+    # (Model.urgent_decode): a new stream's first audio, and the next chunks that keep it playing,
+    # then wait for no bulk codec work of the streams seconds ahead. 0: one piece of codec work a tick
+    urgent_slack_s: float = 0.2
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -63,11 +63,22 @@ from .text_feeder import ClauseFeeder, WordFeeder
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
+# while a frame step runs, finished codec work is looked for this often: a device event has no
+# wait-for-either, and a query costs microseconds
+POLL_S = 0.0002
 
 _T = TypeVar("_T")
 
 
 Command: TypeAlias = OpenStream | StreamCommand | Stop
+
+
+class _CodecWork(NamedTuple):
+    """A piece of codec work begun: its chunks, their audio once done, the lane it runs on."""
+
+    due: list[DecodeWork]
+    finish: Queued[list[Decoded]]
+    urgent: bool
 
 
 class EngineBusy(Exception):
@@ -96,8 +107,8 @@ class Engine:
         self._worker_running = threading.Event()
         self.stats = EngineStats()
         # begun work whose results are not taken yet, oldest first (the pipeline in the module docstring)
-        self._stepping: deque[tuple[StepPlan, Callable[[], list[GenerateResult]]]] = deque()
-        self._decoding: deque[tuple[list[DecodeWork], Queued[list[Decoded]]]] = deque()
+        self._stepping: deque[tuple[StepPlan, Queued[list[GenerateResult]]]] = deque()
+        self._decoding: list[_CodecWork] = []
         self._steps_ahead = 1  # frame steps begun at once: set by start() from the config and the model
         self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
         self._device_wait_base = 0.0
@@ -246,7 +257,7 @@ class Engine:
                 self._finish_step()
         while self._decoding:
             with contextlib.suppress(Exception):
-                self._decoding.popleft()[1]()
+                self._decoding.pop(0).finish()
 
     def _ready(self) -> set[int]:
         model = self.model
@@ -426,6 +437,11 @@ class Engine:
     def _finish_step(self) -> None:
         """The oldest begun step's results recorded. Slots freed during the step are given back here."""
         plan, results = self._stepping.popleft()
+        # urgent codec work that ends while the step runs is handed out then, not after the step:
+        # it is done within a few ms, well before a loaded step
+        while self._urgent_out() and not results.done():
+            if not self._take_decoded(wait=False):
+                time.sleep(POLL_S)
         try:
             try:
                 done = results()
@@ -479,41 +495,77 @@ class Engine:
             )
 
     def _begin_decode(self, due: list[DecodeWork]) -> None:
-        """The due chunks' decode, begun (in order behind the codec work begun before); a failure
-        fails their streams."""
-        if not due:
-            return
+        """The due chunks' decode, begun (in order behind the codec work begun before). Where the
+        model has an urgent lane, the chunks of streams less than ``urgent_slack_s`` ahead go there
+        as a piece of their own, begun first."""
+        slack = self.config.urgent_slack_s
+        if self.model.urgent_decode and slack > 0:
+            urgent = [d for d in due if d.slack_s < slack]
+            if urgent:
+                self._begin_piece(urgent, urgent=True)
+            due = [d for d in due if d.slack_s >= slack]
+        if due:
+            self._begin_piece(due, urgent=False)
+
+    def _begin_piece(self, due: list[DecodeWork], urgent: bool) -> None:
+        """One piece of codec work begun; a failure fails its streams."""
         work = [d for d in due if d.n_frames]
         try:
-            finish = self.model.decode_start(work) if work else Queued.finished([])
+            finish = self.model.decode_start(work, urgent=urgent) if work else Queued.finished([])
         except Exception as err:
             self._decode_failed(due, err)
             return
-        self._decoding.append((due, finish))
+        self._decoding.append(_CodecWork(due, finish, urgent))
 
     def _take_decoded(self, wait: bool) -> int:
-        """Hands out the audio of begun codec work, oldest first, as far as it is done: waits for it
-        when ``wait``, or for the oldest while more than ``max_decodes_in_flight`` are begun. Returns
-        how many pieces of codec work it took."""
+        """Hands out the audio of begun codec work as far as it is done; with ``wait``, or while more
+        than ``max_decodes_in_flight`` bulk pieces are begun, waits for the oldest, handing out an
+        urgent piece behind it as soon as that is done. Returns how many pieces it took."""
         taken = 0
-        while self._decoding:
-            due, finish = self._decoding[0]
-            if not (wait or len(self._decoding) > self.config.max_decodes_in_flight or finish.done()):
-                break
-            self._decoding.popleft()
-            taken += 1
-            try:
-                decoded = iter(finish())
-            except Exception as err:
-                self._decode_failed(due, err)
+        while True:
+            taken += self._take_done()
+            if not self._decoding:
+                return taken
+            if not (wait or sum(not p.urgent for p in self._decoding) > self.config.max_decodes_in_flight):
+                return taken
+            if not self._decoding[0].urgent and self._urgent_out():
+                time.sleep(POLL_S)
                 continue
-            for d in due:
-                live = self._live.get(d.stream_id)
-                chunk = next(decoded) if d.n_frames else Decoded(np.zeros(0, np.float32))
-                if live is None:
-                    continue  # failed or cancelled meanwhile
-                self._emit(live, chunk, d.final, d.text)
+            self._hand_out(self._decoding.pop(0))
+            taken += 1
+
+    def _take_done(self) -> int:
+        """Hands out every piece already done whose streams have no earlier piece out: in order per
+        stream, and an urgent piece (on its own lane) long before the bulk one begun before it."""
+        taken = 0
+        waiting: set[int] = set()  # streams of the pieces still out before the one looked at
+        i = 0
+        while i < len(self._decoding):
+            piece = self._decoding[i]
+            streams = {d.stream_id for d in piece.due}
+            if waiting.isdisjoint(streams) and piece.finish.done():
+                self._hand_out(self._decoding.pop(i))
+                taken += 1
+            else:
+                waiting |= streams
+                i += 1
         return taken
+
+    def _urgent_out(self) -> bool:
+        return any(p.urgent for p in self._decoding)
+
+    def _hand_out(self, piece: _CodecWork) -> None:
+        try:
+            decoded = iter(piece.finish())
+        except Exception as err:
+            self._decode_failed(piece.due, err)
+            return
+        for d in piece.due:
+            live = self._live.get(d.stream_id)
+            chunk = next(decoded) if d.n_frames else Decoded(np.zeros(0, np.float32))
+            if live is None:
+                continue  # failed or cancelled meanwhile
+            self._emit(live, chunk, d.final, d.text)
 
     def _decode_failed(self, due: list[DecodeWork], err: Exception) -> None:
         log.error("decode failed", exc_info=err)

@@ -130,6 +130,7 @@ class DecodeWork:
     final: bool  # the last chunk of this slot: flush any held-back samples
     text: str = ""  # text these frames speak, where the model knows it (for the emitted chunk)
     stream_id: int = 0  # the engine's stream id (bookkeeping for the engine; a model ignores it)
+    slack_s: float = 0.0  # the stream's playback slack when the chunk came due (the engine's, too)
     words: tuple[WordTiming, ...] = ()  # GenerateResult.words of these frames, in frames from the first
 
 
@@ -153,6 +154,11 @@ class Model(ABC):
     # and plan between them (EngineConfig.queue_ahead). Such a model's ``ready`` counts the frames
     # of its begun steps, and a slot that a begun step ended (a stop token) makes nothing in a later one.
     steps_in_flight: int = 1
+    # decode_start(work, urgent=True) runs on a lane of its own, ahead of the codec work begun
+    # before it: the engine then begins the chunks of streams about to run dry apart from the rest
+    # (EngineConfig.urgent_slack_s) and hands out their audio as soon as it is done, which it asks
+    # of the ``done`` of that work and of the running frame step (so both must turn true by themselves)
+    urgent_decode: bool = False
 
     @abstractmethod
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -170,15 +176,14 @@ class Model(ABC):
     def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
         """One stage-1 step for these ready slots (len <= max_batch_size); one result per slot, same order."""
 
-    def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
-        """``generate``, begun: the returned function gives its results. By default all of the work
+    def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
+        """``generate``, begun: calling the result gives its results. By default all of the work
         is done here; a model whose step runs on a device queue returns once the step is queued.
         Until the results are taken, the engine closes none of these slots (a stream that ends
         meanwhile frees its slot after them) and begins at most ``steps_in_flight - 1`` other
         steps, whose results it takes in the order the steps began; it may open other slots, add
         text and run stage 2."""
-        out = self.generate(slots)
-        return lambda: out
+        return Queued.finished(self.generate(slots))
 
     @abstractmethod
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
@@ -197,10 +202,11 @@ class Model(ABC):
         engine's step time less this is the host's time per step."""
         return 0.0
 
-    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
+    def decode_start(self, work: Sequence[DecodeWork], urgent: bool = False) -> Queued[list[Decoded]]:
         """``decode_timed``, begun. By default all of the work is done here; a model whose stage 2
         runs on a device queue of its own returns once it is queued, and the engine runs the next
-        frame steps while it runs, taking its result once it is done."""
+        frame steps while it runs, taking its result once it is done. ``urgent``: see
+        ``urgent_decode`` (a model without that lane ignores it)."""
         return Queued.finished(self.decode_timed(work))
 
     @abstractmethod

@@ -109,6 +109,7 @@ class Scheduler:
                         final=req.generation_done,
                         text=" ".join(req.pending_text),
                         words=tuple(req.pending_words),
+                        slack_s=slack_s,
                     )
                 )
                 req.pending = []

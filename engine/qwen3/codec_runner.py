@@ -6,7 +6,10 @@
                             per (bucket, frames)), every call queued before the one device->host copy.
                             On CUDA the calls run on the codec's own stream (``decode_start``), so the
                             engine can run the next frame step while they do; their graphs have their
-                            own memory pool for that reason
+                            own memory pool for that reason. Urgent chunks (a new stream's first, the
+                            next ones of a stream about to run dry: a few of 1-4 frames a tick) run on
+                            a lane of their own, a stream of the highest priority with graphs in a
+                            pool of their own, so they never wait behind a bulk call of 50 ms
     windowed                the stateless reference: each chunk re-decodes ``windowed_left_context``
                             earlier frames of its slot and keeps the new samples
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,6 +33,23 @@ from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .options import ServeOptions
+
+# The urgent lane's graphs (decode_start): its chunks are a new stream's 1 frame and the 2 and 4
+# after it, a few a tick; an urgent piece with more rows or frames runs with the bulk work
+URGENT_FRAMES = (1, 2, 4)
+URGENT_ROWS = 16
+URGENT_PRIORITY = -100  # torch clamps it to the device's highest stream priority
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """One lane's graphs: their key's kind, row buckets, frame counts, padding slot, stream priority."""
+
+    kind: str
+    buckets: tuple[int, ...]
+    frames: tuple[int, ...]
+    pad_slot: int
+    priority: int = 0
 
 
 class CodecRunner:
@@ -43,13 +64,34 @@ class CodecRunner:
     ) -> None:
         self.codec, self.q, self.options, self.graphs = codec, codebooks, options, graphs
         self.pad_slot, self.device = pad_slot, device
-        # one row per slot and one for the padding slot of the graph buckets
-        self.states = CodecStatePool(pad_slot + 1, codec.state_width, next(codec.parameters()).dtype, device)
+        # one row per slot and a padding slot for each lane's graph buckets: the lanes' padding rows
+        # run at once, so they keep apart
+        self.urgent_pad_slot = pad_slot + 1
+        self.states = CodecStatePool(pad_slot + 2, codec.state_width, next(codec.parameters()).dtype, device)
         self.buckets = options.codec_batch_buckets or powers_of_two(options.max_batch_size)
         # the chunk schedule's sizes (1, 2, 4, 8, 12, and 24, 48 for streams far ahead): its chunks
         # pad nothing, a final remainder pads to the next size
         self.frames = frame_ladder(options.codec_graph_frames)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.urgent_stream = (
+            torch.cuda.Stream(device, priority=URGENT_PRIORITY)
+            if self.stream is not None and options.codec_mode == "stateful"
+            else None
+        )
+        self.bulk = _Lane("codec", self.buckets, self.frames, pad_slot)
+        self.urgent = _Lane(
+            "codec_urgent",
+            tuple(b for b in self.buckets if b <= URGENT_ROWS),
+            tuple(t for t in URGENT_FRAMES if t in self.frames),
+            self.urgent_pad_slot,
+            URGENT_PRIORITY,
+        )
+        # the lanes share the slots' state rows: a slot's calls must run in order whichever lane
+        # each is on. The bulk lane's next call follows the urgent lane's work begun before it
+        # (short); an urgent call waits for no bulk one: chunks of a slot with a bulk call not done
+        # go with the bulk work instead
+        self._urgent_last: torch.cuda.Event | None = None  # urgent work not yet followed by the bulk lane
+        self._bulk_last: dict[int, torch.cuda.Event] = {}  # slot -> its last bulk call's event
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
         self.wait_s = 0.0  # the caller blocked waiting for the codec's PCM (Model.device_wait_s)
 
@@ -57,9 +99,18 @@ class CodecRunner:
     def open(self, slot: int) -> None:
         """A new stream on ``slot``: fresh decoder state, no frames before. On CUDA the reset is queued
         on the codec's stream, after any codec call still writing the slot's state for its previous
-        owner and before the new owner's: the frame steps on the caller's stream never wait for it."""
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            self.states.reset(slot)
+        owner and before the new owner's: the frame steps on the caller's stream never wait for it.
+        With an urgent lane the reset is queued there, where the new owner's first chunk runs."""
+        if self.urgent_stream is not None:
+            before = self._bulk_last.pop(slot, None)  # a cancelled owner's call may still be running
+            with torch.cuda.stream(self.urgent_stream):
+                if before is not None and not before.query():
+                    self.urgent_stream.wait_event(before)
+                self.states.reset(slot)
+                self._urgent_last = _recorded(self.urgent_stream)
+        else:
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                self.states.reset(slot)
         self._history[slot] = []
 
     def prime(self, slot: int, codes: np.ndarray) -> None:
@@ -85,11 +136,14 @@ class CodecRunner:
         """One body per (batch bucket, frame count), with padding-slot example rows (stateful mode)."""
         if self.options.codec_mode != "stateful":
             return
-        for b in self.buckets:
-            for t in self.frames:
-                example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
-                example[:, -1] = self.pad_slot
-                self.graphs.add(("codec", b, t), self.body, example, pool="codec")
+        for lane in (self.bulk, self.urgent) if self.urgent_stream is not None else (self.bulk,):
+            for b in lane.buckets:
+                for t in lane.frames:
+                    example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
+                    example[:, -1] = lane.pad_slot
+                    self.graphs.add(
+                        (lane.kind, b, t), self.body, example, pool=lane.kind, priority=lane.priority
+                    )
 
     def body(self, packed: Tensor) -> Tensor:
         """packed (B, 16 T + 2): codes (frame-major) | valid frames n_b | slot -> pcm (B, T * 1920).
@@ -111,11 +165,12 @@ class CodecRunner:
         return self.decode_start(work)()
 
     @torch.no_grad()
-    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[np.ndarray]]:
+    def decode_start(self, work: Sequence[DecodeWork], urgent: bool = False) -> Queued[list[np.ndarray]]:
         """Queue the due chunks' codec calls (those ``plan_codec_calls`` picks, usually one) and the one
         device->host copy of their PCM; calling the result waits for it. On CUDA the calls run on the
         codec's stream, beside the caller's (the frame steps, queued before or after), and the
-        result's ``done`` asks whether they have finished without waiting."""
+        result's ``done`` asks whether they have finished without waiting. ``urgent``: as one call
+        on the urgent lane, where it fits (module docstring)."""
         out = [np.zeros(0, np.float32) for _ in work]
         if self.options.codec_mode == "windowed":
             pcm = [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
@@ -124,7 +179,11 @@ class CodecRunner:
         if not due:
             return Queued.finished(out)
         frames = [work[i].n_frames for i in due]
-        groups = [[due[j] for j in g] for g in plan_codec_calls(frames, self.frames, self.buckets)]
+        lane = self.urgent if urgent and self._fits_urgent(work, due) else self.bulk
+        if lane is self.urgent:
+            groups = [due]
+        else:
+            groups = [[due[j] for j in g] for g in plan_codec_calls(frames, self.frames, self.buckets)]
         frame_samples = self.codec.cfg.frame_samples
 
         def fill(hosts: list[np.ndarray]) -> list[np.ndarray]:
@@ -134,16 +193,24 @@ class CodecRunner:
             return out
 
         if self.stream is None:  # run now, as on CUDA: a slot opened before the result keeps its reset
-            hosts_now = [self._run([work[i] for i in g]).numpy() for g in groups]
+            hosts_now = [self._run([work[i] for i in g], lane).numpy() for g in groups]
             return Queued.finished(fill(hosts_now))
+        stream = self.urgent_stream if lane is self.urgent else self.stream
+        assert stream is not None
         staged: list[Tensor] = []  # pinned inputs, alive until the copy back is waited for
-        with torch.cuda.stream(self.stream):
-            pcms = [self._run([work[i] for i in group], staged) for group in groups]
+        with torch.cuda.stream(stream):
+            if stream is self.stream and self._urgent_last is not None:
+                stream.wait_event(self._urgent_last)
+                self._urgent_last = None
+            pcms = [self._run([work[i] for i in group], lane, staged) for group in groups]
             hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in pcms]
             for h, p in zip(hosts, pcms, strict=True):
                 h.copy_(p, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self.stream)
+            done = _recorded(stream)
+        if stream is self.stream:
+            self._bulk_last.update((work[i].slot, done) for i in due)
+        else:
+            self._urgent_last = done
 
         def finish() -> list[np.ndarray]:
             t0 = time.perf_counter()
@@ -155,19 +222,34 @@ class CodecRunner:
 
         return Queued(finish, done.query)
 
-    def _run(self, chunks: list[DecodeWork], staged: list[Tensor] | None = None) -> Tensor:
-        """One codec call: the chunks padded to a common frame count T -> pcm (len(chunks), T * 1920)
-        on the device, row r's audio in its first n_frames * 1920 samples."""
+    def _fits_urgent(self, work: Sequence[DecodeWork], due: list[int]) -> bool:
+        """The urgent lane takes these chunks: one graphed call, and no slot with a bulk call that
+        may still be running (its chunk must follow that call, so it goes behind it)."""
+        if self.urgent_stream is None or len(due) > self.urgent.buckets[-1]:
+            return False
+        if max(work[i].n_frames for i in due) > self.urgent.frames[-1]:
+            return False
+        for i in due:
+            before = self._bulk_last.get(work[i].slot)
+            if before is not None:
+                if not before.query():
+                    return False
+                del self._bulk_last[work[i].slot]
+        return True
+
+    def _run(self, chunks: list[DecodeWork], lane: _Lane, staged: list[Tensor] | None = None) -> Tensor:
+        """One codec call on ``lane``: the chunks padded to a common frame count T -> pcm
+        (len(chunks), T * 1920) on the device, row r's audio in its first n_frames * 1920 samples."""
         longest = max(w.n_frames for w in chunks)
-        t = padded_frames(longest, self.frames)
-        b = bucket_for(len(chunks), self.buckets)
+        t = padded_frames(longest, lane.frames)
+        b = bucket_for(len(chunks), lane.buckets)
         rows = np.zeros((b, self.q * t + 2), np.int64)  # padding frames: code 0, decoded and dropped
-        rows[:, -1] = self.pad_slot  # padding rows: 0 valid frames of the padding slot
+        rows[:, -1] = lane.pad_slot  # padding rows: 0 valid frames of the padding slot
         for r, w in enumerate(chunks):
             rows[r, : self.q * w.n_frames] = _frames(w).reshape(-1)
             rows[r, -2:] = (w.n_frames, w.slot)
-        if self.graphs.has(("codec", b, t)):
-            pcm = self.graphs.run(("codec", b, t), rows, staged)
+        if self.graphs.has((lane.kind, b, t)):
+            pcm = self.graphs.run((lane.kind, b, t), rows, staged)
         else:  # a chunk longer than the graphed frame counts: eager, exact shape
             x = torch.from_numpy(rows)
             if staged is not None and self.device.type == "cuda":
@@ -185,6 +267,12 @@ class CodecRunner:
             self._history[w.slot] = [window[-ctx:]]
         codes = torch.from_numpy(window).to(self.device).T[None]  # (1, 16, T)
         return self.codec.decode_windowed(codes, w.n_frames, ctx)[0].cpu().numpy()
+
+
+def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
 
 
 def _frames(w: DecodeWork) -> np.ndarray:

@@ -43,6 +43,7 @@ class _Entry:
     output: Tensor | None = None  # static once captured (or after the first eager run)
     graph: torch.cuda.CUDAGraph | None = None
     pool: str = "main"
+    priority: int = 0  # of the pool's capture stream
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
@@ -82,14 +83,15 @@ class CudaGraphs:
         self._capture_streams: dict[str, torch.cuda.Stream] = {}  # pool name -> the stream it is captured on
         self.capture_s = 0.0
 
-    def add(self, key: Hashable, body: Body, example: Tensor, pool: str = "main") -> None:
+    def add(self, key: Hashable, body: Body, example: Tensor, pool: str = "main", priority: int = 0) -> None:
         """Register a body for inputs shaped like ``example`` (int64; its rows must be harmless to run:
-        padding slots), in memory pool ``pool``. Captured by ``capture``."""
+        padding slots), in memory pool ``pool``, captured by ``capture`` on a stream of ``priority``
+        (the pool's graphs are replayed on a stream of that priority)."""
         if key in self._entries:
             raise ValueError(f"graph {key!r} registered twice")
         if example.dtype != torch.int64:
             raise TypeError(f"graph inputs are int64, got {example.dtype} for {key!r}")
-        self._entries[key] = _Entry(body, example.to(self.device).clone(), pool=pool)
+        self._entries[key] = _Entry(body, example.to(self.device).clone(), pool=pool, priority=priority)
 
     def capture(self) -> None:
         """Warm and capture every registered body, largest input first."""
@@ -114,7 +116,7 @@ class CudaGraphs:
             pool = self._pools.get(e.pool)
             if pool is None:
                 pool = self._pools[e.pool] = torch.cuda.graph_pool_handle()
-                self._capture_streams[e.pool] = torch.cuda.Stream(self.device)
+                self._capture_streams[e.pool] = torch.cuda.Stream(self.device, priority=e.priority)
             with torch.cuda.graph(g, pool=pool, stream=self._capture_streams[e.pool]):
                 e.output = e.body(e.input)
             e.graph = g

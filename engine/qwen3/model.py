@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
@@ -157,6 +157,7 @@ class Qwen3TTSModel(Model):
             self.codec, t.num_code_groups, options, self.graphs, self.pad_slot, dev
         )
         self.decode_overlaps = self.codec_runner.stream is not None
+        self.urgent_decode = self.codec_runner.urgent_stream is not None
         # generate_start returns with the step queued on the device: the next may queue behind it
         self.steps_in_flight = 2 if dev.type == "cuda" else 1
         self._register_graphs()
@@ -244,10 +245,10 @@ class Qwen3TTSModel(Model):
         return self.generate_start(slots)()
 
     @torch.no_grad()
-    def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
+    def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
         """The step's prefill and decode graphs and the copy of its codes, queued (behind any step
         begun before, whose frames ``ready`` counts already); the returned function waits for the
-        codes and records each slot's frame."""
+        codes and records each slot's frame; its ``done`` asks whether they are there."""
         if len(slots) > self.options.max_batch_size:
             raise ValueError(f"{len(slots)} slots > max_batch_size {self.options.max_batch_size}")
         results: dict[int, GenerateResult] = {}
@@ -276,7 +277,7 @@ class Qwen3TTSModel(Model):
         size = self.decode_buckets[-1]
         parts = [self._run_decode(batch[i : i + size], staged) for i in range(0, len(batch), size)]
         if not batch:
-            return lambda: [results[s] for s in slots]
+            return Queued.finished([results[s] for s in slots])
         codes = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
 
         def finish() -> list[GenerateResult]:
@@ -302,7 +303,7 @@ class Qwen3TTSModel(Model):
                     results[s] = self._slots[s].record(s, host[i], bool(looped[i]), self.limits)
             return [results[s] for s in slots]
 
-        return finish
+        return Queued(finish, codes.done)
 
     def _invalid_rows(self, host: np.ndarray) -> np.ndarray:
         """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
@@ -361,12 +362,11 @@ class Qwen3TTSModel(Model):
         staged.append(x)
         return x.to(self.device, non_blocking=True)
 
-    def _to_host(self, codes: Tensor) -> Callable[[], np.ndarray]:
-        """The step's one device->host copy, (B, 16) codes through pinned memory, queued; the returned
-        function waits for it."""
+    def _to_host(self, codes: Tensor) -> Queued[np.ndarray]:
+        """The step's one device->host copy, (B, 16) codes through pinned memory, queued; calling the
+        result waits for it."""
         if codes.device.type != "cuda":
-            now = codes.numpy()
-            return lambda: now
+            return Queued.finished(codes.numpy())
         host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
         host.copy_(codes, non_blocking=True)
         done = torch.cuda.Event()
@@ -378,7 +378,7 @@ class Qwen3TTSModel(Model):
             self._codes_wait_s += time.perf_counter() - t0
             return host.numpy()
 
-        return wait
+        return Queued(wait, done.query)
 
     def _register_graphs(self) -> None:
         """Every bucket's body with padding-slot example rows (captured in ``warmup``)."""
@@ -411,9 +411,10 @@ class Qwen3TTSModel(Model):
         """All due chunks of all streams, through the slots' streaming codec (codec_runner.py)."""
         return self.codec_runner.decode(work)
 
-    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
-        """``decode_timed`` queued on the codec's own CUDA stream; the engine runs frame steps meanwhile."""
-        pcm = self.codec_runner.decode_start(work)
+    def decode_start(self, work: Sequence[DecodeWork], urgent: bool = False) -> Queued[list[Decoded]]:
+        """``decode_timed`` queued on the codec's own CUDA stream (``urgent``: on its urgent lane,
+        codec_runner.py); the engine runs frame steps meanwhile."""
+        pcm = self.codec_runner.decode_start(work, urgent)
         return Queued(lambda: with_frame_words(work, pcm(), self.info.frame_samples), pcm.done)
 
     def device_wait_s(self) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -110,7 +110,7 @@ class _DeviceModel(HibariModel):
         self.waited_s = 0.0
         self.waits = 0
 
-    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
+    def decode_start(self, work: Sequence[DecodeWork], urgent: bool = False) -> Queued[list[Decoded]]:
         out = self.decode_timed(work)
 
         def finish() -> list[Decoded]:
@@ -156,7 +156,7 @@ class _QueuedStepModel(_DeviceModel):
         self.hold: threading.Event | None = None
         self.held = threading.Event()
 
-    def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
+    def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
         self.in_flight = set(slots)
         if self.hold is not None:
             hold, self.hold = self.hold, None
@@ -168,7 +168,7 @@ class _QueuedStepModel(_DeviceModel):
             self.in_flight = set()
             return out
 
-        return finish
+        return Queued(finish)
 
     def close_slot(self, slot: int) -> None:
         if slot in self.in_flight:

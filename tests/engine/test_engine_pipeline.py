@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -76,7 +76,7 @@ class _PipelinedModel(Model):
     def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
         return self.generate_start(slots)()
 
-    def generate_start(self, slots: Sequence[int]) -> Callable[[], list[GenerateResult]]:
+    def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
         assert all(self.ready(s) for s in slots)
         for s in slots:
             self.begun[s] += 1
@@ -90,7 +90,7 @@ class _PipelinedModel(Model):
             self.steps_begun -= 1
             return [self._record(s) for s in slots]
 
-        return finish
+        return Queued(finish, lambda: time.perf_counter() >= ends_at)
 
     def _record(self, slot: int) -> GenerateResult:
         self.begun[slot] -= 1
@@ -105,7 +105,7 @@ class _PipelinedModel(Model):
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
         return [np.repeat(np.concatenate(w.frames).astype(np.float32), FRAME) / 1000 for w in work]
 
-    def decode_start(self, work: Sequence[DecodeWork]) -> Queued[list[Decoded]]:
+    def decode_start(self, work: Sequence[DecodeWork], urgent: bool = False) -> Queued[list[Decoded]]:
         out = self.decode_timed(work)
         ends_at = self.codec.begin(CODEC_S)
 
@@ -167,3 +167,59 @@ def test_a_released_slot_comes_back_after_every_begun_step_that_has_it() -> None
     assert pool.step_done() == [b]  # a is still in the step begun behind
     assert pool.step_done() == [a]
     assert pool.release(a)  # no step has it any more: the caller frees it at once
+
+
+class _TwoLaneModel(_PipelinedModel):
+    """_PipelinedModel with an urgent codec lane (Model.urgent_decode): urgent pieces take CODEC_S on
+    a queue of their own, bulk pieces BULK_S each on theirs."""
+
+    BULK_S = 0.25
+    urgent_decode = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urgent_lane = _DeviceTimeline()
+        self.pieces: list[tuple[bool, list[int], float]] = []  # (urgent, slots, ends at)
+
+    def decode_start(self, work: Sequence[DecodeWork], urgent: bool = False) -> Queued[list[Decoded]]:
+        out = self.decode_timed(work)
+        ends_at = (self.urgent_lane if urgent else self.codec).begin(CODEC_S if urgent else self.BULK_S)
+        self.pieces.append((urgent, [w.slot for w in work], ends_at))
+
+        def wait() -> list[Decoded]:
+            time.sleep(max(0.0, ends_at - time.perf_counter()))
+            return out
+
+        return Queued(wait, lambda: time.perf_counter() >= ends_at)
+
+
+async def test_a_new_streams_first_chunk_leaves_before_the_bulk_codec_work_begun_before_it() -> None:
+    """Urgent chunks (a first chunk has no slack) go on the model's urgent lane and are handed out
+    as soon as they are done, past bulk work still running; every stream's audio stays whole and in
+    order."""
+    model = _TwoLaneModel()
+    flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
+    eng = Engine(EngineConfig(max_streams=8, level=flat, urgent_slack_s=0.2), model=model).start()
+    try:
+        ahead = eng.open_stream(StreamParams(forced_frames=60))
+        ahead.push_text("a stream far ahead of its listener.")
+        ahead.end()
+        first = await ahead.__aiter__().__anext__()
+        t_bulk = 0.0
+        while not t_bulk:  # its chunks once seconds ahead: bulk pieces of BULK_S each
+            await asyncio.sleep(0.005)
+            t_bulk = next((end for urgent, _, end in model.pieces if not urgent and end > time.perf_counter()), 0.0)
+        late = eng.open_stream(StreamParams(forced_frames=3))
+        late.push_text("a new turn.")
+        late.end()
+        late_chunks = await asyncio.wait_for(_collect(late), 5)
+        t_late_first = time.perf_counter()
+        rest = await asyncio.wait_for(_collect(ahead), 20)
+        await wait_engine_idle(eng)
+    finally:
+        eng.close()
+    assert t_late_first < t_bulk  # all of it out while the bulk piece begun before it still ran
+    for n, chunks in ((60, [first, *rest]), (3, late_chunks)):
+        pcm = np.concatenate([c.pcm for c in chunks])
+        np.testing.assert_array_equal(pcm, np.repeat(np.arange(1, n + 1, dtype=np.float32), FRAME) / 1000)
+    assert any(urgent for urgent, _, _ in model.pieces) and any(not u for u, _, _ in model.pieces)

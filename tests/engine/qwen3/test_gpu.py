@@ -123,6 +123,45 @@ def test_codec_graphs_stream_like_the_offline_decode() -> None:
         np.testing.assert_allclose(np.concatenate(pieces[s]), offline, rtol=0, atol=1e-4)
 
 
+def test_chunks_on_both_codec_lanes_stream_like_the_offline_decode() -> None:
+    """A slot's chunks on the urgent lane and the bulk lane in turn (and a slot reopened for a second
+    stream, its reset on the urgent lane) decode as the offline decode of each stream: the lanes
+    keep each slot's calls in order."""
+    from voicewire.engine.model import DecodeWork, Queued
+    from voicewire.engine.qwen3 import ServeOptions
+
+    opts = ServeOptions(max_slots=4, max_batch_size=4, max_seq_len=128, codec_graph_frames=12)
+    model = load_qwen3(None, "tiny", device="cuda", seed=4, options=opts)
+    model.warmup()
+    runner = model.codec_runner
+    assert runner.urgent_stream is not None and model.graphs.has(("codec_urgent", 4, 4))
+    ran: list[object] = []
+    run = model.graphs.run
+    model.graphs.run = lambda key, rows, staged=None: (ran.append(key[0]), run(key, rows, staged))[1]  # type: ignore[method-assign]
+    rng = np.random.default_rng(1)
+    # the first stream queues all its calls before waiting (a bulk call follows urgent work still
+    # running); the second, on the reopened slots, waits for each (an urgent call follows bulk ones)
+    for stream in range(2):
+        codes = rng.integers(0, 2048, (3, 27, 16))
+        for s in range(3):
+            model.open_slot(s, StreamParams(voice="ryan", forced_frames=27))
+        queued = []
+        t = 0
+        for i, n in enumerate((1, 2, 4, 12, 4, 2, 2)):
+            work = [DecodeWork(s, [codes[s, t : t + n]], n, False) for s in range(3)]
+            queued.append(runner.decode_start(work, urgent=i % 2 == 0))
+            if stream:
+                queued[-1] = Queued.finished(queued[-1]())
+            t += n
+        results = [q() for q in queued]
+        for s in range(3):
+            offline = model.codec.decode(torch.from_numpy(codes[s]).T[None].cuda())[0].cpu().numpy()
+            streamed = np.concatenate([r[s] for r in results])
+            np.testing.assert_allclose(streamed, offline, rtol=0, atol=1e-4, err_msg=f"stream {stream}, slot {s}")
+            model.close_slot(s)
+    assert "codec_urgent" in ran and "codec" in ran
+
+
 def test_overlapped_decode_and_long_chunks_give_the_serial_audio() -> None:
     """The engine with the codec on its own stream beside the frame step, and chunks growing to the
     24- and 48-frame graphs, speaks what the serial engine with the fixed cadence speaks."""
