@@ -112,6 +112,7 @@ class Engine:
         self._steps_ahead = 1  # frame steps begun at once: set by start() from the config and the model
         self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
         self._device_wait_base = 0.0
+        self._polled_s = 0.0  # the worker's sleeps between looks at the device (a wait for it, too)
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
@@ -418,7 +419,8 @@ class Engine:
         if not (rows or due or taken):
             return  # nothing was begun or handed out: not a step
         t2 = time.perf_counter()
-        self.stats.record_step(t1 - t0, t2 - t1, rows, model.device_wait_s() - self._device_wait_base)
+        waited = model.device_wait_s() - self._device_wait_base + self._polled_s
+        self.stats.record_step(t1 - t0, t2 - t1, rows, waited)
 
     def _begin_step(self, plan: StepPlan) -> bool:
         """The stage-1 step begun; False when there is nothing to run, or it failed (its streams are
@@ -441,7 +443,7 @@ class Engine:
         # it is done within a few ms, well before a loaded step
         while self._urgent_out() and not results.done():
             if not self._take_decoded(wait=False):
-                time.sleep(POLL_S)
+                self._poll()
         try:
             try:
                 done = results()
@@ -529,7 +531,7 @@ class Engine:
             if not (wait or sum(not p.urgent for p in self._decoding) > self.config.max_decodes_in_flight):
                 return taken
             if not self._decoding[0].urgent and self._urgent_out():
-                time.sleep(POLL_S)
+                self._poll()
                 continue
             self._hand_out(self._decoding.pop(0))
             taken += 1
@@ -550,6 +552,11 @@ class Engine:
                 waiting |= streams
                 i += 1
         return taken
+
+    def _poll(self) -> None:
+        t0 = time.perf_counter()
+        time.sleep(POLL_S)
+        self._polled_s += time.perf_counter() - t0
 
     def _urgent_out(self) -> bool:
         return any(p.urgent for p in self._decoding)
