@@ -273,7 +273,8 @@ class Tracer:
             return Queued(timed("generate_finish_ms", results), results.done)
 
         def codes(x: Any) -> Any:
-            return timed("codes_wait_ms", to_host(x))
+            copied = to_host(x)
+            return Queued(timed("codes_wait_ms", copied), copied.done)
 
         model.generate_start = generate_start  # type: ignore[method-assign]
         model._to_host = codes  # type: ignore[method-assign]
