@@ -1,6 +1,12 @@
 """The engine under load, in-process: requests from the committed length table, TTFP, underruns,
 audio-s/s (serving_bench.py's ``serve`` section; see its docstring for what each figure means).
 
+An open loop's ``audio_s_per_s`` is the audio that arrived during the arrivals' window over that
+window: it counts the first seconds, when few streams have reached their listeners yet, and none of
+what the window's last arrivals speak after it (the mix's long replies take seconds), so even an
+engine that keeps up reads below what the rate asks, ``demand_audio_s_per_s`` (the requests' audio
+over the window). Whether it kept up is what the refusals, completions and underruns say.
+
 Playback of each request is simulated from its first chunk with no extra buffer: a chunk that
 arrives after the audio before it has played out stalls playback, which resumes when it arrives.
 """
@@ -64,7 +70,7 @@ async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str
     try:
         stream = engine.open_stream(StreamParams(forced_frames=frames, seed=seed))
     except EngineBusy:
-        out.append({"rejected": True, "t_submit": t_submit})
+        out.append({"rejected": True, "t_submit": t_submit, "frames": frames})
         return
     stream.push_text(text + ".")
     stream.end()
@@ -183,7 +189,13 @@ async def open_loop(
     t_end = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
     out = summarize(recs, t_start, t_end)
-    out.update(rate=rate, duration_s=duration_s, arrival_lag_ms_p99=pct([x * 1e3 for x in lag], 99))
+    asked = sum(r["frames"] for r in recs) * engine.info.frame_samples / engine.info.sample_rate_hz
+    out.update(
+        rate=rate,
+        duration_s=duration_s,
+        arrival_lag_ms_p99=pct([x * 1e3 for x in lag], 99),
+        demand_audio_s_per_s=asked / (t_end - t_start),
+    )
     out["engine"] = engine_delta(engine, before)
     return out
 
