@@ -294,6 +294,15 @@ class Tracer:
         sched.plan_decode = timed("plan_decode_ms", sched.plan_decode)  # type: ignore[method-assign]
         engine._emit = timed("emit_ms", engine._emit)  # type: ignore[method-assign]
         engine._drain = timed("drain_ms", engine._drain)  # type: ignore[method-assign]
+        handle = engine._handle
+
+        def handle_command(cmd: Any) -> None:  # the drain split by command, and its count
+            self.tick["commands"] = self.tick.get("commands", 0) + 1
+            timed(f"drain_{type(cmd).__name__}_ms", handle)(cmd)
+
+        engine._handle = handle_command  # type: ignore[method-assign]
+        model.open_slot = timed("open_slot_ms", model.open_slot)  # type: ignore[method-assign]
+        model.add_text = timed("add_text_ms", model.add_text)  # type: ignore[method-assign]
         engine._ready = timed("ready_ms", engine._ready)  # type: ignore[method-assign]
         step = engine._step
 
@@ -382,7 +391,7 @@ class Tracer:
             out[f"{k}_mean"] = float(np.mean([t[k] for t in self.ticks]))
         # the run as a time series (tenths of the ticks): how the slots fill and what holds them
         parts = np.array_split(np.arange(len(self.ticks)), min(10, len(self.ticks)))
-        keys = ("tick_ms", "ready", "live", "done_undecoded", "pending_frames", "codec_frames")
+        keys = ("tick_ms", "ready", "live", "done_undecoded", "pending_frames", "codec_frames", "commands")
         out["phases"] = [
             {k: float(np.mean([self.ticks[i].get(k, 0) for i in idx])) for k in keys} for idx in parts if len(idx)
         ]
