@@ -1,11 +1,12 @@
 """A simulated H200 for the engine: Qwen3-TTS on CUDA as the engine sees it, on the CPU.
 
 ``H200Model`` is host_overhead.py's ``NullModel`` (frames for free, forced lengths) with the GPU's
-timing: two frame steps in flight and the codec on a queue of its own, taken once done, as
-Qwen3TTSModel on CUDA; each frame step, prefill and codec call waits as long as the H200's measured
+timing: two frame steps in flight and the codec on a queue of its own (its urgent chunks on a
+second one), taken once done, as Qwen3TTSModel on CUDA; each frame step, prefill and codec call waits as long as the H200's measured
 graph of that shape (``H200_*``: the decode graph per batch bucket, the prefill per call, the codec
 per (streams, frames) call, split as the served codec plan splits a tick's chunks). ``DeviceQueues``
-runs that work on two in-order queues that share the GPU when both run (each at ``SHARED_RATE``).
+runs that work on in-order queues that share the GPU when more than one runs (``SHARED_RATE``,
+``URGENT_RATE``).
 So the engine's scheduling can be tried at the GPU's speed before a device run measures it; the
 model's own host work and any slowdown beyond the measured sharing are not in it.
 
@@ -66,9 +67,10 @@ def codec_call_ms(rows: int, frames: int) -> float:
 
 
 class DeviceQueues:
-    """Two in-order device queues (the frame steps', the codec's) sharing one GPU: a piece of work
-    starts when the one before it on its queue is done, runs at full speed alone and at SHARED_RATE
-    while the other queue runs too. Advanced lazily to the wall clock whenever it is asked."""
+    """In-order device queues (the frame steps', the codec's, the codec's urgent lane) sharing one
+    GPU: a piece of work starts when the one before it on its queue is done, runs at full speed
+    alone, at SHARED_RATE while another queue runs too, and the urgent lane at URGENT_RATE beside
+    the others, which share the rest. Advanced lazily to the wall clock whenever it is asked."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
