@@ -13,8 +13,10 @@
 #     core                 the engine-core boundary per chunk, engine TTFP in process and through a core,
 #                          10 WebRTC peers' packet gaps with the engine in and out of the gateway -> core_ipc_cpu.json
 #     sim                  the engine around a simulated H200 (benchmarks/host_overhead.py --device h200: the
-#                          measured graph times on two device queues), served and without a step queued ahead,
-#                          at 150, 200 and 240 req/s                                    -> h200_sim_cpu.json
+#                          measured graph times on the device queues), served, without a step queued ahead,
+#                          with the served model's host time a call (host), and with 2 ms more a request's
+#                          open (host-open2: the H200 profile's command time), at 150, 200 and 240 req/s
+#                                                                                   -> h200_sim_cpu.json
 #
 # Files go to $OUT (default benchmarks/results, where the README's rows point), each with a "meta"
 # object first (command, commit, machine, date: benchmarks/meta.sh). Each benchmark starts its own
@@ -67,10 +69,14 @@ fi
 
 if want sim; then
   runs=()
-  for v in served noahead; do
+  for v in served noahead host host-open2; do
     for r in 150 200 240; do
-      flags=()
-      [ $v = noahead ] && flags=(--no-queue-ahead)
+      case $v in
+        noahead) flags=(--no-queue-ahead) ;;
+        host) flags=(--host-work) ;;
+        host-open2) flags=(--host-work --open-ms 2) ;;
+        *) flags=() ;;
+      esac
       step "sim-$v-$r" 200 "$PY" benchmarks/host_overhead.py --device h200 --rate "$r" --duration-s 6 \
         "${flags[@]}" --out "/tmp/sim_${v}_$r.json"
       runs+=("$CMD")
@@ -80,7 +86,7 @@ if want sim; then
 import json, sys
 out = {"what": "the engine (this CPU) around a simulated H200: host_overhead.py --device h200, per variant and rate",
        "variants": {}}
-for v in ("served", "noahead"):
+for v in ("served", "noahead", "host", "host-open2"):
     for r in (150, 200, 240):
         try:
             d = json.load(open(f"/tmp/sim_{v}_{r}.json"))

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_load import Lengths, closed_loop, load_config, open_loop
 from null_model import NullModel
-from simulated_h200 import H200Model
+from simulated_h200 import H200_HOST_MS, H200Model
 
 from voicewire.engine.engine import Engine
 
@@ -69,9 +69,18 @@ class WorkerProfile:
         return buf.getvalue()
 
 
+def _host_work(args: argparse.Namespace) -> dict[str, float] | None:
+    if not args.host_work:
+        return None
+    work = dict(H200_HOST_MS)
+    if args.open_ms is not None:
+        work["open"] = args.open_ms
+    return work
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model = (
-        H200Model(args.max_slots, args.max_batch)
+        H200Model(args.max_slots, args.max_batch, _host_work(args))
         if args.device == "h200"
         else NullModel(args.max_slots, args.max_batch, args.step_ms / 1e3, args.row_us / 1e6)
     )
@@ -138,6 +147,10 @@ def main() -> None:
     ap.add_argument("--device", choices=("none", "h200"), default="none", help="h200: H200Model (docstring)")
     ap.add_argument("--no-queue-ahead", action="store_true", help="EngineConfig.queue_ahead off")
     ap.add_argument("--decodes-in-flight", type=int, default=1, help="EngineConfig.max_decodes_in_flight")
+    ap.add_argument(
+        "--host-work", action="store_true", help="h200: spin the served model's host time a call (H200_HOST_MS)"
+    )
+    ap.add_argument("--open-ms", type=float, default=None, help="with --host-work: host time a slot's open")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -7,8 +7,10 @@ graph of that shape (``H200_*``: the decode graph per batch bucket, the prefill 
 per (streams, frames) call, split as the served codec plan splits a tick's chunks). ``DeviceQueues``
 runs that work on in-order queues that share the GPU when more than one runs (``SHARED_RATE``,
 ``URGENT_RATE``).
-So the engine's scheduling can be tried at the GPU's speed before a device run measures it; the
-model's own host work and any slowdown beyond the measured sharing are not in it.
+So the engine's scheduling can be tried at the GPU's speed before a device run measures it. The
+model's own host work is not in it unless asked (``host_work``: the worker spins, holding the
+interpreter lock as the real host work does, as long as the served model's calls took on the
+H200's host, ``H200_HOST_MS``); any slowdown beyond the measured sharing is not in it.
 
     python3 benchmarks/host_overhead.py --device h200 --rate 200 --out h200_sim_cpu.json
 """
@@ -43,6 +45,12 @@ H200_CODEC_MS = {
     16: {1: 1.55, 2: 1.90, 4: 2.49, 12: 4.88, 24: 8.06, 48: 14.72},
     64: {1: 3.22, 2: 4.34, 4: 6.69, 12: 15.29, 24: 28.98, 48: 55.82},
 }
+# The served model's host time per call on the H200 (profile_serve_h200.json at 6bec6f9, 240 req/s,
+# per tick: 0.93 ms launching a step, 1.1 ms recording the codes of its 158 rows on average, 1.34
+# ms packing and launching its ~1.3 codec calls). Not measured: the 4.45 ms a tick that taking
+# commands took there (~2 ms a request), which the CPU's own open does not explain; ``open`` is
+# there to try what it would do.
+H200_HOST_MS = {"step": 0.93, "row": 0.007, "codec_call": 1.0, "open": 0.0}
 # The decode graph at 256 rows beside a codec graph and a codec graph beside it: both chains at once
 # take 96% of their time back to back (overlap_contention_h200.json), so each runs at ~0.52
 SHARED_RATE = 0.52
@@ -60,6 +68,13 @@ def _interp(table: dict[int, float], x: float) -> float:
         if x <= hi:
             return table[lo] + (x - lo) / (hi - lo) * (table[hi] - table[lo])
     return table[keys[-1]] * x / keys[-1]
+
+
+def _spin(ms: float) -> None:
+    """Host work on the calling thread: busy, holding the interpreter lock as Python does."""
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
 
 
 def codec_call_ms(rows: int, frames: int) -> float:
@@ -148,8 +163,9 @@ class H200Model(NullModel):
     decode_overlaps = True
     urgent_decode = True
 
-    def __init__(self, max_slots: int, max_batch: int) -> None:
+    def __init__(self, max_slots: int, max_batch: int, host_work: dict[str, float] | None = None) -> None:
         super().__init__(max_slots, max_batch)
+        self.host_ms = host_work or dict.fromkeys(H200_HOST_MS, 0.0)
         # as Qwen3TTSModel with its CUDA codec graphs: longer chunks for streams ahead
         self.info = dataclasses.replace(self.info, slack_chunk_frames=SLACK_CHUNK_FRAMES)
         self.codec_shapes: Counter[tuple[int, int]] = Counter()  # (rows bucket, frames) of each call
@@ -162,6 +178,7 @@ class H200Model(NullModel):
         self.urgent_calls = 0
 
     def open_slot(self, slot: int, params: StreamParams) -> None:
+        _spin(self.host_ms["open"])
         super().open_slot(slot, params)
         self.begun[slot] = 0
         self.prefilled.discard(slot)
@@ -170,6 +187,7 @@ class H200Model(NullModel):
         return self._final.get(slot, False) and self._left.get(slot, 0) - self.begun.get(slot, 0) > 0
 
     def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
+        _spin(self.host_ms["step"])
         new = [s for s in slots if s not in self.prefilled]
         for i in range(0, len(new), 32):
             b = bucket_for(len(new[i : i + 32]), (1, 2, 4, 8, 16, 32))
@@ -181,6 +199,7 @@ class H200Model(NullModel):
 
         def finish() -> list[GenerateResult]:
             self.device.wait(job)
+            _spin(self.host_ms["row"] * len(slots))
             for s in slots:
                 self.begun[s] -= 1
             return self.generate(slots)
@@ -202,6 +221,7 @@ class H200Model(NullModel):
         ):
             t = padded_frames(frames[0], URGENT_FRAMES)
             b = bucket_for(len(frames), buckets)
+            _spin(self.host_ms["codec_call"])
             job = self.device.submit("urgent", codec_call_ms(b, t), "codec")
             self.codec_shapes[(b, t)] += 1
             self.codec_frames += sum(frames)
@@ -210,6 +230,7 @@ class H200Model(NullModel):
             for call in plan_codec_calls(frames, graphed, buckets):
                 t = padded_frames(frames[call[0]], graphed)
                 b = bucket_for(len(call), buckets)
+                _spin(self.host_ms["codec_call"])
                 job = self.device.submit("codec", codec_call_ms(b, t), "codec")
                 self.codec_shapes[(b, t)] += 1
                 self.codec_frames += sum(frames[i] for i in call)
