@@ -20,6 +20,7 @@ from torch import Tensor
 from .config import Qwen3TTSConfig
 from .frame_step import FrameStep
 from .prompt import Prompt, build_icl_prompt, build_prompt, icl_fed_ids, icl_prompt_ready
+from .slot_state import to_device
 from .voice_clone import VoiceProfile
 
 
@@ -90,8 +91,8 @@ def embed_frames(step: FrameStep, codes: Tensor) -> Tensor:
 def embed_prompt(step: FrameStep, prompt: Prompt, voice: SlotVoice | None) -> Tensor:
     """One prompt -> its input embeddings (T, H): text track + codec track (ids or the voice's vectors)."""
     dev = step.talker.codec_embedding.weight.device
-    text = torch.tensor(prompt.text_ids, device=dev)
-    ids = torch.tensor([-1 if c is None else c for c in prompt.codec_ids], device=dev)
+    text = to_device(list(prompt.text_ids), torch.int64, dev)
+    ids = to_device([-1 if c is None else c for c in prompt.codec_ids], torch.int64, dev)
     has_id = (ids >= 0)[:, None]
     x = step.talker.embed_text(text) + step.talker.codec_embedding(ids.clamp(min=0)) * has_id
     if voice is not None and prompt.speaker_at is not None:

@@ -108,7 +108,7 @@ class CodecStatePool:
 
     def reset(self, slot: int) -> None:
         self.state[slot].zero_()
-        self.positions[slot] = 0
+        self.positions[slot].zero_()  # not ``= 0``: on CUDA that waits for the stream's queued work
 
     def gather(self, slots: Tensor) -> tuple[Tensor, Tensor]:
         return self.state.index_select(0, slots), self.positions.index_select(0, slots)

@@ -73,20 +73,22 @@ class SlotState:
         self.eos_masked = torch.zeros(n, dtype=torch.bool, device=dev)
 
     def open(self, slot: int, row: SamplingRow, whole_text: bool) -> None:
-        """Reset a slot's row for a new stream (a few small host->device writes, once per stream)."""
+        """Reset a slot's row for a new stream (a few small host->device writes, once per stream).
+        Scalars go in by ``fill_``: ``t[slot] = value`` on a CUDA tensor is a pageable copy of one
+        element, which waits for everything queued on the stream (the frame steps in flight)."""
         _upload(self.greedy[slot], row.greedy, torch.bool)
         _upload(self.temperature[slot], row.temperature, torch.float32)
         _upload(self.top_k[slot], row.top_k, torch.int64)
         _upload(self.top_p[slot], row.top_p, torch.float32)
-        self.penalty[slot] = row.repetition_penalty
-        self.seed[slot] = row.seed
-        self.eos_masked[slot] = row.eos_always_masked
-        self.whole_text[slot] = whole_text
-        self.seen[slot] = False
-        self.first_feed_pending[slot] = False
-        self.position[slot] = 0
-        self.frames[slot] = 0
-        self.text_len[slot] = 0
+        self.penalty[slot].fill_(row.repetition_penalty)
+        self.seed[slot].fill_(row.seed)
+        self.eos_masked[slot].fill_(row.eos_always_masked)
+        self.whole_text[slot].fill_(whole_text)
+        self.seen[slot].fill_(False)
+        self.first_feed_pending[slot].fill_(False)
+        self.position[slot].zero_()
+        self.frames[slot].zero_()
+        self.text_len[slot].zero_()
 
     def append_text(self, slot: int, start: int, ids: Sequence[int]) -> None:
         """Token ids ``start .. start + len(ids)`` of a slot's text arrived (the host checked the room)."""
@@ -94,7 +96,7 @@ class SlotState:
             return
         end = start + len(ids)
         _upload(self.text[slot, start:end], list(ids), torch.int64)
-        self.text_len[slot] = end
+        self.text_len[slot].fill_(end)
 
     def rezero_padding(self) -> None:
         """Keep the padding slot's counters at 0 (called inside the step: graph-capturable)."""
@@ -111,3 +113,13 @@ def _upload(dst: torch.Tensor, values: Sequence[object], dtype: torch.dtype) -> 
     if dst.is_cuda:
         src = src.pin_memory()
     dst.copy_(src, non_blocking=True)
+
+
+def to_device(values: Sequence[object], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on ``device``, queued through pinned memory without blocking the
+    host (``torch.tensor(values, device=cuda)`` copies from pageable memory: it waits for the
+    stream's queued work, as ``_upload`` says)."""
+    src = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return src
+    return src.pin_memory().to(device, non_blocking=True)
