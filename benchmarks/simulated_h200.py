@@ -47,9 +47,9 @@ H200_CODEC_MS = {
 }
 # The served model's host time per call on the H200 (profile_serve_h200.json at 6bec6f9, 240 req/s,
 # per tick: 0.93 ms launching a step, 1.1 ms recording the codes of its 158 rows on average, 1.34
-# ms packing and launching its ~1.3 codec calls). Not measured: the 4.45 ms a tick that taking
-# commands took there (~2 ms a request), which the CPU's own open does not explain; ``open`` is
-# there to try what it would do.
+# ms packing and launching its ~1.3 codec calls). ``open``: the ~2 ms a request that taking
+# commands took there (4.45 ms a tick), where each open waited for the frame steps queued on the
+# stream (one-element writes by index, since made fill_); 0 by default, to try what it does.
 H200_HOST_MS = {"step": 0.93, "row": 0.007, "codec_call": 1.0, "open": 0.0}
 # The decode graph at 256 rows beside a codec graph and a codec graph beside it: both chains at once
 # take 96% of their time back to back (overlap_contention_h200.json), so each runs at ~0.52
