@@ -34,11 +34,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
 from .cloned_voice import ClonedVoice, CloningNotSupported
+from .codec_work import CodecWork, Piece
 from .commands import Cancel, End, Flush, PushText, Stop, StreamCommand
 from .config import EngineConfig
 from .level import LeadInTrimmer
@@ -63,22 +64,11 @@ from .text_feeder import ClauseFeeder, WordFeeder
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
-# while a frame step runs, finished codec work is looked for this often: a device event has no
-# wait-for-either, and a query costs microseconds
-POLL_S = 0.0002
 
 _T = TypeVar("_T")
 
 
 Command: TypeAlias = OpenStream | StreamCommand | Stop
-
-
-class _CodecWork(NamedTuple):
-    """A piece of codec work begun: its chunks, their audio once done, the lane it runs on."""
-
-    due: list[DecodeWork]
-    finish: Queued[list[Decoded]]
-    urgent: bool
 
 
 class EngineBusy(Exception):
@@ -108,11 +98,10 @@ class Engine:
         self.stats = EngineStats()
         # begun work whose results are not taken yet, oldest first (the pipeline in the module docstring)
         self._stepping: deque[tuple[StepPlan, Queued[list[GenerateResult]]]] = deque()
-        self._decoding: list[_CodecWork] = []
+        self._decoding = CodecWork(self.config.max_decodes_in_flight, self._hand_out)
         self._steps_ahead = 1  # frame steps begun at once: set by start() from the config and the model
         self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
         self._device_wait_base = 0.0
-        self._polled_s = 0.0  # the worker's sleeps between looks at the device (a wait for it, too)
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
@@ -256,9 +245,7 @@ class Engine:
         while self._stepping:
             with contextlib.suppress(Exception):
                 self._finish_step()
-        while self._decoding:
-            with contextlib.suppress(Exception):
-                self._decoding.pop(0).finish()
+        self._decoding.settle()
 
     def _ready(self) -> set[int]:
         model = self.model
@@ -403,23 +390,23 @@ class Engine:
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._begin_decode(due)
-            taken = self._take_decoded(wait=True)
+            taken = self._decoding.take(wait=True)
         else:
             # the pipeline (module docstring): while the device runs the begun steps, the commands
             # that came in are taken and finished codec work is handed out; the oldest step's codes
             # are taken once another is queued behind it (or none will be)
             self._drain(block=False)
-            taken = self._take_decoded(wait=False)
+            taken = self._decoding.take(wait=False)
             if self._stepping and (len(self._stepping) >= self._steps_ahead or not begun):
                 self._finish_step()
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._begin_decode(due)
-            taken += self._take_decoded(wait=not (self._stepping or begun))  # nothing else to wait for
+            taken += self._decoding.take(wait=not (self._stepping or begun))  # nothing else to wait for
         if not (rows or due or taken):
             return  # nothing was begun or handed out: not a step
         t2 = time.perf_counter()
-        waited = model.device_wait_s() - self._device_wait_base + self._polled_s
+        waited = model.device_wait_s() - self._device_wait_base + self._decoding.polled_s
         self.stats.record_step(t1 - t0, t2 - t1, rows, waited)
 
     def _begin_step(self, plan: StepPlan) -> bool:
@@ -441,9 +428,9 @@ class Engine:
         plan, results = self._stepping.popleft()
         # urgent codec work that ends while the step runs is handed out then, not after the step:
         # it is done within a few ms, well before a loaded step
-        while self._urgent_out() and not results.done():
-            if not self._take_decoded(wait=False):
-                self._poll()
+        while self._decoding.urgent_out() and not results.done():
+            if not self._decoding.take(wait=False):
+                self._decoding.poll()
         try:
             try:
                 done = results()
@@ -517,51 +504,9 @@ class Engine:
         except Exception as err:
             self._decode_failed(due, err)
             return
-        self._decoding.append(_CodecWork(due, finish, urgent))
+        self._decoding.add(Piece(due, finish, urgent))
 
-    def _take_decoded(self, wait: bool) -> int:
-        """Hands out the audio of begun codec work as far as it is done; with ``wait``, or while more
-        than ``max_decodes_in_flight`` bulk pieces are begun, waits for the oldest, handing out an
-        urgent piece behind it as soon as that is done. Returns how many pieces it took."""
-        taken = 0
-        while True:
-            taken += self._take_done()
-            if not self._decoding:
-                return taken
-            if not (wait or sum(not p.urgent for p in self._decoding) > self.config.max_decodes_in_flight):
-                return taken
-            if not self._decoding[0].urgent and self._urgent_out():
-                self._poll()
-                continue
-            self._hand_out(self._decoding.pop(0))
-            taken += 1
-
-    def _take_done(self) -> int:
-        """Hands out every piece already done whose streams have no earlier piece out: in order per
-        stream, and an urgent piece (on its own lane) long before the bulk one begun before it."""
-        taken = 0
-        waiting: set[int] = set()  # streams of the pieces still out before the one looked at
-        i = 0
-        while i < len(self._decoding):
-            piece = self._decoding[i]
-            streams = {d.stream_id for d in piece.due}
-            if waiting.isdisjoint(streams) and piece.finish.done():
-                self._hand_out(self._decoding.pop(i))
-                taken += 1
-            else:
-                waiting |= streams
-                i += 1
-        return taken
-
-    def _poll(self) -> None:
-        t0 = time.perf_counter()
-        time.sleep(POLL_S)
-        self._polled_s += time.perf_counter() - t0
-
-    def _urgent_out(self) -> bool:
-        return any(p.urgent for p in self._decoding)
-
-    def _hand_out(self, piece: _CodecWork) -> None:
+    def _hand_out(self, piece: Piece) -> None:
         try:
             decoded = iter(piece.finish())
         except Exception as err:
