@@ -5,7 +5,9 @@ An open loop's ``audio_s_per_s`` is the audio that arrived during the arrivals' 
 window: it counts the first seconds, when few streams have reached their listeners yet, and none of
 what the window's last arrivals speak after it (the mix's long replies take seconds), so even an
 engine that keeps up reads below what the rate asks, ``demand_audio_s_per_s`` (the requests' audio
-over the window). Whether it kept up is what the refusals, completions and underruns say.
+over the window). ``audio_s_per_s_second_half`` counts only the window's second half, past the
+ramp: the engine's steady output. Whether it kept up is what the refusals, completions and
+underruns say.
 
 Playback of each request is simulated from its first chunk with no extra buffer: a chunk that
 arrives after the audio before it has played out stalls playback, which resumes when it arrives.
@@ -116,6 +118,9 @@ def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[
     ok = [r for r in recs if "ttfp_ms" in r]
     ttfp = [r["ttfp_ms"] for r in ok]
     audio_in_window = sum(n for r in ok for t, n in r["arrivals"] if t_start <= t <= t_end) / SR
+    # the window's second half: the streams have ramped up, so this is the engine's steady output
+    t_mid = (t_start + t_end) / 2
+    audio_late_half = sum(n for r in ok for t, n in r["arrivals"] if t_mid <= t <= t_end) / SR
     chunks = sum(r["chunks"] for r in ok)
     late = sum(r["late_chunks"] for r in ok)
     return {
@@ -135,6 +140,7 @@ def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[
         "chunk_on_time_rate": (1 - late / chunks) if chunks else None,
         "stall_s_total": sum(r["stall_s"] for r in ok),
         "audio_s_per_s": audio_in_window / (t_end - t_start),
+        "audio_s_per_s_second_half": audio_late_half / (t_end - t_mid),
     }
 
 

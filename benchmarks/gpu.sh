@@ -15,8 +15,9 @@
 #       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
 #       codec      codec graphs: SnakeBeta kernel vs torch ops, cuDNN-timed vs heuristic convs -> codec_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh throughput [STEP...] # README "Throughput levers" (~8 min)
-#       levers     1.7B engine alone, open loop past the knee, one build: the served engine against
-#                  the same engine with each lever off (VARIANTS, RATES, MAX_BATCH, PREFILL_BATCH override) -> throughput_h200.json
+#       levers     the engine alone (SIZE, default 1.7b), open loop past the knee, one build: the served engine
+#                  against the same engine with each lever off (VARIANTS, RATES, MAX_BATCH, PREFILL_BATCH
+#                  override)                                             -> throughput[_SIZE]_h200.json
 #       tests      tests/engine/qwen3/test_gpu.py (overlapped decode and long chunks equal the serial
 #                  audio; streaming equals offline for every chunk cadence; TESTS_K: pytest's -k
 #                  expression, to run some of them)                              -> gpu_tests_qwen3_h200.json
@@ -168,11 +169,13 @@ fi
 
 if [ "$MODE" = throughput ]; then
   if want levers; then
-    step levers 420 python3 benchmarks/serving_bench.py --size 1.7b --sections codec,serve \
+    SIZE=${SIZE:-1.7b}
+    name=throughput$([ "$SIZE" = 1.7b ] || echo "_$SIZE")_h200
+    step levers 420 python3 benchmarks/serving_bench.py --size "$SIZE" --sections codec,serve \
       --serve-variants "${VARIANTS:-serial-b128,serial,overlap,served}" --max-batch "${MAX_BATCH:-256}" --max-slots 512 \
       --max-prefill-batch "${PREFILL_BATCH:-32}" \
-      --rates "${RATES:-120,160,200,240}" --rate-duration-s 8 --concurrency '' --out "$OUT/throughput_h200.json"
-    stamp "$OUT/throughput_h200.json"
+      --rates "${RATES:-120,160,200,240}" --rate-duration-s 8 --concurrency '' --out "$OUT/$name.json"
+    stamp "$OUT/$name.json"
   fi
   if want tests; then
     step tests 300 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py ${TESTS_K:+-k "$TESTS_K"}
@@ -247,8 +250,8 @@ if [ "$MODE" = side-by-side ]; then
     step side-by-side 560 python3 benchmarks/side_by_side.py --size 1.7b --oracle-site /tmp/oracle_site \
       --workdir /tmp/sbs --out "$OUT/side_by_side_h200.json" --official-timeout-s 200 --ours-timeout-s 330 \
       --official-args=--e2e-batch -- --sections step,single,serve --step-variants fused \
-      --step-batches 1,8,32,64,128 --rates 1,20,40,60,80 --rate-duration-s 8 --concurrency 16,64,128 \
-      --closed-duration-s 6 --bursts 128,256 --plot "$OUT/side_by_side_h200.png"
+      --step-batches 1,64,128,256 --max-batch 256 --max-slots 512 --rates 1,200 --rate-duration-s 8 \
+      --concurrency 128,256 --closed-duration-s 6 --bursts 256,512 --plot "$OUT/side_by_side_h200.png"
     stamp "$OUT/side_by_side_h200.json"
     cp /tmp/sbs/official.log "$OUT/official.log" 2> /dev/null
     tail -c 2000000 /tmp/sbs/ours.log > "$OUT/ours.log" 2> /dev/null
