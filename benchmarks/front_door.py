@@ -60,6 +60,10 @@ def main() -> None:
     base = f"http://127.0.0.1:{PORT}"
     serve_cmd = [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(PORT), *serve_args]
     out: dict[str, Any] = {"serve_command": " ".join(["voicewire serve", "--port", str(PORT), *serve_args])}
+
+    def save() -> None:  # after every sweep point: a run stopped by its time limit keeps what it measured
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+
     with open(work / "serve.log", "w") as log:
         server = subprocess.Popen(serve_cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -72,10 +76,10 @@ def main() -> None:
                 words = [float(r) for r in args.words_rates.split(",")]
                 sweeps.append(("gateway_words", words, ["--tokens-per-s", str(args.tokens_per_s)]))
             for key, sweep_rates, text_args in sweeps:
-                out[key] = [
-                    _probe(base, rate, args.duration_s, text_args, work / f"{key}_{rate:g}.json")
-                    for rate in sweep_rates
-                ]
+                out[key] = []
+                for rate in sweep_rates:
+                    out[key].append(_probe(base, rate, args.duration_s, text_args, work / f"{key}_{rate:g}.json"))
+                    save()
         finally:
             server.send_signal(signal.SIGTERM)
             try:
@@ -96,7 +100,7 @@ def main() -> None:
         else:
             out["engine_only"]["stderr"] = proc.stderr[-3000:]
         print(f"[engine only] rc {proc.returncode}", flush=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    save()
     if args.plot:
         plot(out, args.plot)
 
