@@ -19,7 +19,7 @@ from voicewire.engine.core import EngineGroup
 
 from .audio import pcm16_bytes
 from .auth import AuthConfig
-from .config import GatewayConfig, IceServer, normalize_base_path, parse_networks
+from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
 from .engine_flags import UsageError, add_model_args, engine_group, needs_torch, to_engine_config
 from .voices import default_voices_dir
 
@@ -146,7 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve GET /metrics without the API key (for a scraper on a private network)",
     )
-    serve.add_argument("--max-sessions", type=int, default=GatewayConfig.max_sessions)
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        default=GatewayConfig.max_sessions,
+        help=f"sessions per process (default: as many as the engine has streams, at least {MIN_SESSIONS})",
+    )
     serve.add_argument(
         "--write-stall-timeout",
         type=float,

@@ -12,6 +12,7 @@ from .limits import SessionLimits
 from .reference_audio import ReferenceLimits
 
 ICE_URL_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
+MIN_SESSIONS = 200  # the default session limit's floor: sessions between turns hold no stream
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,10 @@ class GatewayConfig:
     # Security and limits (README, "Security and limits"). Auth is off unless API keys are set.
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: SessionLimits = field(default_factory=SessionLimits)
-    max_sessions: int = 200  # sessions (WebSocket + WebRTC) per process -> 503 too_many_sessions
+    # sessions (WebSocket + WebRTC) per process -> 503 too_many_sessions; None: as many as the
+    # engines have streams, and at least MIN_SESSIONS (a GPU engine with 512 streams must not be
+    # capped by a limit made for a CPU voice)
+    max_sessions: int | None = None
     write_stall_timeout_s: float = 10.0  # a client that stops reading this long is closed with 4008
     # kernel send buffer per WebSocket and streamed speech response: bounds memory per slow client,
     # and lets a proxy's buffering be seen (nothing hides megabytes in the gateway's own socket)

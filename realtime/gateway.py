@@ -25,7 +25,7 @@ from voicewire.engine import Engine, EngineNotReady
 from voicewire.engine.core import CoreClient, EngineGroup
 
 from .auth import Authenticator, AuthError, api_key_from_headers, token_from_request
-from .config import GatewayConfig
+from .config import MIN_SESSIONS, GatewayConfig
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
 from .proxy import client_address
@@ -83,6 +83,11 @@ class Gateway:
         # it they use (open_stream, info, ready, onset_threshold_dbfs).
         return cast(Engine, engine)
 
+    def session_limit(self) -> int:
+        if self.config.max_sessions is not None:
+            return self.config.max_sessions
+        return max(MIN_SESSIONS, sum(_stream_capacity(e) for e in self.engines))
+
     def refuse(self, request: web.Request, status: int, code: str, message: str) -> web.Response:
         """Refuse a request before anything is allocated for it."""
         self.metrics.errors.labels(code).inc()
@@ -111,7 +116,7 @@ class Gateway:
             return self.refuse(request, 503, "draining", "the server is shutting down")
         if not any(e.ready for e in self.engines):
             return self.refuse(request, 503, "not_ready", "the engine is starting; retry shortly")
-        if opens_session and len(self.sessions) >= self.config.max_sessions:
+        if opens_session and len(self.sessions) >= self.session_limit():
             return self.refuse(request, 503, "too_many_sessions", "the server is at its session limit")
         try:
             self.auth.authorize(
@@ -137,12 +142,19 @@ class Gateway:
         return None
 
 
-def _free_streams(engine: Replica) -> int:
+def _stream_capacity(engine: Replica) -> int:
     if not engine.ready:
         return 0
     try:
         limit = engine.max_streams if isinstance(engine, CoreClient) else engine.stream_limit
-        return min(limit, engine.info.max_slots) - engine.active_streams()
+        return min(limit, engine.info.max_slots)
+    except EngineNotReady:
+        return 0
+
+
+def _free_streams(engine: Replica) -> int:
+    try:
+        return _stream_capacity(engine) - engine.active_streams() if engine.ready else 0
     except EngineNotReady:
         return 0
 

@@ -12,6 +12,7 @@ import websockets
 
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
+from voicewire.realtime.config import MIN_SESSIONS
 from voicewire.realtime.limits import SessionLimits
 
 
@@ -74,6 +75,20 @@ async def test_sessions_per_process_limit(engine: Engine) -> None:
         c = await _connect(base)  # a slot is free again
         await b.close()
         await c.close()
+
+
+async def test_the_default_session_limit_follows_the_engines_streams(engine: Engine) -> None:
+    # a GPU engine has hundreds of streams: the default limit must let a session reach each one
+    streams = min(engine.stream_limit, engine.info.max_slots)
+    assert streams > MIN_SESSIONS, "the shared engine must have more streams than the floor"
+    async with running_gateway(engine) as base:
+        sessions = []
+        for _ in range(0, streams, 32):
+            sessions += await asyncio.gather(*(_connect(base) for _ in range(min(32, streams - len(sessions)))))
+        with pytest.raises(websockets.InvalidStatus) as err:
+            await websockets.connect(f"ws://{base}/v1/stream")
+        assert json.loads(err.value.response.body)["error"]["code"] == "too_many_sessions"
+        await asyncio.gather(*(ws.close() for ws in sessions))
 
 
 async def test_session_lifetime_and_idle_timeout(engine: Engine) -> None:
