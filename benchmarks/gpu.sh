@@ -344,6 +344,7 @@ for suite in (load("gpu_tests_h200.json") or {}).get("suites", []):
     print(f"  tests: {suite['summary']} (rc {suite['rc']}) {' '.join(suite['failed'][:5])}")
 c = (load("side_by_side_h200.json") or {}).get("comparison")
 if c:
-    print("  side by side:", json.dumps({k: v.get("ratio") for k, v in c.items() if isinstance(v, dict)}))
+    print("  side by side:", json.dumps({k: {r: v[r] for r in v if r.startswith("ratio")}
+                                         for k, v in c.items() if isinstance(v, dict)}))
 EOF
 } 2>&1 | tee -a "$LOG"
