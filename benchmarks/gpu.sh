@@ -26,7 +26,8 @@
 #       (the README's command), probed from another process: open loop, a session per turn, whole
 #       replies at RATES and words at 30/s at WORDS_RATES; then the engine alone at RATES, its
 #       utterances scaled to the probe's (3.4 s mean)  -> front_door_SIZE[_TAG]_h200.json, .png
-#       needs the gateway's wheels carried as .whl/gateway (aiortc, av, websockets, pyzmq)
+#       needs the gateway's wheels carried as .whl/gateway (aiortc, av, websockets, pyzmq); each half builds
+#       and captures the model (~200 s), so ENGINE_ONLY='' (no engine-only half) leaves the call for the gateway
 #   COMMIT=<sha> bash benchmarks/gpu.sh side-by-side         # README "against the official qwen-tts" (~6 min)
 #       the official qwen-tts 0.1.1 and ours on the same saved random weights, one call
 #                                                            -> side_by_side_h200.json, .png, official.log, ours.log
@@ -194,7 +195,7 @@ if [ "$MODE" = front-door ]; then
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   step front-door 570 python3 benchmarks/front_door.py --rates "${RATES:-1,60,80,90,100,110}" \
     --words-rates "${WORDS_RATES:-1,80}" --duration-s "${DURATION_S:-10}" \
-    --engine-only "--size $SIZE --max-batch 256 --max-slots 512 --max-seq-len 1536 --length-scale 0.74" \
+    --engine-only "${ENGINE_ONLY---size $SIZE --max-batch 256 --max-slots 512 --max-seq-len 1536 --length-scale 0.74}" \
     --out "$OUT/$name.json" --plot "$OUT/$name.png" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
   stamp "$OUT/$name.json"
