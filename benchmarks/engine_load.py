@@ -117,10 +117,10 @@ async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str
 def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[str, Any]:
     ok = [r for r in recs if "ttfp_ms" in r]
     ttfp = [r["ttfp_ms"] for r in ok]
-    audio_in_window = sum(n for r in ok for t, n in r["arrivals"] if t_start <= t <= t_end) / SR
-    # the window's second half: the streams have ramped up, so this is the engine's steady output
-    t_mid = (t_start + t_end) / 2
-    audio_late_half = sum(n for r in ok for t, n in r["arrivals"] if t_mid <= t <= t_end) / SR
+
+    def audio_s_per_s(t0: float) -> float:
+        return sum(n for r in ok for t, n in r["arrivals"] if t0 <= t <= t_end) / SR / (t_end - t0)
+
     chunks = sum(r["chunks"] for r in ok)
     late = sum(r["late_chunks"] for r in ok)
     return {
@@ -139,8 +139,9 @@ def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[
         "request_on_time_rate": (sum(1 for r in ok if not r["stalls"]) / len(ok)) if ok else None,
         "chunk_on_time_rate": (1 - late / chunks) if chunks else None,
         "stall_s_total": sum(r["stall_s"] for r in ok),
-        "audio_s_per_s": audio_in_window / (t_end - t_start),
-        "audio_s_per_s_second_half": audio_late_half / (t_end - t_mid),
+        "audio_s_per_s": audio_s_per_s(t_start),
+        # the window's second half: the streams have ramped up, so this is the engine's steady output
+        "audio_s_per_s_second_half": audio_s_per_s((t_start + t_end) / 2),
     }
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from aiohttp import web
 
-from voicewire.engine import Engine, EngineNotReady
+from voicewire.engine import Engine
 from voicewire.engine.core import CoreClient, EngineGroup
 
 from .auth import Authenticator, AuthError, api_key_from_headers, token_from_request
@@ -143,20 +143,14 @@ class Gateway:
 
 
 def _stream_capacity(engine: Replica) -> int:
+    """Streams a replica runs at once (both limits are already capped by the model's slots)."""
     if not engine.ready:
         return 0
-    try:
-        limit = engine.max_streams if isinstance(engine, CoreClient) else engine.stream_limit
-        return min(limit, engine.info.max_slots)
-    except EngineNotReady:
-        return 0
+    return engine.max_streams if isinstance(engine, CoreClient) else engine.stream_limit
 
 
 def _free_streams(engine: Replica) -> int:
-    try:
-        return _stream_capacity(engine) - engine.active_streams() if engine.ready else 0
-    except EngineNotReady:
-        return 0
+    return _stream_capacity(engine) - engine.active_streams() if engine.ready else 0
 
 
 def bound_send_buffer(request: web.Request, nbytes: int) -> None:
