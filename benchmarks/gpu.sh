@@ -143,7 +143,11 @@ EOF
 # gpu_tests JSON: every GPU test, the summary line and failures of each suite.
 gpu_tests() {
   local out=$1
-  step tests 300 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/qwen3/test_gpu.py
+  # the kernels' files are mostly Triton compiles (CPU-bound): spread over processes, one file each, while
+  # test_gpu.py's model builds run in one of them
+  local xdist=()
+  python3 -c "import xdist" 2> /dev/null && xdist=(-n 4 --dist loadfile)
+  step tests 330 python3 -m pytest -q -p no:cacheprovider "${xdist[@]}" tests/kernels tests/engine/qwen3/test_gpu.py
   local c1=$CMD r1=$RC s1=$SECS
   step tests-codec-cuda 90 env VOICEWIRE_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/engine/qwen3/test_codec_ragged.py
