@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,7 +106,19 @@ def main() -> None:
         plot(out, args.plot)
 
 
+def _engine_counters(base: str) -> dict[str, float]:
+    """The engine cores' counters on /metrics (summed over replicas): steps, frames, the worker's
+    seconds in frame steps, codec waits and stream commands."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for m in re.finditer(r"^voicewire_engine_(\w+)_total\{[^}]*\} (\S+)$", text, re.M):
+        out[m[1]] = round(out.get(m[1], 0.0) + float(m[2]), 3)
+    return out
+
+
 def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res: Path) -> dict[str, Any]:
+    before = _engine_counters(base)
     cmd = [
         sys.executable, "-m", "voicewire.realtime.cli", "probe", "--url", base, "--rate", str(rate),
         "--duration", str(duration_s), "--session-per-turn", *text_args, "--out", str(res), "--plot", "",
@@ -116,6 +129,9 @@ def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res:
         row["result"] = json.loads(res.read_text()).get("summary")
     else:
         row["stderr"] = proc.stderr[-2000:]
+    # what the engine did for this sweep point: the worker's time in steps, codec and commands
+    after = _engine_counters(base)
+    row["engine"] = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
     print(f"[{' '.join(text_args)} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
     return row
 

@@ -25,6 +25,8 @@ class EngineStats:
     # (Model.device_wait_s): the rest is host time (Python, launches)
     device_wait_s: float = 0.0
     voices_cloned: int = 0  # clone_voice calls that ran the model's encoders (counted on the caller's loop)
+    commands: int = 0  # opens, text pushes, ends and cancels handled by the worker
+    commands_s: float = 0.0  # ...and the worker's time in them, between steps
 
     def record_step(self, generate_s: float, decode_s: float, batch: int, device_wait_s: float) -> None:
         """One step: its frame-step time, its decode time (overlapped: only the wait for the codec

@@ -42,6 +42,11 @@ class _EngineCollector(Collector):
                 lambda e: e.stats.device_wait_s,
             ),
             (counter("voicewire_engine_frames", "Frames generated"), lambda e: e.stats.frames_generated),
+            (counter("voicewire_engine_commands", "Stream commands handled (opens, text, ends)"), lambda e: e.stats.commands),
+            (
+                counter("voicewire_engine_command_seconds", "Worker time in stream commands, between steps"),
+                lambda e: e.stats.commands_s,
+            ),
             (counter("voicewire_engine_voices_cloned", "Voices cloned from reference audio"), lambda e: e.stats.voices_cloned),
             (gauge("voicewire_engine_last_step_seconds", "Duration of the last step"), lambda e: e.stats.last_step_s),
             (gauge("voicewire_engine_ready", "1 while the replica is warm and stepping"), lambda e: float(e.ready)),

@@ -269,6 +269,7 @@ class Qwen3TTSModel(Model):
             else:
                 prompts[s] = prompt
         new = list(prompts)
+        self.state.flush_text()  # the text the step's feeds read (add_text queues it)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
         per_call = self.prefill_batches[-1]
         for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):

@@ -5,9 +5,10 @@ batch bucket that no stream uses point at it, so a captured graph always runs it
 the padding writes land where nobody reads (its position and frame count are re-zeroed after each
 step, so its KV writes stay in range).
 
-The host writes a row when a stream opens (sampling parameters, flags) and when text arrives (token
-ids); the frame step (frame_step.py) reads and advances the rest on the device: no per-stream value
-crosses to the host during a step except the sampled codes. The prefill leaves one row for the decode
+The host writes a row when a stream opens (sampling parameters, flags) and, before each step, the
+text that arrived since the last (token ids, every slot's in one copy); the frame step
+(frame_step.py) reads and advances the rest on the device: no per-stream value crosses to the host
+during a step except the sampled codes. The prefill leaves one row for the decode
 step: the input of the prompt's last position (``first_feed``), which that step feeds instead of a
 last frame.
 """
@@ -71,6 +72,9 @@ class SlotState:
         self.penalty = torch.ones(n, dtype=torch.float32, device=dev)
         self.seed = torch.zeros(n, dtype=torch.int64, device=dev)
         self.eos_masked = torch.zeros(n, dtype=torch.bool, device=dev)
+        # text arrived since the last step, uploaded together before the next one (flush_text):
+        # per slot, its first new position and the ids from there
+        self._text_writes: dict[int, tuple[int, list[int]]] = {}
 
     def open(self, slot: int, row: SamplingRow, whole_text: bool) -> None:
         """Reset a slot's row for a new stream (a few small host->device writes, once per stream).
@@ -89,14 +93,35 @@ class SlotState:
         self.position[slot].zero_()
         self.frames[slot].zero_()
         self.text_len[slot].zero_()
+        self._text_writes.pop(slot, None)  # a closed stream's text, never stepped
 
     def append_text(self, slot: int, start: int, ids: Sequence[int]) -> None:
-        """Token ids ``start .. start + len(ids)`` of a slot's text arrived (the host checked the room)."""
+        """Token ids ``start .. start + len(ids)`` of a slot's text arrived (the host checked the room);
+        they reach the device with the next ``flush_text``."""
         if not ids:
             return
-        end = start + len(ids)
-        _upload(self.text[slot, start:end], list(ids), torch.int64)
-        self.text_len[slot].fill_(end)
+        first, queued = self._text_writes.setdefault(slot, (start, []))
+        if start != first + len(queued):
+            raise ValueError(f"slot {slot}: text from position {start}, expected {first + len(queued)}")
+        queued.extend(ids)
+
+    def flush_text(self) -> None:
+        """The text appended since the last flush onto the device, all slots in one copy and two
+        scatters: text streamed a word at a time comes as a push per word, thousands a second at
+        load, and a write of its own for each (a pinned block, a copy and a fill) is worker time
+        per word rather than per step."""
+        if not self._text_writes:
+            return
+        width = self.max_text_tokens
+        at = [s * width + first + i for s, (first, ids) in self._text_writes.items() for i in range(len(ids))]
+        values = [v for _, ids in self._text_writes.values() for v in ids]
+        slots = list(self._text_writes)
+        ends = [first + len(ids) for first, ids in self._text_writes.values()]
+        self._text_writes = {}
+        n, m = len(at), len(slots)
+        packed = to_device(at + values + slots + ends, torch.int64, self.text.device)
+        self.text.view(-1).index_copy_(0, packed[:n], packed[n : 2 * n])
+        self.text_len.index_copy_(0, packed[2 * n : 2 * n + m], packed[2 * n + m :])
 
     def rezero_padding(self) -> None:
         """Keep the padding slot's counters at 0 (called inside the step: graph-capturable)."""

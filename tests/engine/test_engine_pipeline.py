@@ -223,3 +223,51 @@ async def test_a_new_streams_first_chunk_leaves_before_the_bulk_codec_work_begun
         pcm = np.concatenate([c.pcm for c in chunks])
         np.testing.assert_array_equal(pcm, np.repeat(np.arange(1, n + 1, dtype=np.float32), FRAME) / 1000)
     assert any(urgent for urgent, _, _ in model.pieces) and any(not u for u, _, _ in model.pieces)
+
+
+class _SlowTextModel(_PipelinedModel):
+    """_PipelinedModel whose text costs the worker ``TEXT_S`` a push (a tokenizer, a device write)."""
+
+    TEXT_S = 0.001
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pushes = 0
+        self.pushes_at_step: list[int] = []  # pushes handled when each frame step began
+
+    def add_text(self, slot: int, pieces: Sequence[str], final: bool) -> None:
+        time.sleep(self.TEXT_S)
+        self.pushes += 1
+
+    def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
+        self.pushes_at_step.append(self.pushes)
+        return super().generate_start(slots)
+
+
+async def test_a_flood_of_text_pushes_does_not_hold_the_frames_of_streams_that_have_their_text() -> None:
+    """Hundreds of streams each streaming a word at a time send pushes faster than the worker handles
+    them: it steps between them rather than after the last one."""
+    model = _SlowTextModel()
+    flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
+    eng = Engine(EngineConfig(max_streams=4, level=flat), model=model).start()
+    try:
+        speaking = eng.open_stream(StreamParams(forced_frames=100_000))
+        speaking.push_text("a long turn.")
+        speaking.end()
+        listener = asyncio.create_task(_collect(speaking))
+        while not model.pushes_at_step:
+            await asyncio.sleep(0.001)
+        words = eng.open_stream(StreamParams(forced_frames=100_000))
+        before, n = model.pushes, 300
+        for i in range(n):
+            words.push_text(f"word{i} ")
+        while model.pushes < before + n:
+            await asyncio.sleep(0.005)
+        during = [p for p in model.pushes_at_step if before < p < before + n]
+        speaking.cancel()
+        words.cancel()
+        listener.cancel()
+        await wait_engine_idle(eng)
+    finally:
+        eng.close()
+    assert len(during) >= 10, f"{len(during)} frame steps while {n} pushes took {n * model.TEXT_S:.2f} s"

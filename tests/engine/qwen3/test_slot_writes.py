@@ -3,9 +3,10 @@
 ``t[i] = value`` on a CUDA tensor copies one element from pageable memory, which waits for all the
 work queued on the stream: the frame steps in flight. The worker opens streams between steps, so
 every open would hold it until the device ran dry (on the H200 at 240 req/s the commands took 4.45
-ms of an 11-ms tick). A slot's open, its text and its codec state reset therefore write scalars by
-``fill_`` and lists through pinned memory. Checked on the CPU, where the same code runs, by the
-pattern; on CUDA (``VOICEWIRE_TEST_DEVICE=cuda``) also by torch's sync debug mode.
+ms of an 11-ms tick). A slot's open and its codec state reset therefore write scalars by ``fill_``
+and lists through pinned memory, and its text waits on the host for the next step, which copies
+every slot's at once. Checked on the CPU, where the same code runs, by the pattern; on CUDA
+(``VOICEWIRE_TEST_DEVICE=cuda``) also by torch's sync debug mode.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from voicewire.engine.model import StreamParams
+from voicewire.engine.qwen3 import slot_state
 from voicewire.engine.qwen3.model import Qwen3TTSModel
 
 
@@ -54,3 +56,44 @@ def test_opening_a_slot_and_giving_it_text_wait_for_no_queued_work(
                 torch.cuda.set_sync_debug_mode(0)
             tiny.close_slot(slot)
     assert seen == []
+
+
+def test_streamed_text_reaches_the_device_with_the_next_step_all_slots_in_one_copy(
+    tiny: Qwen3TTSModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A word at a time is a push per word: each waits on the host, and the step copies what every
+    slot got since the last one at once, where its feeds read it."""
+    slots = (1, 3, 4)
+    copies: list[tuple[int, ...]] = []
+    copy = torch.Tensor.copy_
+
+    def record(self: torch.Tensor, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        copies.append(tuple(src.shape))
+        return copy(self, src, *args, **kwargs)
+
+    try:
+        for s in slots:
+            tiny.open_slot(s, StreamParams(seed=s, forced_frames=8))
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "copy_", record)
+            for word in ("Hello ", "there, ", "my ", "good "):
+                for s in slots:
+                    tiny.add_text(s, [word], False)
+            assert copies == []
+            uploads: list[int] = []
+            upload = slot_state.to_device
+            m.setattr(slot_state, "to_device", lambda v, *a: uploads.append(len(v)) or upload(v, *a))
+            tiny.generate_start(list(slots))()
+            assert len(uploads) == 1  # every slot's ids, positions and lengths
+        for s in slots:
+            ids = tiny._slot(s).fed_ids()
+            assert int(tiny.state.text_len[s]) == len(ids)
+            assert tiny.state.text[s, : len(ids)].tolist() == ids
+        tiny.add_text(slots[0], ["friend."], True)
+        tiny.generate_start([slots[0]])()
+        ids = tiny._slot(slots[0]).fed_ids()
+        assert tiny.state.text[slots[0], : len(ids)].tolist() == ids
+        assert int(tiny.state.text_len[slots[0]]) == len(ids)
+    finally:
+        for s in slots:
+            tiny.close_slot(s)
