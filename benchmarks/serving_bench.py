@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -371,6 +372,8 @@ SERVE_VARIANTS: dict[str, dict[str, Any]] = {
     "noahead": {"queue_ahead": False},  # no frame step queued behind the running one
     "decodes2": {"max_decodes_in_flight": 2},  # two pieces of codec work queued beside the running one
     "nourgent": {"urgent_slack_s": 0.0},  # first chunks queued with the bulk codec work (no urgent lane)
+    "nobudget": {"command_budget_s": math.inf},  # every queued command handled before the next step
+    "budget5ms": {"command_budget_s": 0.005},
 }
 
 

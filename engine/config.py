@@ -105,4 +105,8 @@ class EngineConfig:
     # (Model.urgent_decode): a new stream's first audio, and the next chunks that keep it playing,
     # then wait for no bulk codec work of the streams seconds ahead. 0: one piece of codec work a tick
     urgent_slack_s: float = 0.2
+    # the worker's time in stream commands (opens, text pushes, ends) between two steps, the rest
+    # waiting for the next gap: text pushed a word at a time by hundreds of streams must not hold
+    # every stream's next frame for as long as it keeps coming. inf: every queued command first
+    command_budget_s: float = 0.002
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

@@ -64,9 +64,6 @@ from .text_feeder import ClauseFeeder, WordFeeder
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
-# The commands handled between two steps stop after this long (the rest wait for the next gap): text pushed a word at a time by hundreds of streams must not hold every stream's
-# next frame for as long as it keeps coming.
-COMMAND_BUDGET_S = 0.002
 
 _T = TypeVar("_T")
 
@@ -265,7 +262,7 @@ class Engine:
 
     def _drain(self, block: bool) -> bool:
         """Handles the commands that came in (waiting for one when ``block``), for up to
-        ``COMMAND_BUDGET_S``; True when there were any."""
+        ``command_budget_s``; True when there were any."""
         wait_s = min(IDLE_WAIT_S, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
         try:
             cmd = self._commands.get(timeout=wait_s) if block else self._commands.get_nowait()
@@ -275,7 +272,7 @@ class Engine:
         while True:
             self._handle(cmd)
             n += 1
-            if time.perf_counter() - t0 > COMMAND_BUDGET_S:
+            if time.perf_counter() - t0 > self.config.command_budget_s:
                 break
             try:
                 cmd = self._commands.get_nowait()
