@@ -108,5 +108,5 @@ class EngineConfig:
     # the worker's time in stream commands (opens, text pushes, ends) between two steps, the rest
     # waiting for the next gap: text pushed a word at a time by hundreds of streams must not hold
     # every stream's next frame for as long as it keeps coming. inf: every queued command first
-    command_budget_s: float = 0.002
+    command_budget_s: float = 0.005
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's
