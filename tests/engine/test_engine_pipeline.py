@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -255,14 +255,17 @@ async def test_a_flood_of_text_pushes_does_not_hold_the_frames_of_streams_that_h
         speaking.push_text("a long turn.")
         speaking.end()
         listener = asyncio.create_task(_collect(speaking))
-        while not model.pushes_at_step:
-            await asyncio.sleep(0.001)
+
+        async def until(done: Callable[[], bool]) -> None:
+            while not done():
+                await asyncio.sleep(0.002)
+
+        await asyncio.wait_for(until(lambda: bool(model.pushes_at_step)), 10)
         words = eng.open_stream(StreamParams(forced_frames=100_000))
         before, n = model.pushes, 300
         for i in range(n):
             words.push_text(f"word{i} ")
-        while model.pushes < before + n:
-            await asyncio.sleep(0.005)
+        await asyncio.wait_for(until(lambda: model.pushes >= before + n), 10)
         during = [p for p in model.pushes_at_step if before < p < before + n]
         speaking.cancel()
         words.cancel()
