@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,10 @@ async def test_metrics_and_readyz(gateway: str) -> None:
     assert "voicewire_engine_streams_active" in text and "voicewire_engine_batches_total" in text
     # the embedded voice's work is all host work: no time waiting for a device
     assert 'voicewire_engine_device_wait_seconds_total{replica="0"} 0.0' in text
+    # the turn's open, text and end, handled by the worker between steps
+    commands = re.search(r'^voicewire_engine_commands_total\{replica="0"\} (\S+)$', text, re.M)
+    seconds = re.search(r'^voicewire_engine_command_seconds_total\{replica="0"\} (\S+)$', text, re.M)
+    assert commands and float(commands[1]) >= 3 and seconds and float(seconds[1]) > 0
     await client.close()
 
 
