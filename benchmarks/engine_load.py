@@ -11,6 +11,8 @@ underruns say.
 
 Playback of each request is simulated from its first chunk with no extra buffer: a chunk that
 arrives after the audio before it has played out stalls playback, which resumes when it arrives.
+Each stall is listed (``stalls``: when, which chunk, how long) with the garbage collector's pauses
+that overlapped its last 150 ms, and each open-loop point has the process's pauses (``gc``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ import numpy as np
 
 from voicewire.engine.config import EngineConfig, LevelConfig
 from voicewire.engine.engine import Engine, EngineBusy
+from voicewire.engine.heap import PAUSES
 from voicewire.engine.model import StreamParams
 
 LENGTHS = Path(__file__).resolve().parent / "data" / "utterance_lengths.json"
 SR = 24_000
 MIN_REQUESTS_PER_RATE = 20
+STALLS_LISTED = 40
+STALL_GC_LOOKBACK_S = 0.15  # a pause this long before a late chunk's due time can have made it late
 WORDS = "the quick brown fox jumps over the lazy dog while the evening sun sets behind the hills".split()
 
 
@@ -91,12 +96,13 @@ async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str
         t0 = chunks[0][0]
         # playback from the first chunk, zero extra buffer; a late chunk stalls playback
         played_until = t0 + chunks[0][1] / SR
-        stalls, stall_s, late_chunks = 0, 0.0, 0
-        for t_arr, n in chunks[1:]:
+        stalls, stall_s, late_chunks, late = 0, 0.0, 0, []
+        for i, (t_arr, n) in enumerate(chunks[1:], 1):
             if t_arr > played_until:
                 stalls += 1
                 late_chunks += 1
                 stall_s += t_arr - played_until
+                late.append((i, played_until, t_arr))
                 played_until = t_arr
             played_until += n / SR
         audio_s = sum(n for _, n in chunks) / SR
@@ -109,6 +115,7 @@ async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str
             late_chunks=late_chunks,
             stalls=stalls,
             stall_s=stall_s,
+            late=late,
             arrivals=[(t, n) for t, n in chunks],
         )
     out.append(rec)
@@ -123,6 +130,7 @@ def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[
 
     chunks = sum(r["chunks"] for r in ok)
     late = sum(r["late_chunks"] for r in ok)
+    stalls = sorted((due, t_arr, i, r["frames"]) for r in ok for i, due, t_arr in r["late"])
     return {
         "requests": len(recs),
         "completed": len(ok),
@@ -142,7 +150,33 @@ def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[
         "audio_s_per_s": audio_s_per_s(t_start),
         # the window's second half: the streams have ramped up, so this is the engine's steady output
         "audio_s_per_s_second_half": audio_s_per_s((t_start + t_end) / 2),
+        "stalls": [
+            {
+                "t_s": due - t_start,
+                "chunk": i,
+                "stall_ms": (t_arr - due) * 1e3,
+                "frames": frames,
+                "gc_ms": [
+                    (p.generation, p.seconds * 1e3) for p in PAUSES.between(due - STALL_GC_LOOKBACK_S, t_arr)
+                ],
+            }
+            for due, t_arr, i, frames in stalls[:STALLS_LISTED]
+        ],
     }
+
+
+def gc_pauses(before: tuple[list[int], list[float]], t0: float, t1: float) -> dict[str, Any]:
+    """The process's collections since ``before`` (PAUSES' counts and seconds at t0), by generation:
+    how many, their total and the longest between t0 and t1."""
+    out: dict[str, Any] = {}
+    for g in range(3):
+        ms = [p.seconds * 1e3 for p in PAUSES.between(t0, t1) if p.generation == g]
+        out[str(g)] = {
+            "n": PAUSES.count[g] - before[0][g],
+            "total_ms": (PAUSES.seconds[g] - before[1][g]) * 1e3,
+            "max_ms": max(ms, default=0.0),
+        }
+    return out
 
 
 def engine_delta(engine: Engine, before: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +214,7 @@ async def open_loop(
     recs: list[dict[str, Any]] = []
     tasks = []
     before = engine_snapshot(engine)
+    gc_before = (list(PAUSES.count), list(PAUSES.seconds))
     t_start = time.perf_counter()
     t_next = t_start
     lag = []
@@ -196,6 +231,7 @@ async def open_loop(
     t_end = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
     out = summarize(recs, t_start, t_end)
+    out["gc"] = gc_pauses(gc_before, t_start, time.perf_counter())
     asked = sum(r["frames"] for r in recs) * engine.info.frame_samples / engine.info.sample_rate_hz
     out.update(
         rate=rate,

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.max_slots,
         queue_ahead=not args.no_queue_ahead,
         max_decodes_in_flight=args.decodes_in_flight,
+        freeze_heap=not args.no_freeze_heap,
     )
     engine = Engine(cfg, model=model).start()
     prof = WorkerProfile(engine)
@@ -146,6 +147,7 @@ def main() -> None:
     ap.add_argument("--row-us", type=float, default=35.0)
     ap.add_argument("--device", choices=("none", "h200"), default="none", help="h200: H200Model (docstring)")
     ap.add_argument("--no-queue-ahead", action="store_true", help="EngineConfig.queue_ahead off")
+    ap.add_argument("--no-freeze-heap", action="store_true", help="EngineConfig.freeze_heap off (heap.py)")
     ap.add_argument("--decodes-in-flight", type=int, default=1, help="EngineConfig.max_decodes_in_flight")
     ap.add_argument(
         "--host-work", action="store_true", help="h200: spin the served model's host time a call (H200_HOST_MS)"

@@ -374,6 +374,7 @@ SERVE_VARIANTS: dict[str, dict[str, Any]] = {
     "nourgent": {"urgent_slack_s": 0.0},  # first chunks queued with the bulk codec work (no urgent lane)
     "nobudget": {"command_budget_s": math.inf},  # every queued command handled before the next step
     "budget2ms": {"command_budget_s": 0.002},  # the budget's first value (4e8e29a's "served")
+    "nofreeze": {"freeze_heap": False},  # every collection walks the whole startup heap (heap.py)
 }
 
 

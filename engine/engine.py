@@ -38,6 +38,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
+from . import heap
 from .cloned_voice import ClonedVoice, CloningNotSupported
 from .codec_work import CodecWork, Piece
 from .commands import Cancel, End, Flush, PushText, Stop, StreamCommand
@@ -102,6 +103,8 @@ class Engine:
         self._steps_ahead = 1  # frame steps begun at once: set by start() from the config and the model
         self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
         self._device_wait_base = 0.0
+        self._heap_frozen = False
+        self._gc_base = (0, 0.0)  # the process's collections before this engine started
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
@@ -134,6 +137,11 @@ class Engine:
             self._model = load_model(self.config.model, self.config.model_options)
         self._model.warmup()
         self._device_wait_base = self._model.device_wait_s()  # warm-up's waits are not a step's
+        heap.PAUSES.install()
+        if self.config.freeze_heap and not self._heap_frozen:
+            heap.freeze()
+            self._heap_frozen = True
+        self._gc_base = (sum(heap.PAUSES.count), sum(heap.PAUSES.seconds))
         self._slots = SlotPool(self._model.info.max_slots)
         chunks = self.config.chunks
         if chunks.slack_frames is None:
@@ -158,6 +166,9 @@ class Engine:
         self._commands.put(Stop())
         self._thread.join(timeout=10)
         self._thread = None
+        if self._heap_frozen:
+            heap.release()
+            self._heap_frozen = False
 
     async def __aenter__(self) -> Engine:
         await asyncio.get_running_loop().run_in_executor(None, self.start)
@@ -416,6 +427,10 @@ class Engine:
         t2 = time.perf_counter()
         waited = model.device_wait_s() - self._device_wait_base + self._decoding.polled_s
         self.stats.record_step(t1 - t0, t2 - t1, rows, waited)
+        gc_pauses = heap.PAUSES
+        self.stats.gc_collections = sum(gc_pauses.count) - self._gc_base[0]
+        self.stats.gc_pause_s = sum(gc_pauses.seconds) - self._gc_base[1]
+        self.stats.gc_pause_max_s = gc_pauses.max_s
 
     def _begin_step(self, plan: StepPlan) -> bool:
         """The stage-1 step begun; False when there is nothing to run, or it failed (its streams are

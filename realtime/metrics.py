@@ -47,6 +47,18 @@ class _EngineCollector(Collector):
                 counter("voicewire_engine_command_seconds", "Worker time in stream commands, between steps"),
                 lambda e: e.stats.commands_s,
             ),
+            (
+                counter("voicewire_engine_gc_collections", "Garbage collections in the engine's process, every generation"),
+                lambda e: e.stats.gc_collections,
+            ),
+            (
+                counter("voicewire_engine_gc_pause_seconds", "Time the garbage collector held the engine's process"),
+                lambda e: e.stats.gc_pause_s,
+            ),
+            (
+                gauge("voicewire_engine_gc_pause_max_seconds", "The longest garbage collection in the engine's process"),
+                lambda e: e.stats.gc_pause_max_s,
+            ),
             (counter("voicewire_engine_voices_cloned", "Voices cloned from reference audio"), lambda e: e.stats.voices_cloned),
             (gauge("voicewire_engine_last_step_seconds", "Duration of the last step"), lambda e: e.stats.last_step_s),
             (gauge("voicewire_engine_ready", "1 while the replica is warm and stepping"), lambda e: float(e.ready)),

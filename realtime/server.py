@@ -28,7 +28,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from voicewire.engine import Engine
+from voicewire.engine import Engine, heap
 from voicewire.engine.core import CoreStartFailed, CoreState, EngineGroup
 
 from .auth import AuthError
@@ -247,6 +247,7 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None) -> None
     gw = app[GATEWAY]
     runner = make_runner(app)
     await runner.setup()
+    frozen = False
     try:
         site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
         await site.start()
@@ -271,9 +272,16 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None) -> None
         if not stop.is_set():
             log.info("engine ready")
             print("voicewire: ready", flush=True)
+            if config.engine.freeze_heap:
+                # the gateway's own startup heap (aiohttp, aiortc, PyAV) out of its collections, as
+                # the engine's (heap.py): a full one stops the loop that paces every peer's packets
+                heap.freeze()
+                frozen = True
         await stopped
         log.info("draining: %d sessions open", len(gw.sessions))
         await drain(app, config.drain_timeout_s)
     finally:
         await runner.cleanup()
+        if frozen:
+            heap.release()
     log.info("stopped")

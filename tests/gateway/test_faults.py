@@ -108,6 +108,11 @@ async def test_metrics_and_readyz(gateway: str) -> None:
     commands = re.search(r'^voicewire_engine_commands_total\{replica="0"\} (\S+)$', text, re.M)
     seconds = re.search(r'^voicewire_engine_command_seconds_total\{replica="0"\} (\S+)$', text, re.M)
     assert commands and float(commands[1]) >= 3 and seconds and float(seconds[1]) > 0
+    # the worker copies the process's collector pauses each step: a turn's allocations run the young
+    # generation many times
+    collections = re.search(r'^voicewire_engine_gc_collections_total\{replica="0"\} (\S+)$', text, re.M)
+    longest = re.search(r'^voicewire_engine_gc_pause_max_seconds\{replica="0"\} (\S+)$', text, re.M)
+    assert collections and float(collections[1]) >= 1 and longest and float(longest[1]) > 0
     await client.close()
 
 
