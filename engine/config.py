@@ -110,7 +110,7 @@ class EngineConfig:
     # every stream's next frame for as long as it keeps coming. inf: every queued command first
     command_budget_s: float = 0.005
     # once warm, exempt the process's startup heap (modules, the model, its graphs) from the garbage
-    # collector (heap.py): a full collection otherwise walks all of it, ~50-100 ms with the GIL held,
-    # every few seconds under load, and the streams in their first 100 ms of audio run dry
+    # collector (heap.py): a full collection otherwise walks all of it, 100-125 ms with the GIL held,
+    # every several seconds under load, and the streams in their first 100 ms of audio run dry
     freeze_heap: bool = True
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

@@ -1,10 +1,10 @@
 """The garbage collector's pauses: what they cost a server, and keeping them short.
 
 A collection of the oldest generation walks every tracked object in the process while it holds the
-GIL. With torch and a model loaded that is ~170,000 objects and ~50-100 ms. For that long no frame
-step is begun, no chunk is handed out and no packet leaves. Under load such a collection comes
-every few seconds, because each stream's objects outlive the young generations. A stream in its
-first 100 ms of audio then runs dry.
+GIL. With torch and a model loaded that is ~170,000 objects and 100-125 ms (on the H200's host and
+on a CI core alike). For that long no frame step is begun, no chunk is handed out and no packet
+leaves. Under load one comes every several seconds, as each stream's objects outlive the young
+generations, and the streams between their first chunk (80 ms of audio) and their second run dry.
 
 ``freeze()`` moves what exists once a server is warm (modules, the model, its graphs) into the
 collector's permanent generation, so later collections walk only what serving made: a few ms. Only
@@ -70,7 +70,8 @@ class Pauses:
 
     def between(self, t0: float, t1: float) -> list[Pause]:
         """The kept pauses that overlapped ``t0 .. t1`` (perf_counter)."""
-        return [p for p in self.recent if p.t_end >= t0 and p.t_end - p.seconds <= t1]
+        # a copy first: a collection while this runs (any allocation may start one) appends to the deque
+        return [p for p in list(self.recent) if p.t_end >= t0 and p.t_end - p.seconds <= t1]
 
 
 PAUSES = Pauses()
