@@ -368,6 +368,7 @@ class Engine:
             stream_id=stream.id,
             slot=slot,
             t_arrival=time.perf_counter(),
+            tenant=params.tenant,
             first_chunk_frames=params.first_chunk_frames,
             sample_rate_hz=model.info.sample_rate_hz,
         )

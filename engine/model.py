@@ -88,6 +88,9 @@ class StreamParams:
     first_chunk_frames: int | None = None  # override of the engine's chunk schedule for the first chunk
     language: str = ""  # models with languages; "" = auto/default
     extra: dict[str, object] = field(default_factory=dict)  # model-specific options
+    # Whose stream this is (the gateway's client): when more streams are ready than a batch
+    # holds, the scheduler shares batches out across tenants. "" = one anonymous tenant.
+    tenant: str = ""
 
     def check(self, info: ModelInfo) -> None:
         """Raises ValueError for options this model cannot take (checked before a slot opens)."""

@@ -3,7 +3,9 @@
 Policy: deadline first. A stream's deadline is the moment its listener would run dry if playback
 started when its first audio left the engine (a stream with no audio yet is due since its first
 text arrived, so new turns go first, oldest first). Generate batches are filled in deadline
-order up to the model's batch size; a stream's frames are handed to the decoder when its chunk
+order up to the model's batch size, one stream per tenant in turn when more are ready than fit:
+a tenant (the gateway's client) with many streams behind their deadlines cannot push another
+tenant's new turn out of every batch. A stream's frames are handed to the decoder when its chunk
 schedule says the next chunk is complete, or when it has finished.
 """
 
@@ -24,6 +26,7 @@ class Request:
     stream_id: int
     slot: int
     t_arrival: float  # perf_counter of the first text (or of the open, until text comes)
+    tenant: str = ""  # whose stream (StreamParams.tenant): batches share out across tenants
     first_chunk_frames: int | None = None
     sample_rate_hz: int = 24_000
     pending: list[object] = field(default_factory=list)  # frame payloads not yet decoded
@@ -70,8 +73,21 @@ class Scheduler:
         """``ready``: stream ids whose model slot can make progress now."""
         candidates = [r for r in self.requests.values() if r.stream_id in ready and not r.generation_done]
         candidates.sort(key=Request.deadline)
-        chosen = candidates[: self._max_batch]
+        chosen = candidates if len(candidates) <= self._max_batch else self._fair(candidates)
         return StepPlan([r.slot for r in chosen], [r.stream_id for r in chosen])
+
+    def _fair(self, candidates: list[Request]) -> list[Request]:
+        """A full batch from deadline-ordered ``candidates``: each tenant's most urgent stream,
+        then each one's next, ...; in deadline order within a round. One tenant alone: the
+        ``max_batch`` most urgent, as without tenants."""
+        rounds: dict[str, int] = {}
+        ranked = []
+        for i, r in enumerate(candidates):
+            n = rounds.get(r.tenant, 0)
+            rounds[r.tenant] = n + 1
+            ranked.append((n, i, r))
+        ranked.sort(key=lambda x: (x[0], x[1]))
+        return [r for _, _, r in ranked[: self._max_batch]]
 
     def record(self, plan: StepPlan, results: list[GenerateResult]) -> None:
         for stream_id, res in zip(plan.generate_streams, results, strict=True):

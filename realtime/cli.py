@@ -21,6 +21,7 @@ from .audio import pcm16_bytes
 from .auth import AuthConfig
 from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
 from .engine_flags import UsageError, add_model_args, engine_group, needs_torch, to_engine_config
+from .quotas import ClientQuotas
 from .voices import default_voices_dir
 
 
@@ -151,6 +152,24 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=GatewayConfig.max_sessions,
         help=f"sessions per process (default: as many as the engine has streams, at least {MIN_SESSIONS})",
+    )
+    serve.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        default=ClientQuotas.max_sessions,
+        help="sessions one client (an API key, else an address) may hold at once; 0: no limit "
+        "(default: a quarter of the session limit)",
+    )
+    serve.add_argument(
+        "--max-speech-per-client",
+        type=int,
+        default=ClientQuotas.max_speech_requests,
+        help="speech requests one client may stream at once; 0: no limit (default: a quarter of 64)",
+    )
+    serve.add_argument(
+        "--no-fair-share",
+        action="store_true",
+        help="let one client open engine streams past its fair share while other clients are active",
     )
     serve.add_argument(
         "--write-stall-timeout",
@@ -290,6 +309,11 @@ def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | 
         engine=engine,
         auth=AuthConfig(api_keys=tuple(keys), allowed_origins=tuple(args.allow_origin)),
         max_sessions=args.max_sessions,
+        quotas=ClientQuotas(
+            max_sessions=args.max_sessions_per_client,
+            max_speech_requests=args.max_speech_per_client,
+            fair_share=not args.no_fair_share,
+        ),
         public_metrics=args.public_metrics,
         write_stall_timeout_s=args.write_stall_timeout,
         drain_timeout_s=args.drain_timeout,

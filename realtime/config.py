@@ -9,6 +9,7 @@ from voicewire.engine import EngineConfig
 
 from .auth import AuthConfig
 from .limits import SessionLimits
+from .quotas import ClientQuotas
 from .reference_audio import ReferenceLimits
 
 ICE_URL_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
@@ -114,6 +115,7 @@ class GatewayConfig:
     # Security and limits (README, "Security and limits"). Auth is off unless API keys are set.
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: SessionLimits = field(default_factory=SessionLimits)
+    quotas: ClientQuotas = field(default_factory=ClientQuotas)  # one client's share (quotas.py)
     # sessions (WebSocket + WebRTC) per process -> 503 too_many_sessions; None: as many as the
     # engines have streams, and at least MIN_SESSIONS (a GPU engine with 512 streams must not be
     # capped by a limit made for a CPU voice)

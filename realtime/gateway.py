@@ -25,10 +25,12 @@ from voicewire.engine import Engine
 from voicewire.engine.core import CoreClient, EngineGroup
 
 from .auth import Authenticator, AuthError, api_key_from_headers, token_from_request
+from .clients import client_id
 from .config import MIN_SESSIONS, GatewayConfig
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
 from .proxy import client_address
+from .quotas import Client, ClientLedger, StreamShare
 from .voices import VoiceStore
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ class Gateway:
     log_limiter: LogLimiter = field(default_factory=LogLimiter)  # refusals and client errors
     group: EngineGroup | None = None  # the engine cores, when the engine runs out of process
     voices: VoiceStore = field(default_factory=VoiceStore)  # cloned voices (voices_api.py)
+    clients: ClientLedger = field(default_factory=ClientLedger)  # what each client holds (quotas.py)
 
     @classmethod
     def create(cls, config: GatewayConfig, engine: Engine | EngineGroup) -> Gateway:
@@ -60,7 +63,9 @@ class Gateway:
         group = engine if isinstance(engine, EngineGroup) else None
         voices = VoiceStore(config.voices_dir)
         voices.load()  # small files (a few KB a voice): read before the port opens
-        return cls(config, engines, Authenticator(config.auth), GatewayMetrics(engines), group=group, voices=voices)
+        gw = cls(config, engines, Authenticator(config.auth), GatewayMetrics(engines), group=group, voices=voices)
+        gw.metrics.watch_clients(gw.clients)
+        return gw
 
     @property
     def engine(self) -> Replica:
@@ -86,7 +91,7 @@ class Gateway:
     def session_limit(self) -> int:
         if self.config.max_sessions is not None:
             return self.config.max_sessions
-        return max(MIN_SESSIONS, sum(_stream_capacity(e) for e in self.engines))
+        return max(MIN_SESSIONS, self.stream_capacity())
 
     def refuse(self, request: web.Request, status: int, code: str, message: str) -> web.Response:
         """Refuse a request before anything is allocated for it."""
@@ -102,14 +107,18 @@ class Gateway:
         """The one admission path of every request that can spend engine time or hold a session
         (WebSocket, WebRTC offer, speech): a refusal response, or None to go ahead.
 
-        Origin first (a foreign page learns nothing else), then state that needs no secret
-        (draining, readiness, capacity: a single-use token is not burned by a refusal it could
-        not prevent), then credentials, then the body's media type. ``json_body``: the request
-        must say ``application/json``; a browser cannot send that cross-origin without a CORS
-        preflight, which this server never grants.
+        Origin first (a foreign page learns nothing else), then credentials: a session token is
+        spent here, whatever follows, so a token seen on a refused request (draining, readiness,
+        capacity, media type) can never be replayed; then that state, then the body's media
+        type. ``json_body``: the request must say ``application/json``; a browser cannot send
+        that cross-origin without a CORS preflight, which this server never grants.
         """
         try:
             self.auth.check_origin(request.headers.get("Origin"))
+            self.auth.authorize(
+                api_key=api_key_from_headers(request.headers),
+                token=token_from_request(request.query, request.headers),
+            )
         except AuthError as err:
             return self.refuse(request, err.status, err.code, err.message)
         if self.draining:
@@ -118,18 +127,46 @@ class Gateway:
             return self.refuse(request, 503, "not_ready", "the engine is starting; retry shortly")
         if opens_session and len(self.sessions) >= self.session_limit():
             return self.refuse(request, 503, "too_many_sessions", "the server is at its session limit")
-        try:
-            self.auth.authorize(
-                api_key=api_key_from_headers(request.headers),
-                token=token_from_request(request.query, request.headers),
-            )
-        except AuthError as err:
-            return self.refuse(request, err.status, err.code, err.message)
         if json_body and request.content_type != "application/json":
             return self.refuse(
                 request, 415, "unsupported_media_type", "send the body as Content-Type: application/json"
             )
         return None
+
+    def take_client(self, request: web.Request, *, session: bool = False, speech: bool = False) -> Client | web.Response:
+        """After ``admit``: the request's client, now holding one more session or speech request
+        (give it back with ``give_client``); or the 429 ``quota_exceeded`` to answer."""
+        client = self.clients.get(client_id(request, self.auth.config.enabled))
+        quotas = self.config.quotas
+        if session:
+            held, quota, what = client.sessions, quotas.sessions(self.session_limit()), "sessions"
+        else:
+            held, quota, what = client.speech_requests, quotas.speech_requests(self.config.max_speech_requests), "speech requests"
+        if quota is not None and held >= quota:
+            self.clients.release(client)
+            self.metrics.quota_refusals.labels(what.split()[0]).inc()
+            resp = self.refuse(request, 429, "quota_exceeded", f"a client may hold at most {quota} {what} at once")
+            resp.headers["Retry-After"] = "1"
+            return resp
+        if session:
+            client.sessions += 1
+        if speech:
+            client.speech_requests += 1
+        return client
+
+    def give_client(self, client: Client, *, session: bool = False, speech: bool = False) -> None:
+        if session:
+            client.sessions -= 1
+        if speech:
+            client.speech_requests -= 1
+        self.clients.release(client)
+
+    def stream_share(self, client: Client) -> StreamShare:
+        """The stream share a session or speech request of ``client`` opens its streams through."""
+        return StreamShare(self.clients, client, self.stream_capacity, self.config.quotas.fair_share)
+
+    def stream_capacity(self) -> int:
+        return sum(_stream_capacity(e) for e in self.engines)
 
     def check_key(self, request: web.Request) -> web.Response | None:
         """Endpoints for operators and backends (token minting, metrics): the API key, no token."""

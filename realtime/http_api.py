@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import struct
 from collections.abc import Callable
@@ -188,19 +189,34 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         return gw.refuse(
             request, 503, "too_many_requests", f"at most {cfg.max_speech_requests} speech requests at once"
         )
+    client = gw.take_client(request, speech=True)
+    if isinstance(client, web.Response):
+        return client
     try:
-        stream = engine.open_stream(speech.params)
-    except ValueError as err:  # an option the model refuses (StreamParams.check)
-        return error_response(400, "invalid_request", str(err))
-    except EngineBusy as err:
-        return error_response(503, "server_busy", str(err))
-    except EngineNotReady as err:
-        return error_response(503, "not_ready", str(err))
-    gw.speech_requests += 1
-    try:
-        return await _stream_speech(request, stream, speech, engine.info)
+        share = gw.stream_share(client)
+        if not share.admit():
+            gw.metrics.quota_refusals.labels("streams").inc()
+            refused = gw.refuse(
+                request, 429, "share_exceeded", "this client holds its share of the engine's streams while others wait"
+            )
+            refused.headers["Retry-After"] = "1"
+            return refused
+        try:
+            stream = engine.open_stream(dataclasses.replace(speech.params, tenant=share.tenant))
+        except ValueError as err:  # an option the model refuses (StreamParams.check)
+            return error_response(400, "invalid_request", str(err))
+        except EngineBusy as err:
+            return error_response(503, "server_busy", str(err))
+        except EngineNotReady as err:
+            return error_response(503, "not_ready", str(err))
+        share.hold(stream)
+        gw.speech_requests += 1
+        try:
+            return await _stream_speech(request, stream, speech, engine.info)
+        finally:
+            gw.speech_requests -= 1
     finally:
-        gw.speech_requests -= 1
+        gw.give_client(client, speech=True)
 
 
 # Stream errors that the input caused (the rest are the server's: 500 model_error).

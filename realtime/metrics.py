@@ -11,6 +11,8 @@ from prometheus_client.registry import Collector
 from voicewire.engine import Engine
 from voicewire.engine.core import CoreClient
 
+from .quotas import ClientLedger
+
 TTFP_BUCKETS_S = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -98,7 +100,20 @@ class GatewayMetrics:
         self.errors = Counter(
             "voicewire_errors", "Errors sent to clients or requests refused", ["code"], registry=r
         )
+        # per-client refusals by quota (quotas.py), without a label per client
+        self.quota_refusals = Counter(
+            "voicewire_quota_refusals", "Requests and turns refused by a per-client quota", ["quota"], registry=r
+        )
         r.register(_EngineCollector(engines))
+
+    def watch_clients(self, ledger: ClientLedger) -> None:
+        """Gauges of the clients holding anything (quotas.py): how many, and the most streams one holds."""
+        Gauge("voicewire_clients_active", "Clients holding a session, request or stream", registry=self.registry).set_function(
+            lambda: float(ledger.active())
+        )
+        Gauge(
+            "voicewire_client_streams_max", "The most engine streams one client holds", registry=self.registry
+        ).set_function(lambda: float(ledger.most_streams()))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

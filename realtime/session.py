@@ -10,6 +10,7 @@ a turn the client has been given.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -42,6 +43,7 @@ from .protocol import (
     error_message,
     parse_client_message,
 )
+from .quotas import StreamShare
 from .truncation import SpokenWord, TextSpan, spoken_by_words, spoken_text
 from .turn import AudioSettings, SessionSink, SinkStalled, Turn
 from .voices import VoiceStore
@@ -62,8 +64,10 @@ class Session:
         metrics: GatewayMetrics | None = None,
         transport: str = "websocket",
         voices: VoiceStore | None = None,
+        share: StreamShare | None = None,
     ) -> None:
         self.engine = engine
+        self.share = share  # the client's stream share every turn opens through (quotas.py)
         self.voices = voices  # cloned voices a session.update may name (by id or name)
         self.sink = sink
         self.session_id = session_id
@@ -251,9 +255,21 @@ class Session:
                 raise ProtocolError(
                     "too_many_turns", f"at most {self.limits.max_open_turns} turns may be open at once", turn_id
                 )
+            if self.share is not None and not self.share.admit():
+                if self.metrics is not None:
+                    self.metrics.quota_refusals.labels("streams").inc()
+                raise ProtocolError(
+                    "share_exceeded",
+                    "this client holds its share of the engine's streams while others wait; "
+                    "retry when one of its turns ends",
+                    turn_id,
+                )
             try:
                 voice = self.audio.voice
-                stream = self.engine.open_stream(self._cloned(voice) or StreamParams(voice=voice))
+                params = self._cloned(voice) or StreamParams(voice=voice)
+                if self.share is not None:
+                    params = dataclasses.replace(params, tenant=self.share.tenant)
+                stream = self.engine.open_stream(params)
             except EngineBusy as err:
                 raise ProtocolError("server_busy", str(err), turn_id) from None
             except EngineNotReady as err:
@@ -263,6 +279,8 @@ class Session:
         except ProtocolError:
             self._refused.append(turn_id)
             raise
+        if self.share is not None:
+            self.share.hold(stream)
         turn = Turn(
             turn_id, stream, AudioSettings(self.audio.format, self.audio.sample_rate, self.audio.voice)
         )

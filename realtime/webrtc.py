@@ -49,6 +49,7 @@ from .gateway import GATEWAY, RequestError, error_response
 from .http_api import read_json_body
 from .pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
 from .protocol import dumps
+from .quotas import Client
 from .session import Session
 from .truncation import SpokenWord
 from .turn import AudioSettings, Turn
@@ -273,6 +274,7 @@ class WebRtcPeer:
         self.pc = pc
         self.track = PacedAudioTrack()
         self.session: Session | None = None
+        self.client: Client | None = None  # whose call: holds one of its sessions (quotas.py)
         self._app = app
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -308,8 +310,9 @@ class WebRtcPeer:
             return
         gw = self._app[GATEWAY]
         sink = WebRtcSink(channel, self.track, gw.engine.info.sample_rate_hz)
+        share = gw.stream_share(self.client) if self.client is not None else None
         self.session = Session(
-            gw.pick_engine(), sink, self.peer_id, gw.config.limits, gw.metrics, "webrtc", gw.voices
+            gw.pick_engine(), sink, self.peer_id, gw.config.limits, gw.metrics, "webrtc", gw.voices, share
         )
         self.session.audio = AudioSettings(format="opus", sample_rate=SAMPLE_RATE_HZ)
         channel.on("message", self._inbox.put_nowait)
@@ -376,6 +379,9 @@ class WebRtcPeer:
             self.track.stop()
             await self.pc.close()
         finally:
+            if self.client is not None:
+                self._app[GATEWAY].give_client(self.client, session=True)
+                self.client = None
             # Last, so that shutdown still finds (and awaits) a peer that is half closed.
             self._app[GATEWAY].peers.discard(self)
 
@@ -395,7 +401,11 @@ async def offer_handler(request: web.Request) -> web.Response:
     peers = gw.peers
     if len(peers) >= config.max_webrtc_peers:
         return error_response(503, "too_many_peers", f"this server takes at most {config.max_webrtc_peers} calls")
+    client = gw.take_client(request, session=True)
+    if isinstance(client, web.Response):
+        return client
     peer = WebRtcPeer(app, RTCPeerConnection(rtc_configuration(config)))
+    peer.client = client  # given back when the call ends, however it ends
     peers.add(peer)
     try:
         answer = await asyncio.wait_for(peer.answer(sdp), NEGOTIATION_TIMEOUT_S)

@@ -17,6 +17,7 @@ from .audio import TurnAudioEncoder
 from .auth import TOKEN_SUBPROTOCOL_PREFIX
 from .gateway import GATEWAY, Gateway, bound_send_buffer
 from .protocol import MAX_MESSAGE_BYTES, dumps
+from .quotas import Client
 from .session import Session
 from .truncation import SpokenWord
 from .turn import SinkStalled, Turn
@@ -94,6 +95,16 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
     refused = gw.admit(request, opens_session=True)
     if refused is not None:
         return refused
+    client = gw.take_client(request, session=True)
+    if isinstance(client, web.Response):
+        return client
+    try:
+        return await _serve_session(request, gw, client)
+    finally:
+        gw.give_client(client, session=True)
+
+
+async def _serve_session(request: web.Request, gw: Gateway, client: Client) -> web.WebSocketResponse:
     engine, cfg = gw.pick_engine(), gw.config
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     ws = web.WebSocketResponse(
@@ -107,7 +118,9 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     bound_send_buffer(request, cfg.send_buffer_bytes)
     sink = WebSocketSink(ws, engine.info.sample_rate_hz, cfg.write_stall_timeout_s)
-    session = Session(engine, sink, uuid.uuid4().hex[:12], cfg.limits, gw.metrics, "websocket", gw.voices)
+    session = Session(
+        engine, sink, uuid.uuid4().hex[:12], cfg.limits, gw.metrics, "websocket", gw.voices, gw.stream_share(client)
+    )
     gw.sessions.add(session)
     gw.metrics.sessions.labels("websocket").inc()
     receiver = asyncio.create_task(_receive(ws, session))

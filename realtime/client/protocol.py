@@ -35,7 +35,16 @@ log = logging.getLogger("voicewire.client")
 # Errors answered to a turn's first text.delta: the server never opened the turn, so no
 # turn.done will follow and the turn fails here.
 TURN_REFUSED_CODES = frozenset(
-    {"server_busy", "not_ready", "too_many_turns", "invalid_field", "invalid_voice", "rate_limited", "text_overflow"}
+    {
+        "server_busy",
+        "share_exceeded",
+        "not_ready",
+        "too_many_turns",
+        "invalid_field",
+        "invalid_voice",
+        "rate_limited",
+        "text_overflow",
+    }
 )
 
 _END = object()

@@ -75,3 +75,16 @@ def test_finished_with_no_frames_still_sends_final() -> None:
     (chunk,) = s.plan_decode()
     assert chunk.final and chunk.n_frames == 0
     assert s.plan_decode() == []
+
+
+def test_a_full_batch_is_shared_across_tenants() -> None:
+    s = Scheduler(ChunkSchedule(), max_batch_size=2)
+    for sid in range(6):  # one tenant's six streams, all behind their listeners
+        heavy = Request(stream_id=sid, slot=sid, t_arrival=0.0, tenant="heavy")
+        heavy.t_first_emit, heavy.samples_emitted = float(sid), 0
+        s.add(heavy)
+    s.add(Request(stream_id=9, slot=9, t_arrival=50.0, tenant="newcomer"))  # a new turn, due last
+    ready = set(s.requests)
+    assert s.plan_generate(ready).generate_streams == [0, 9]  # the heavy one's most urgent, then the newcomer's
+    # one tenant alone (or no tenants): the most urgent fill the batch, as before
+    assert s.plan_generate(ready - {9}).generate_streams == [0, 1]

@@ -14,6 +14,7 @@ from tests.conftest import running_gateway
 from voicewire.engine import Engine
 from voicewire.realtime.config import MIN_SESSIONS
 from voicewire.realtime.limits import SessionLimits
+from voicewire.realtime.quotas import ClientQuotas
 
 
 async def _connect(base: str):  # type: ignore[no-untyped-def]
@@ -81,7 +82,7 @@ async def test_the_default_session_limit_follows_the_engines_streams(engine: Eng
     # a GPU engine has hundreds of streams: the default limit must let a session reach each one
     streams = engine.stream_limit
     assert streams > MIN_SESSIONS, "the shared engine must have more streams than the floor"
-    async with running_gateway(engine) as base:
+    async with running_gateway(engine, quotas=ClientQuotas(max_sessions=0)) as base:  # one client: all
         sessions = []
         for start in range(0, streams, 32):  # connects in batches: a bounded burst on loopback
             sessions += await asyncio.gather(*(_connect(base) for _ in range(start, min(start + 32, streams))))

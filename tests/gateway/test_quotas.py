@@ -1,0 +1,204 @@
+"""One client's share of the server (realtime/quotas.py): per-client sessions and speech requests,
+the fair share of engine streams, and a second client that keeps speaking on time while one
+client floods every endpoint at once (the flood in a process of its own: tests/gateway/flood.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import statistics
+import sys
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tests.conftest import running_gateway, wait_engine_idle
+from voicewire.engine import Engine, EngineConfig
+from voicewire.realtime.auth import AuthConfig
+from voicewire.realtime.client import Turn, VoicewireClient, VoicewireError
+from voicewire.realtime.quotas import ClientQuotas
+
+HEAVY = "127.0.0.1"  # the heavy client's address
+VICTIM = "127.0.0.2"  # another client: loopback is all of 127.0.0.0/8
+KEYS = ("quota-key-one-0123456789", "quota-key-two-0123456789")
+VICTIM_TEXT = "The other client's turn still starts on time."
+VICTIM_P95_MS = 500.0  # the acceptance bound on this 2-core machine; alone it is ~20-30 ms
+LONG = " ".join(["A long reply keeps this stream busy for a good while."] * 6)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def _connect(base: str, local: str = HEAVY, **options: object) -> VoicewireClient:
+    return await VoicewireClient.connect(f"ws://{base}", local_addr=(local, 0), **options)  # type: ignore[arg-type]
+
+
+async def _victim_ttfp_ms(base: str) -> float:
+    async with await _connect(base, VICTIM) as client:
+        turn = client.speak([VICTIM_TEXT])
+        async for _ in turn.audio():
+            pass
+        done = await turn.done(timeout_s=30)
+    assert done.reason == "completed", done
+    assert turn.t_first_audio_s is not None and turn.t_first_text_s is not None
+    return (turn.t_first_audio_s - turn.t_first_text_s) * 1000
+
+
+@contextlib.asynccontextmanager
+async def _victim(base: str) -> AsyncIterator[list[float]]:
+    """A victim turn every 0.2 s while the body runs; yields the list its TTFPs land in."""
+    ttfps: list[float] = []
+    stop = asyncio.Event()
+
+    async def loop() -> None:
+        while not stop.is_set():
+            ttfps.append(await _victim_ttfp_ms(base))
+            await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield ttfps
+        stop.set()
+        await asyncio.wait_for(task, 40)
+    finally:
+        task.cancel()
+
+
+def _p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
+
+
+async def _flood(base: str, *args: str) -> dict[str, int]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.gateway.flood",
+        f"http://{base}",
+        "--local-addr",
+        HEAVY,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 0
+    counts: dict[str, int] = json.loads(out.decode().strip().splitlines()[-1])
+    return counts
+
+
+async def test_one_client_cannot_hold_every_session_and_keys_and_addresses_count_apart(
+    engine: Engine,
+) -> None:
+    quotas = ClientQuotas(max_sessions=3)
+    async with running_gateway(engine, quotas=quotas) as base:
+        held = [await _connect(base) for _ in range(3)]
+        with pytest.raises(VoicewireError) as refused:
+            await _connect(base)
+        assert refused.value.code == "quota_exceeded"
+        other = await _connect(base, VICTIM)  # another address is another client
+        await held.pop().close()
+        held.append(await _connect(base))  # a session given back is a session to take again
+        for c in [*held, other]:
+            await c.close()
+        async with aiohttp.ClientSession() as http, http.get(f"http://{base}/metrics") as r:
+            metrics = await r.text()
+        assert 'voicewire_quota_refusals_total{quota="sessions"} 1.0' in metrics
+    auth = AuthConfig(api_keys=KEYS)
+    async with running_gateway(engine, quotas=quotas, auth=auth) as base:
+        # with auth on a key is the client, wherever it connects from
+        first = [await _connect(base, HEAVY if i % 2 else VICTIM, api_key=KEYS[0]) for i in range(3)]
+        with pytest.raises(VoicewireError) as refused:
+            await _connect(base, VICTIM, api_key=KEYS[0])
+        assert refused.value.code == "quota_exceeded"
+        second = await _connect(base, HEAVY, api_key=KEYS[1])
+        for c in [*first, second]:
+            await c.close()
+    await wait_engine_idle(engine, 5)
+
+
+async def test_speech_requests_per_client(engine: Engine) -> None:
+    async with (
+        running_gateway(engine, quotas=ClientQuotas(max_speech_requests=1)) as base,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(HEAVY, 0))) as heavy,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(VICTIM, 0))) as other,
+    ):
+        url = f"http://{base}/v1/audio/speech"
+        body = {"input": LONG, "response_format": "pcm"}
+        async with heavy.post(url, json=body) as streaming:
+            assert streaming.status == 200  # headers came with the first audio: it streams now
+            async with heavy.post(url, json=body) as second:
+                assert second.status == 429 and second.headers["Retry-After"] == "1"
+                assert (await second.json())["error"]["code"] == "quota_exceeded"
+            async with other.post(url, json={"input": VICTIM_TEXT}) as victim:
+                assert victim.status == 200 and len(await victim.read()) > 10_000
+            await streaming.read()
+        async with heavy.post(url, json={"input": VICTIM_TEXT}) as again:
+            assert again.status == 200  # the first one done: the quota is free again
+            await again.read()
+    await wait_engine_idle(engine, 5)
+
+
+async def _open_turn(client: VoicewireClient) -> Turn:
+    """A turn that holds its engine stream: text sent, no end (an LLM still streaming)."""
+    turn = await client.start_turn()
+    await turn.send(VICTIM_TEXT)
+    return turn
+
+
+async def test_a_heavy_client_gets_its_fair_share_of_streams_while_another_is_active() -> None:
+    small = Engine(EngineConfig(model="hibari", max_streams=8, max_queued_streams=0)).start()
+    try:
+        async with running_gateway(small) as base:
+            heavy = [await _connect(base) for _ in range(3)]
+            # alone, one client may use every stream: 8 turns over its sessions
+            alone = [await _open_turn(heavy[i % 3]) for i in range(8)]
+            await asyncio.sleep(0.3)
+            assert small.active_streams() == 8 and not any(t.errors for t in alone)
+            for t in alone:
+                await t.cancel()
+            await wait_engine_idle(small, 5)
+            victim = await _connect(base, VICTIM)
+            # with another client active the heavy one holds at most half of the 8
+            turns = [await _open_turn(heavy[i % 3]) for i in range(6)]
+            await asyncio.sleep(0.3)
+            # (which two: the sessions' messages reach the server in any order)
+            codes = sorted(t.errors[0].code if t.errors else "" for t in turns)
+            assert codes == [""] * 4 + ["share_exceeded"] * 2
+            assert small.active_streams() == 4
+            # ... and the newcomer's turn is admitted at once
+            mine = victim.speak([VICTIM_TEXT])
+            assert (await mine.done(timeout_s=20)).reason == "completed"
+            admitted = next(i for i, t in enumerate(turns) if not t.errors)
+            await turns[admitted].cancel()  # one of the heavy one's turns ends: it may open another
+            again = await _open_turn(heavy[admitted % 3])
+            await asyncio.sleep(0.3)
+            assert not again.errors and small.active_streams() == 4
+            for c in [*heavy, victim]:
+                await c.close()
+    finally:
+        small.close()
+
+
+async def test_a_second_client_speaks_on_time_while_one_floods_every_endpoint(engine: Engine) -> None:
+    # The defaults: 64 sessions and 16 speech requests per client, the fair share of streams.
+    async with running_gateway(engine) as base:
+        assert await _victim_ttfp_ms(base) < VICTIM_P95_MS  # warm
+        gc.collect()
+        rss0 = _rss_bytes()
+        async with _victim(base) as ttfps:
+            counts = await _flood(
+                base, "--sessions", "300", "--speech", "100", "--uploads", "50", "--duration-s", "8"
+            )
+        assert counts["session:accepted"] == 64 and counts["session:quota_exceeded"] == 236, counts
+        assert counts.get("speech:quota_exceeded", 0) > 0 and counts.get("speech:200", 0) > 0, counts
+        assert counts.get("upload:cloning_not_supported", 0) > 0, counts  # the embedded voice cannot clone
+        assert len(ttfps) >= 10, ttfps
+        assert _p95(ttfps) < VICTIM_P95_MS, sorted(ttfps)
+        await wait_engine_idle(engine, 30)
+        gc.collect()
+        assert _rss_bytes() < rss0 * 1.1 + 20e6, (rss0, _rss_bytes())
