@@ -35,6 +35,11 @@ class ClonedVoice:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
+    @property
+    def finite(self) -> bool:
+        """No NaN or infinity in a float array: a voice with one speaks noise or nothing at all."""
+        return all(bool(np.isfinite(a).all()) for a in self.arrays.values() if a.dtype.kind in "fc")
+
 
 class CloningNotSupported(Exception):
     """The served model cannot clone voices (its ``ModelInfo.voice_encoder`` is empty)."""

@@ -9,9 +9,16 @@ of another model (another encoder) never answers to a lookup of this one.
 On disk, one pair of files per voice in the voices directory (``voicewire serve --voices-dir``):
 
     <id>.safetensors   the arrays (safetensors, numpy), written first
-    <id>.json          the manifest (name, encoder, transcript, duration, created_at), written
+    <id>.json          the manifest (name, encoder, transcript, duration, created_at, owner), written
                        last: a voice exists once its manifest does, so a crash mid-write leaves
                        no half voice, and two voices never share a file that both rewrite
+
+The owner is the client that uploaded it (``clients.client_id``) and what the per-client quota
+counts; a manifest without one (written before owners were kept) counts for no client. A store
+holds at most ``ReferenceLimits.max_voices`` voices in all and ``max_voices_per_client`` of one
+owner, clones under way included; past them an upload is refused (507 ``voice_store_full``, 429
+``voice_quota_exceeded``), but one that finds its voice already there is not. A voice whose
+arrays hold NaN or infinity is never stored (422 ``non_finite_voice``) nor loaded.
 
 A store without a directory keeps its voices in memory (an embedded gateway, tests).
 """
@@ -26,6 +33,7 @@ import logging
 import os
 import time
 import unicodedata
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +43,14 @@ import numpy as np
 
 from voicewire.engine import CLONED_VOICE_KEY, ClonedVoice, ModelInfo, StreamParams
 
-from .reference_audio import ReferenceAudio
+from .reference_audio import ReferenceAudio, ReferenceLimits
 
 log = logging.getLogger("voicewire.voices")
 
 ID_PREFIX = "voice_"
 MAX_NAME_CHARS = 64
 MAX_TRANSCRIPT_CHARS = 1000  # the transcript joins the prompt: about a minute of speech at most
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 1  # "owner" joined it as an optional key: readers of either kind read both
 
 
 class Cloner(Protocol):
@@ -62,6 +70,7 @@ class Voice:
     duration_s: float  # of the reference clip
     sample_rate_hz: int  # the clip's own rate
     created_at: float  # unix seconds
+    owner: str = ""  # the client that uploaded it (clients.client_id); "": none known. Not shown.
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -90,7 +99,7 @@ def check_name(name: str) -> str:
     name = name.strip()
     if not name or len(name) > MAX_NAME_CHARS or any(unicodedata.category(c)[0] == "C" for c in name):
         raise VoiceError(400, "invalid_name", f"a voice name is 1 to {MAX_NAME_CHARS} printable characters")
-    if name.startswith(ID_PREFIX):
+    if name.casefold().startswith(ID_PREFIX):  # VOICE_<id> would answer to a lookup of that id
         raise VoiceError(400, "invalid_name", f"a voice name may not start with {ID_PREFIX!r} (ids do)")
     return name
 
@@ -110,6 +119,7 @@ class VoiceStore:
         self._voices: dict[str, Voice] = {}
         self._pending: dict[str, asyncio.Future[Voice]] = {}  # clones under way, by id
         self._pending_names: set[tuple[str, str]] = set()  # (encoder, casefolded name) of those
+        self._pending_owners: Counter[str] = Counter()  # their owners
 
     # --- lookups --------------------------------------------------------------------------------
     def voices(self, encoder: str) -> list[Voice]:
@@ -136,18 +146,25 @@ class VoiceStore:
     def __iter__(self) -> Iterator[Voice]:
         return iter(list(self._voices.values()))
 
-    @property
-    def pending(self) -> int:
-        """Clones under way."""
-        return len(self._pending)
-
     # --- changes --------------------------------------------------------------------------------
+    def owned_by(self, owner: str) -> int:
+        """Voices of this owner, stored or being cloned."""
+        return sum(v.owner == owner for v in self._voices.values()) + self._pending_owners[owner]
+
     async def add(
-        self, name: str, ref: ReferenceAudio, transcript: str, engine: Cloner
+        self,
+        name: str,
+        ref: ReferenceAudio,
+        transcript: str,
+        engine: Cloner,
+        *,
+        owner: str,
+        limits: ReferenceLimits,
     ) -> tuple[Voice, bool]:
         """The voice of this reference (True: computed now; False: it was there, or being computed
-        by a concurrent upload of the same reference). Raises VoiceError, and what
-        ``clone_voice`` raises (CloningNotSupported, EngineNotReady, ValueError, RuntimeError)."""
+        by a concurrent upload of the same reference). ``owner``: whose quota it counts against ("":
+        nobody's). Raises VoiceError, and what ``clone_voice`` raises (CloningNotSupported,
+        EngineNotReady, ValueError, RuntimeError)."""
         name = check_name(name)
         transcript = transcript.strip()
         if len(transcript) > MAX_TRANSCRIPT_CHARS:
@@ -169,13 +186,19 @@ class VoiceStore:
         key = (encoder, name.casefold())
         if key in self._pending_names:  # another reference under this name is being cloned now
             raise VoiceError(409, "voice_name_taken", f"a voice named {name!r} is being created")
+        self._check_room(owner, limits)
         future: asyncio.Future[Voice] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda f: f.cancelled() or f.exception())  # waiters may be none
         self._pending[vid] = future
         self._pending_names.add(key)
+        self._pending_owners[owner] += 1
         try:
             cloned = await engine.clone_voice(ref.pcm, ref.sample_rate_hz, transcript)
-            voice = Voice(vid, name, cloned, ref.duration_s, ref.sample_rate_hz, time.time())
+            if not cloned.finite:
+                raise VoiceError(
+                    422, "non_finite_voice", "the model derived NaN or infinite values from this clip"
+                )
+            voice = Voice(vid, name, cloned, ref.duration_s, ref.sample_rate_hz, time.time(), owner)
             if self.directory is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self._write, voice)
             self._voices[vid] = voice
@@ -186,8 +209,18 @@ class VoiceStore:
         finally:
             del self._pending[vid]
             self._pending_names.discard(key)
+            self._pending_owners -= Counter({owner: 1})  # and forgotten at 0
         log.info("voice %s (%r) cloned from %.1f s of audio", vid, name, ref.duration_s)
         return voice, True
+
+    def _check_room(self, owner: str, limits: ReferenceLimits) -> None:
+        if len(self._voices) + len(self._pending) >= limits.max_voices:
+            raise VoiceError(507, "voice_store_full", f"the server keeps at most {limits.max_voices} voices")
+        quota = limits.max_voices_per_client
+        if owner and quota and self.owned_by(owner) >= quota:
+            raise VoiceError(
+                429, "voice_quota_exceeded", f"a client keeps at most {quota} voices; delete one first"
+            )
 
     def delete(self, voice: Voice) -> None:
         self._voices.pop(voice.id, None)
@@ -219,6 +252,8 @@ class VoiceStore:
             raise ValueError("not a voice manifest of this version")
         arrays = load_file(str(manifest.with_name(f"{m['id']}.safetensors")))
         cloned = ClonedVoice(m["encoder"], dict(arrays), m.get("transcript", ""))
+        if not cloned.finite:
+            raise ValueError("its arrays hold NaN or infinite values")
         return Voice(
             m["id"],
             m["name"],
@@ -226,6 +261,7 @@ class VoiceStore:
             float(m["duration_s"]),
             int(m["sample_rate_hz"]),
             float(m["created_at"]),
+            str(m.get("owner", "")),
         )
 
     def _write(self, voice: Voice) -> None:
@@ -245,6 +281,7 @@ class VoiceStore:
             "duration_s": voice.duration_s,
             "sample_rate_hz": voice.sample_rate_hz,
             "created_at": voice.created_at,
+            "owner": voice.owner,
             "arrays": {
                 k: {"dtype": a.dtype.str, "shape": list(a.shape)} for k, a in voice.cloned.arrays.items()
             },

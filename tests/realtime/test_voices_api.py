@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import wave
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,44 +24,14 @@ import pytest
 import pytest_asyncio
 
 from tests.conftest import free_port, running_gateway, speak_turn
+from tests.realtime.voice_clips import RATE_HZ, TINY_BASE, clip, voice_form, wav_bytes
 from voicewire.engine import Engine, EngineConfig
 from voicewire.realtime.client import VoicewireClient
 from voicewire.realtime.reference_audio import ReferenceLimits
 
 REPO = Path(__file__).resolve().parents[2]
-RATE_HZ = 24_000
-TINY_BASE = {"size": "tiny-base", "seed": 3, "max_slots": 4, "max_batch_size": 4, "max_seq_len": 256}
 KEY = "test-key-0123456789"
 module_loop = pytest.mark.asyncio(loop_scope="module")
-
-
-def clip(seconds: float, rate_hz: int = RATE_HZ, seed: int = 0, level: float = 0.3) -> np.ndarray:
-    """A voiced chirp with a loudness contour (no speech is available here): it reaches every band."""
-    t = np.arange(round(seconds * rate_hz)) / rate_hz
-    f0 = 120.0 + 60.0 * t / max(seconds, 1e-3) + 8.0 * np.sin(2 * np.pi * 5.0 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / rate_hz
-    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
-    noise = np.random.default_rng(seed).standard_normal(t.size)
-    return (level * (0.6 + 0.4 * np.sin(2 * np.pi * 1.3 * t) ** 2) * voiced + 0.03 * level * noise).astype(np.float32)
-
-
-def wav_bytes(pcm: np.ndarray, rate_hz: int = RATE_HZ) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate_hz)
-        w.writeframes((np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes())
-    return out.getvalue()
-
-
-def voice_form(name: str, audio: bytes, transcript: str | None = None) -> aiohttp.FormData:
-    form = aiohttp.FormData()
-    form.add_field("name", name)
-    form.add_field("audio", audio, filename="reference.wav", content_type="audio/wav")
-    if transcript is not None:
-        form.add_field("transcript", transcript)
-    return form
 
 
 # --- the server as a user runs it ------------------------------------------------------------------
@@ -194,7 +163,8 @@ LIMITS = ReferenceLimits(max_bytes=600_000, max_duration_s=10.0, min_duration_s=
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def base_gateway(base_engine: Engine) -> AsyncIterator[str]:
-    async with running_gateway(base_engine, voice_limits=LIMITS) as base:
+    # behind a "proxy" (the test itself): X-Forwarded-For tells clients apart
+    async with running_gateway(base_engine, voice_limits=LIMITS, trusted_proxies=("127.0.0.1",)) as base:
         yield f"http://{base}"
 
 
@@ -289,11 +259,12 @@ async def test_concurrent_uploads_of_one_reference_clone_once(base_gateway: str,
     audio = wav_bytes(clip(2.5, seed=9))
     async with aiohttp.ClientSession() as http:
 
-        async def upload() -> tuple[int, str]:
-            async with http.post(f"{base_gateway}/v1/audio/voices", data=voice_form("Dana", audio)) as r:
+        async def upload(client: int) -> tuple[int, str]:
+            headers = {"X-Forwarded-For": f"10.0.0.{client}"}  # a client uploads 2 at most at once
+            async with http.post(f"{base_gateway}/v1/audio/voices", data=voice_form("Dana", audio), headers=headers) as r:
                 return r.status, (await r.json())["id"]
 
-        results = await asyncio.gather(*(upload() for _ in range(4)))
+        results = await asyncio.gather(*(upload(i) for i in range(4)))
     assert sorted(s for s, _ in results) == [200, 200, 200, 201] and len({i for _, i in results}) == 1
     assert base_engine.stats.voices_cloned == before + 1
 
