@@ -14,6 +14,15 @@ With an Origin allow-list, a request that carries an ``Origin`` header must matc
 exactly (scheme, host and port): no suffix or wildcard matching. Requests without ``Origin``
 (non-browser clients) are not origin-checked but still need credentials when auth is on.
 Every check runs before anything is allocated for the request.
+
+A session token is spent when a request to an endpoint that takes one presents it, whatever that
+request is answered: a token seen on a request refused for capacity, readiness or its body cannot
+be replayed. Only a refusal for the Origin leaves it unspent (it comes first, and tells a foreign
+page nothing more).
+
+Credentials in a URL are recognized in one place, here, on the decoded query (``?%74oken=`` is
+``token``, as aiohttp reads it): ``token_from_request`` takes them from it and ``masked_path_qs``
+masks them in log lines, whatever their spelling.
 """
 
 from __future__ import annotations
@@ -27,8 +36,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from yarl import URL
+
 MAX_TOKEN_TTL_S = 300.0
 TOKEN_SUBPROTOCOL_PREFIX = "voicewire.token."
+# Query parameters whose values are credentials. Only ``token`` is read; the others are names
+# clients try for a key, masked all the same. Matched case-insensitively, after decoding.
+CREDENTIAL_PARAMS = frozenset({"token", "key", "api_key", "apikey", "access_token"})
+MASK = "***"
 
 
 class AuthError(Exception):
@@ -141,6 +156,22 @@ def api_key_from_headers(headers: Mapping[str, str]) -> str | None:
     if auth and auth.startswith("Bearer ") and "." not in auth[7:]:
         return auth[7:].strip()
     return headers.get("X-API-Key") or None
+
+
+def _is_credential(param: str) -> bool:
+    return param.strip().lower() in CREDENTIAL_PARAMS
+
+
+def masked_path_qs(url: URL) -> str:
+    """A request's path and query for a log line, every credential's value replaced by ``***``.
+
+    The query is the decoded one aiohttp hands handlers, re-encoded with the values replaced: a
+    pattern over the raw text would miss ``?%74oken=``, which aiohttp reads as ``token``."""
+    query = url.query
+    if not any(_is_credential(param) for param in query):
+        return url.raw_path_qs
+    masked = [(param, MASK if _is_credential(param) else value) for param, value in query.items()]
+    return url.with_query(masked).raw_path_qs
 
 
 def token_from_request(query: Mapping[str, str], headers: Mapping[str, str]) -> str | None:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import signal
 import ssl
 from pathlib import Path
 
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
+from aiohttp.log import server_logger
 
 from voicewire.engine import Engine, heap
 from voicewire.engine.core import CoreStartFailed, CoreState, EngineGroup
@@ -35,7 +34,9 @@ from .auth import AuthError
 from .config import GatewayConfig
 from .gateway import GATEWAY, Gateway
 from .http_api import healthz_handler, models_handler, speech_handler
-from .proxy import client_address, trusted_proxy_middleware
+from .http_log import RequestErrorLog, access_logger
+from .proxy import trusted_proxy_middleware
+from .request_body import request_body_middleware
 from .voices_api import add_voice_routes
 from .webrtc import setup_webrtc
 from .websocket import stream_handler
@@ -51,7 +52,9 @@ def create_app(
     """The app. If ``engine`` is given the caller owns it; otherwise the app starts and stops
     ``group`` (engine cores) if given, or an in-process engine of ``config.engine``."""
     config = config or GatewayConfig()
+    # The proxy's first: every later step (refusals, logs) names the forwarded client.
     middlewares = [trusted_proxy_middleware(config.trusted_proxies)] if config.trusted_proxies else []
+    middlewares.append(request_body_middleware)
     app = web.Application(client_max_size=config.max_http_body_bytes, middlewares=middlewares)
     owns_engine = engine is None
     gw = Gateway.create(config, engine or group or Engine(config.engine))
@@ -172,35 +175,19 @@ async def session_token_handler(request: web.Request) -> web.Response:
     return web.json_response({"token": token, "expires_at": exp, "ttl_s": gw.auth.config.token_ttl_s})
 
 
-# Query parameters whose values are credentials: never written to the access log.
-_SECRET_QUERY = re.compile(r"(?i)\b(token|key|api_key|apikey|access_token)=[^&\s]*")
-
-
-class AccessLogger(AbstractAccessLogger):
-    """One line per request, with credentials in the query string masked (a session token or a
-    key passed as ``?token=`` would otherwise sit in every log aggregator)."""
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        path = _SECRET_QUERY.sub(r"\1=***", request.path_qs)
-        self.logger.info(
-            "%s %s %s %d %d %.1fms",
-            client_address(request),
-            request.method,
-            path,
-            response.status,
-            response.body_length,
-            time * 1000,
-        )
-
-
 def make_runner(app: web.Application) -> web.AppRunner:
-    """The runner every server of this app uses (CLI and tests alike): masked access log and the
-    header-read / keep-alive timeout."""
-    config = app[GATEWAY].config
+    """The runner every server of this app uses (CLI and tests alike): the masked, rate-limited
+    access log and request-error log (http_log.py), bodies as they arrive, and the header-read /
+    keep-alive timeout."""
+    gw = app[GATEWAY]
+    config = gw.config
     return web.AppRunner(
         app,
         handle_signals=False,
-        access_log_class=AccessLogger,
+        access_log_class=access_logger(gw.log_limiter),
+        logger=RequestErrorLog(server_logger, gw.log_limiter),
+        # Encoded bodies are refused (request_body.py); nothing is inflated, not even a refused one.
+        auto_decompress=False,
         keepalive_timeout=config.http_keepalive_s,
         # After an early answer (413, 408) aiohttp reads and drops the rest of the body so the
         # client sees the answer rather than a reset; 2 s bounds what a slow sender holds.

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 import websockets
+from yarl import URL
 
 from tests.conftest import running_gateway, wait_engine_idle
 from tests.doubles import SlowWarmupModel
@@ -330,18 +331,36 @@ async def test_before_warm_up_health_is_live_and_engine_requests_are_not_ready()
         engine.close()
 
 
-async def test_credentials_never_reach_the_access_log(
-    engine: Engine, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_credentials_never_reach_the_log(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    """In any spelling aiohttp reads as a credential (``%74oken`` is ``token``), in any log line:
+    the access log, the refusal, and aiohttp's error for a request line it cannot parse (which
+    quotes the line)."""
     secret = "s3cret-token-value-0123456789"
     auth = AuthConfig(api_keys=(KEY,))
-    with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+    spellings = [
+        f"token={secret}",
+        f"key={secret}",
+        f"x=1&api_key={secret}",
+        f"%74oken={secret}",  # percent-encoded name: aiohttp decodes it to "token" and reads it
+        f"to%6Ben={secret}&x=2",
+        f"TOKEN={secret}",
+        f"k%65y={secret}",
+        f"token={secret[:10]}%2D{secret[11:]}",  # the value percent-encoded: masked all the same
+    ]
+    with caplog.at_level(logging.INFO):
         async with running_gateway(engine, auth=auth) as base, aiohttp.ClientSession() as http:
-            for query in (f"token={secret}", f"key={secret}", f"x=1&api_key={secret}"):
-                async with http.get(f"http://{base}/v1/stream?{query}") as r:
-                    assert r.status == 401
+            for query in spellings:
+                # encoded=True: sent as spelled (yarl would normalize %74 to t)
+                async with http.get(URL(f"http://{base}/v1/stream?{query}", encoded=True)) as r:
+                    assert r.status == 401, query
             async with http.get(f"http://{base}/healthz", headers={"Authorization": f"Bearer {secret}"}) as r:
                 assert r.status == 200
-    lines = [rec.getMessage() for rec in caplog.records if rec.name == "aiohttp.access"]
-    assert len(lines) >= 4 and any("token=***" in line for line in lines), lines
-    assert not any(secret in line for line in lines), lines
+            port = int(base.rsplit(":", 1)[1])
+            reply = await asyncio.to_thread(
+                _raw_http, port, [f"GET /v1/stream?token={secret} HTTP/1.1 trailing\r\n\r\n".encode()], 0.0
+            )
+            assert reply.startswith(b"HTTP/1.0 400"), reply[:100]
+    lines = [rec.getMessage() + (rec.exc_text or "") for rec in caplog.records]
+    access = [rec.getMessage() for rec in caplog.records if rec.name == "aiohttp.access"]
+    assert len(access) >= len(spellings) + 1 and sum("token=***" in line for line in access) >= 4, access
+    assert not any(secret in line or secret[:10] in line for line in lines), lines

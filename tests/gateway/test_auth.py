@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
 import websockets
 
 from tests.conftest import running_gateway
+from tests.realtime.gateway import gateway, wait_gone
 from voicewire.engine import Engine
 from voicewire.realtime.auth import AuthConfig
+from voicewire.realtime.gateway import GATEWAY
 
 KEY = "test-key-0123456789abcdef"
 ORIGIN = "http://app.example.test"
@@ -135,3 +138,48 @@ async def test_every_auth_path(engine: Engine) -> None:
 
 async def test_auth_is_off_by_default(gateway: str) -> None:
     await _ws_ok(f"ws://{gateway}/v1/stream", origin="http://anything.example.test")
+
+
+async def test_a_token_is_spent_by_a_refused_request(engine: Engine) -> None:
+    """Credentials come right after the Origin check: a token presented to a request refused for
+    anything else (draining, capacity, media type) is spent, so a token that was seen on a
+    refused request (in a proxy's log, say) cannot open a session later."""
+    auth = AuthConfig(api_keys=(KEY,))
+    async with gateway(engine, auth=auth, max_sessions=1) as gw, aiohttp.ClientSession() as http:
+        base = gw.url.removeprefix("http://")
+        state = gw.app[GATEWAY]
+
+        async def refused_then_reused(
+            refuse: Callable[[str], Awaitable[tuple[int, str]]], expected: tuple[int, str]
+        ) -> None:
+            _, minted = await _mint(base)
+            assert await refuse(minted["token"]) == expected
+            bearer = {"Authorization": f"Bearer {minted['token']}"}
+            status, body = await _ws_refusal(base, additional_headers=bearer)
+            assert (status, body["error"]["code"]) == (401, "token_reused"), expected
+
+        async def offer(token: str, ctype: str = "application/json") -> tuple[int, str]:
+            url, headers = f"http://{base}/offer?token={token}", {"Content-Type": ctype}
+            async with http.post(url, data="{}", headers=headers) as r:
+                return r.status, (await r.json())["error"]["code"]
+
+        async def websocket(token: str) -> tuple[int, str]:
+            status, body = await _ws_refusal(base, subprotocols=[f"voicewire.token.{token}"])
+            return status, body["error"]["code"]
+
+        await refused_then_reused(lambda t: offer(t, "text/plain"), (415, "unsupported_media_type"))
+        state.draining = True
+        await refused_then_reused(offer, (503, "draining"))
+        state.draining = False
+        async with websockets.connect(f"ws://{base}/v1/stream", additional_headers={"X-API-Key": KEY}) as held:
+            await held.recv()
+            await refused_then_reused(websocket, (503, "too_many_sessions"))
+        await wait_gone(engine, gw, 5.0)
+    # a foreign Origin is refused first, and the token it carried is left as it was
+    async with running_gateway(engine, auth=AuthConfig(api_keys=(KEY,), allowed_origins=(ORIGIN,))) as base:
+        _, minted = await _mint(base)
+        status, body = await _ws_refusal(
+            base, origin="http://evil.example.test", subprotocols=[f"voicewire.token.{minted['token']}"]
+        )
+        assert (status, body["error"]["code"]) == (403, "origin_not_allowed")
+        await _ws_ok(f"ws://{base}/v1/stream?token={minted['token']}", origin=ORIGIN)
