@@ -19,32 +19,10 @@ from voicewire.engine import EngineBusy, EngineNotReady, ModelInfo, Stream, Stre
 
 from .audio import pcm16_bytes
 from .gateway import GATEWAY, RequestError, bound_send_buffer, error_response
+from .voice_names import OPENAI_VOICES as OPENAI_VOICES  # re-exported: voices_api.py reads them here
+from .voice_names import QWEN3_SPEAKERS as QWEN3_SPEAKERS
+from .voice_names import resolve_voice
 
-# OpenAI's built-in voice names; a drop-in client always sends one. They all map to this server's
-# default voice (the model's own voice names are accepted too).
-OPENAI_VOICES = frozenset(
-    [
-        "alloy",
-        "ash",
-        "ballad",
-        "coral",
-        "echo",
-        "fable",
-        "nova",
-        "onyx",
-        "sage",
-        "shimmer",
-        "verse",
-        "marin",
-        "cedar",
-    ]
-)
-# Qwen3-TTS CustomVoice's speaker names, which benchmark harnesses send (Nari Labs tts_bench:
-# "Ryan"). On a model that has them they pick that speaker; on one without, they map to its
-# default voice like the OpenAI names, so a harness written for Qwen3-TTS runs against any model.
-QWEN3_SPEAKERS = frozenset(
-    ["vivian", "serena", "uncle_fu", "dylan", "eric", "ryan", "aiden", "ono_anna", "sohee"]
-)
 FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
 STREAM_FORMATS = ("audio", "sse")  # raw audio bytes (default) | OpenAI's speech.audio.* SSE events
 
@@ -91,24 +69,6 @@ class SpeechRequest:
     sse: bool  # stream_format "sse": the audio as base64 speech.audio.delta events
 
 
-def resolve_voice(voice: str, voices: tuple[str, ...]) -> str:
-    """The model's spelling of ``voice`` ("" = its default); ValueError for an unknown name.
-
-    Names match case-insensitively; OpenAI voice names, and Qwen3-TTS speaker names on a model
-    without them, map to the default voice."""
-    if not voice:
-        return ""
-    key = voice.lower()
-    for name in voices:
-        if name.lower() == key:
-            return name
-    if key in OPENAI_VOICES or key in QWEN3_SPEAKERS:
-        return ""
-    raise ValueError(
-        f"invalid_voice:unknown voice {voice!r}; use one of {', '.join(voices)} or an OpenAI name"
-    )
-
-
 def _optional(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     value = body.get(name, default)
     if value is None:
@@ -136,7 +96,7 @@ def parse_speech(
     _optional(body, "model", str, "")  # any name: the server serves one model
     voice_name = _optional(body, "voice", str, "")
     clone = cloned(voice_name) if cloned is not None and voice_name else None
-    voice = "" if clone is not None else resolve_voice(voice_name, voices)
+    voice = "" if clone is not None else resolve_voice(voice_name, voices)  # UnknownVoice: invalid_voice
     fmt = body.get("response_format", "wav")
     if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ValueError(f"unsupported_format:response_format must be one of {', '.join(FORMATS)}")

@@ -60,6 +60,7 @@ MAX_TURN_ID_INT = 2**53 - 1  # JavaScript's largest exact integer: every client 
 AUDIO_FORMATS = ("pcm16", "opus")
 SAMPLE_RATES_HZ = (24_000, 48_000)
 MAX_PLAYED_MS = 86_400_000.0  # a day: larger is no playback position (Infinity parses in Python)
+MAX_ECHO_CHARS = 100  # of a client's value quoted back in an error: enough to recognize it by
 
 TurnId = str | int
 
@@ -179,7 +180,15 @@ def parse_client_message(raw: str | bytes) -> ClientMessage:
         if not 0 <= played < MAX_PLAYED_MS:  # also refuses NaN (every comparison is false)
             raise ProtocolError("invalid_field", f"played_ms must be within 0..{MAX_PLAYED_MS}", tid)
         return TurnCancel(tid, float(played))
-    raise ProtocolError("unknown_type", f"unknown message type {kind[:64]!r}")
+    raise ProtocolError("unknown_type", f"unknown message type {echo(kind)}")
+
+
+def echo(value: str) -> str:
+    """A client's ``value`` quoted for an error message, at most MAX_ECHO_CHARS of it: a 64 KiB
+    name must not come back whole (nor into the log line that records the error)."""
+    if len(value) <= MAX_ECHO_CHARS:
+        return repr(value)
+    return f"{value[:MAX_ECHO_CHARS]!r}... ({len(value)} characters)"
 
 
 def error_message(code: str, message: str, turn_id: TurnId | None = None) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from .protocol import (
 from .quotas import StreamShare
 from .truncation import SpokenWord, TextSpan, spoken_by_words, spoken_text
 from .turn import AudioSettings, SessionSink, SinkStalled, Turn
+from .voice_names import UnknownVoice, resolve_voice
 from .voices import VoiceStore
 
 log = logging.getLogger("voicewire.session")
@@ -233,14 +234,18 @@ class Session:
         return self.voices.stream_params(voice, self.engine.info)
 
     def _update(self, msg: SessionUpdate) -> None:
-        if msg.voice and msg.voice not in self.engine.info.voices and self._cloned(msg.voice) is None:
-            raise ProtocolError("invalid_voice", f"unknown voice {msg.voice!r}")
+        voice = msg.voice
+        if voice and self._cloned(voice) is None:
+            try:  # the rule /v1/audio/speech follows (voice_names.py): "alloy" is the default voice
+                voice = resolve_voice(voice, self.engine.info.voices)
+            except UnknownVoice as err:
+                raise ProtocolError("invalid_voice", err.message) from None
         if msg.format is not None:
             self.audio.format = msg.format
         if msg.sample_rate is not None:
             self.audio.sample_rate = msg.sample_rate
-        if msg.voice is not None:
-            self.audio.voice = msg.voice
+        if voice is not None:
+            self.audio.voice = voice
 
     def _turn_for_text(self, turn_id: TurnId) -> Turn:
         turn = self._turns.get(turn_id)
