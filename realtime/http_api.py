@@ -164,7 +164,7 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         try:
             stream = engine.open_stream(dataclasses.replace(speech.params, tenant=share.tenant))
         except ValueError as err:  # an option the model refuses (StreamParams.check)
-            return error_response(400, "invalid_request", str(err))
+            return error_response(400, "invalid_request", _engine_message(err))
         except EngineBusy as err:
             return error_response(503, "server_busy", str(err))
         except EngineNotReady as err:
@@ -179,8 +179,23 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         gw.give_client(client, speech=True)
 
 
-# Stream errors that the input caused (the rest are the server's: 500 model_error).
-_INPUT_STREAM_ERRORS = frozenset({"text_budget_exceeded", "text_overflow", "bad_request"})
+# Stream errors that the input caused, and the code each is answered with (the rest are the
+# server's: 500 model_error). The engine's "bad_request" is an option the model refused as the
+# stream's slot opened (an unknown language on Qwen3-TTS): the invalid_request an option refused
+# before opening gets.
+_INPUT_STREAM_ERRORS = {
+    "text_budget_exceeded": "text_budget_exceeded",
+    "text_overflow": "text_overflow",
+    "bad_request": "invalid_request",
+}
+# An engine message quotes what it refused (a language, a voice) whole; this much of it is
+# answered: the value's start and the list of accepted ones (Qwen3-TTS's languages: ~120 characters).
+MAX_ENGINE_MESSAGE_CHARS = 400
+
+
+def _engine_message(err: Exception) -> str:
+    message = str(err)
+    return message if len(message) <= MAX_ENGINE_MESSAGE_CHARS else message[:MAX_ENGINE_MESSAGE_CHARS] + "..."
 
 
 async def _stream_speech(
@@ -200,8 +215,8 @@ async def _stream_speech(
                 first = chunk
                 break
     except StreamError as err:
-        status = 400 if err.code in _INPUT_STREAM_ERRORS else 500
-        return error_response(status, err.code if status == 400 else "model_error", str(err))
+        code = _INPUT_STREAM_ERRORS.get(err.code)
+        return error_response(400 if code else 500, code or "model_error", _engine_message(err))
     if first is None:
         stream.cancel()
         return error_response(400, "no_speech", "the input has nothing this voice can speak")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import time
 import uuid
 from collections import deque
@@ -48,7 +49,7 @@ from .config import GatewayConfig
 from .gateway import GATEWAY, RequestError, error_response
 from .http_api import read_json_body
 from .pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
-from .protocol import dumps
+from .protocol import MAX_ECHO_CHARS, dumps
 from .quotas import Client
 from .session import Session
 from .truncation import SpokenWord
@@ -135,6 +136,28 @@ def _unusable_candidate(line: str, families: set[int]) -> bool:
     return address.version not in families or address.is_multicast or address.is_unspecified
 
 
+# RFC 8839's candidate-attribute as aiortc's parser reads it (it asserts there are 8 fields and
+# int()s the component, priority, port, rport and generation): foundation component transport
+# priority address port "typ" type, then name-value pairs.
+_CANDIDATE_INTEGERS = ((1, "component", 1, 256), (3, "priority", 0, 2**32 - 1), (5, "port", 0, 65_535))
+_INTEGER_EXTENSIONS = ("rport", "generation")
+_DIGITS = re.compile(r"[0-9]{1,10}")  # ASCII digits only: int() also takes "\u0661" and "1_0"
+
+
+def _candidate_problem(line: str) -> str | None:
+    """What makes an ``a=candidate:`` line unreadable, or None for one aiortc can parse."""
+    fields = line.removeprefix("a=candidate:").split()
+    if len(fields) < 8 or fields[6] != "typ":
+        return "needs foundation, component, transport, priority, address, port, typ and a type"
+    for at, name, low, high in _CANDIDATE_INTEGERS:
+        if not (_DIGITS.fullmatch(fields[at]) and low <= int(fields[at]) <= high):
+            return f"has a {name} that is not an integer within {low}..{high}"
+    for name, value in zip(fields[8::2], fields[9::2], strict=False):
+        if name in _INTEGER_EXTENSIONS and not _DIGITS.fullmatch(value):
+            return f"has a {name} that is not an integer"
+    return None
+
+
 def rtc_configuration(config: GatewayConfig) -> RTCConfiguration:
     # iceServers=[] and not None: aiortc's default for None is a public Google STUN server.
     servers = [RTCIceServer(list(s.urls), s.username, s.credential) for s in config.ice_servers]
@@ -154,10 +177,14 @@ async def read_offer(request: web.Request) -> str:
     sdp = body.get("sdp")
     if not isinstance(sdp, str) or not sdp.startswith("v=0"):
         raise RequestError(400, "invalid_sdp", "sdp must be a session description string starting with v=0")
+    for number, line in enumerate(sdp.splitlines(), 1):
+        problem = _candidate_problem(line) if line.startswith("a=candidate:") else None
+        if problem is not None:  # one code for any SDP the server cannot read; the line says where
+            raise RequestError(400, "invalid_sdp", f"the ICE candidate on line {number} {problem}")
     try:
         media = SessionDescription.parse(sdp).media
-    except Exception as err:  # aiortc's parser raises ValueError, IndexError, KeyError... on bad SDP
-        raise RequestError(400, "invalid_sdp", f"the SDP could not be parsed: {type(err).__name__}") from None
+    except Exception:  # aiortc's parser raises AssertionError, ValueError, IndexError... on bad SDP
+        raise RequestError(400, "invalid_sdp", "the SDP could not be parsed: a line is malformed") from None
     if not any(
         m.kind == "audio" and any(c.mimeType.lower() == "audio/opus" for c in m.rtp.codecs) for m in media
     ):
@@ -288,7 +315,7 @@ class WebRtcPeer:
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         except Exception as err:  # aiortc raises ValueError and friends for SDP it cannot use
-            raise RequestError(400, "invalid_sdp", f"the offer was refused: {err}") from None
+            raise RequestError(400, "invalid_sdp", f"the offer was refused: {str(err)[:MAX_ECHO_CHARS]}") from None
         transceivers = self.pc.getTransceivers()
         audio = next(t for t in transceivers if t.kind == "audio")  # read_offer checked there is one
         self.pc.addTrack(self.track)
