@@ -171,7 +171,9 @@ async def test_a_token_is_spent_by_a_refused_request(engine: Engine) -> None:
         state.draining = True
         await refused_then_reused(offer, (503, "draining"))
         state.draining = False
-        async with websockets.connect(f"ws://{base}/v1/stream", additional_headers={"X-API-Key": KEY}) as held:
+        async with websockets.connect(
+            f"ws://{base}/v1/stream", additional_headers={"X-API-Key": KEY}
+        ) as held:
             await held.recv()
             await refused_then_reused(websocket, (503, "too_many_sessions"))
         await wait_gone(engine, gw, 5.0)

@@ -20,9 +20,10 @@ MAX_LOG_BYTES = 100_000  # per kind
 TIMEOUT_S = 10.0  # one connection's exchange
 
 SPEECH = b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+GZIP = b"Content-Encoding: gzip\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
 MALFORMED: dict[str, bytes] = {
     "duplicate Content-Length": SPEECH + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
-    "gzip on a body that is not": SPEECH + b"Content-Encoding: gzip\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    "gzip on a body that is not": SPEECH + GZIP,
     "bad chunked body": SPEECH + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
     "garbage request line": b"GET /?token=never-logged HTTP/1.1 and more\r\n\r\n",
     "header too long": b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: " + b"a" * 10_000 + b"\r\n\r\n",

@@ -33,7 +33,9 @@ def test_the_rule() -> None:
 async def test_session_update_and_speech_take_the_same_names(engine: Engine) -> None:
     async with running_gateway(engine) as base, aiohttp.ClientSession() as http:
         for voice in ACCEPTED:
-            async with http.post(f"http://{base}/v1/audio/speech", json={"input": "Hi.", "voice": voice}) as r:
+            async with http.post(
+                f"http://{base}/v1/audio/speech", json={"input": "Hi.", "voice": voice}
+            ) as r:
                 assert r.status == 200, (voice, await r.text())
         async with websockets.connect(f"ws://{base}/v1/stream") as ws:
             await ws.recv()  # session.created
@@ -52,6 +54,8 @@ async def test_session_update_and_speech_take_the_same_names(engine: Engine) -> 
                 reply = json.loads(await ws.recv())
                 assert (reply["type"], reply["code"]) == ("error", "invalid_voice"), reply
                 assert len(reply["message"]) < 250
-                async with http.post(f"http://{base}/v1/audio/speech", json={"input": "Hi.", "voice": voice}) as r:
+                async with http.post(
+                    f"http://{base}/v1/audio/speech", json={"input": "Hi.", "voice": voice}
+                ) as r:
                     error = (await r.json())["error"]
                 assert (r.status, error["code"]) == (400, "invalid_voice") and len(error["message"]) < 250
