@@ -214,13 +214,14 @@ class VoiceStore:
         return voice, True
 
     def _check_room(self, owner: str, limits: ReferenceLimits) -> None:
-        if len(self._voices) + len(self._pending) >= limits.max_voices:
-            raise VoiceError(507, "voice_store_full", f"the server keeps at most {limits.max_voices} voices")
+        """The client's own quota first: what it can do something about."""
         quota = limits.max_voices_per_client
         if owner and quota and self.owned_by(owner) >= quota:
             raise VoiceError(
                 429, "voice_quota_exceeded", f"a client keeps at most {quota} voices; delete one first"
             )
+        if len(self._voices) + len(self._pending) >= limits.max_voices:
+            raise VoiceError(507, "voice_store_full", f"the server keeps at most {limits.max_voices} voices")
 
     def delete(self, voice: Voice) -> None:
         self._voices.pop(voice.id, None)
