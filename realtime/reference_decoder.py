@@ -30,6 +30,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import av
 import numpy as np
 
 # This interpreter runs the child, with the module by name, as installed.
@@ -116,8 +117,6 @@ def _signal_name(number: int) -> str:
 def decode(data: bytes, limits: DecodeLimits) -> tuple[np.ndarray, int]:
     """(S,) float32 mono (the channels averaged) at the clip's own rate. Raises BadAudio, and
     PyAV's errors for what FFmpeg cannot read."""
-    import av
-
     with av.open(io.BytesIO(data), mode="r") as container:
         if not container.streams.audio:
             raise BadAudio(400, "not_audio", "the file has no audio stream")
@@ -132,8 +131,7 @@ def decode(data: bytes, limits: DecodeLimits) -> tuple[np.ndarray, int]:
         for frame in container.decode(stream):
             # A stream may change its layout or rate mid-way: each frame is checked again before
             # any of it is converted.
-            channels = len(frame.layout.channels)
-            _check(channels, frame.sample_rate, limits, known=True)
+            _check(len(frame.layout.channels), frame.sample_rate, limits, known=True)
             if resampler is None:
                 rate = frame.sample_rate
                 max_samples = int(limits.max_duration_s * rate)
@@ -143,14 +141,14 @@ def decode(data: bytes, limits: DecodeLimits) -> tuple[np.ndarray, int]:
             elif frame.sample_rate != rate:
                 raise BadAudio(400, "not_audio", "the sample rate changes within the file")
             for out in resampler.resample(frame):
-                parts.append(_mono(out.to_ndarray(), channels))
+                parts.append(_mono(out))
                 samples += parts[-1].size
             if samples > max_samples:
                 raise BadAudio(
                     400, "audio_too_long", f"reference audio is limited to {limits.max_duration_s:g} s"
                 )
         if resampler is not None:
-            parts += [_mono(o.to_ndarray(), channels) for o in resampler.resample(None)]
+            parts += [_mono(out) for out in resampler.resample(None)]
     if not parts or not rate:
         raise BadAudio(400, "not_audio", "no audio could be decoded from the file")
     pcm = np.concatenate(parts).astype(np.float32)
@@ -159,9 +157,9 @@ def decode(data: bytes, limits: DecodeLimits) -> tuple[np.ndarray, int]:
     return pcm, rate
 
 
-def _mono(packed: np.ndarray, channels: int) -> np.ndarray:
-    """(1, n x C) interleaved float -> (n,) float32, the channels averaged."""
-    return packed.reshape(-1, channels).mean(axis=1, dtype=np.float32)
+def _mono(frame: av.AudioFrame) -> np.ndarray:
+    """A packed float frame, (1, n x C) interleaved -> (n,) float32, the channels averaged."""
+    return frame.to_ndarray().reshape(-1, len(frame.layout.channels)).mean(axis=1, dtype=np.float32)
 
 
 def _check(channels: int, rate_hz: int, limits: DecodeLimits, *, known: bool) -> None:
