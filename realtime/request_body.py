@@ -19,15 +19,13 @@ Both refusals go through ``Gateway.refuse`` (counted by code, logged at the boun
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from .auth import AuthError, api_key_from_headers, token_from_request
 from .gateway import GATEWAY
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+from .proxy import Handler
 
 IDENTITY = ("", "identity")
 
@@ -35,7 +33,8 @@ IDENTITY = ("", "identity")
 @web.middleware
 async def request_body_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+    # Every Content-Encoding header: a second one must not slip past behind an "identity".
+    encoding = ",".join(request.headers.getall(hdrs.CONTENT_ENCODING, ())).strip().lower()
     if encoding not in IDENTITY:
         with contextlib.suppress(AuthError):  # admission's first two steps, for their side effect
             gw.auth.check_origin(request.headers.get("Origin"))
