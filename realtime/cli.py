@@ -21,7 +21,7 @@ from .audio import pcm16_bytes
 from .auth import AuthConfig
 from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
 from .engine_flags import UsageError, add_model_args, engine_group, needs_torch, to_engine_config
-from .quotas import ClientQuotas
+from .limits import ClientQuotas
 from .voices import default_voices_dir
 
 

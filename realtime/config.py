@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from voicewire.engine import EngineConfig
 
 from .auth import AuthConfig
-from .limits import SessionLimits
-from .quotas import ClientQuotas
+from .limits import ClientQuotas, SessionLimits
 from .reference_audio import ReferenceLimits
 
 ICE_URL_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")

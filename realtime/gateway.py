@@ -25,12 +25,11 @@ from voicewire.engine import Engine
 from voicewire.engine.core import CoreClient, EngineGroup
 
 from .auth import Authenticator, AuthError, api_key_from_headers, token_from_request
-from .clients import client_id
 from .config import MIN_SESSIONS, GatewayConfig
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
 from .proxy import client_address
-from .quotas import Client, ClientLedger, StreamShare
+from .quotas import Client, ClientLedger, StreamShare, client_id
 from .voices import VoiceStore
 
 if TYPE_CHECKING:

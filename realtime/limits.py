@@ -1,5 +1,5 @@
-"""What one session may do: the limits every transport enforces, each with a documented error
-code (README, "Limits"), and the token bucket that meters rates."""
+"""What one session, and one client, may do: the limits every transport enforces, each with a
+documented error code (README, "Limits"), and the token bucket that meters rates."""
 
 from __future__ import annotations
 
@@ -40,3 +40,35 @@ class TokenBucket:
             return False
         self._level -= amount
         return True
+
+
+MIN_SESSION_QUOTA = 8
+MIN_SPEECH_QUOTA = 4
+
+
+@dataclass(frozen=True)
+class ClientQuotas:
+    """Per-client limits; None: a quarter of the server's own limit (at least the floor above).
+    0 turns a quota off."""
+
+    max_sessions: int | None = None  # WebSocket + WebRTC sessions at once -> 429 quota_exceeded
+    max_speech_requests: int | None = None  # speech requests streaming at once -> 429 quota_exceeded
+    fair_share: bool = True  # engine streams: a fair share while others are active -> share_exceeded
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "max_speech_requests"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no per-client limit), got {value}")
+
+    def sessions(self, server_limit: int) -> int | None:
+        return _quota(self.max_sessions, server_limit, MIN_SESSION_QUOTA)
+
+    def speech_requests(self, server_limit: int) -> int | None:
+        return _quota(self.max_speech_requests, server_limit, MIN_SPEECH_QUOTA)
+
+
+def _quota(value: int | None, server_limit: int, floor: int) -> int | None:
+    if value is None:
+        return max(floor, server_limit // 4)
+    return value or None

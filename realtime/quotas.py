@@ -1,14 +1,19 @@
 """One client's share of the server: sessions, speech requests and engine streams per client.
 
-A client is who ``clients.py`` says (an API key, else an address). The server-wide limits
+A client is the API key a request presented (a digest of it: the key itself never sits in these
+tables), else the address it comes from (behind ``--trusted-proxy``, the forwarded client's:
+``proxy.py``). A session token carries no owner, so the browsers of one backend are told apart
+by address; with auth off a key costs nothing to invent, so it cannot buy a fresh quota. The
+server-wide limits
 (sessions, speech requests, the engine's streams) protect the server; these protect the other
 clients from one heavy one:
 
 * sessions and speech requests at once: a fixed quota per client (by default a quarter of the
   server's limit), so one client cannot hold every slot -> 429 ``quota_exceeded``;
-* engine streams: a client alone may use every stream, but while other clients are active each
-  client's new turns are admitted only below its fair share (the streams the engine runs / the
-  active clients), so a newcomer's turn is admitted before a heavy client's next one ->
+* engine streams: a client alone may use every stream but an eighth (kept for whoever comes
+  next), and while other clients are active each client's new turns are admitted only below its
+  fair share (the streams the engine runs / the active clients), so a newcomer's turn is
+  admitted before a heavy client's next one ->
   ``share_exceeded`` (a turn's ``error``, 429 on HTTP). The engine's scheduler shares each batch
   out across clients the same way (``StreamParams.tenant``), so a client's streams that are
   behind cannot starve another client's first audio either.
@@ -20,42 +25,33 @@ by quota.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from aiohttp import web
+
 from voicewire.engine import Stream
 
-MIN_SESSION_QUOTA = 8
-MIN_SPEECH_QUOTA = 4
+from .auth import api_key_from_headers, token_from_request
+from .proxy import client_address
+
 MIN_STREAM_SHARE = 4  # a client's fair share never falls below this many streams
 
 
-@dataclass(frozen=True)
-class ClientQuotas:
-    """Per-client limits; None: a quarter of the server's own limit (at least the floor above).
-    0 turns a quota off."""
-
-    max_sessions: int | None = None  # WebSocket + WebRTC sessions at once -> 429 quota_exceeded
-    max_speech_requests: int | None = None  # speech requests streaming at once -> 429 quota_exceeded
-    fair_share: bool = True  # engine streams: a fair share while others are active -> share_exceeded
-
-    def __post_init__(self) -> None:
-        for name in ("max_sessions", "max_speech_requests"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0 (0: no per-client limit), got {value}")
-
-    def sessions(self, server_limit: int) -> int | None:
-        return _quota(self.max_sessions, server_limit, MIN_SESSION_QUOTA)
-
-    def speech_requests(self, server_limit: int) -> int | None:
-        return _quota(self.max_speech_requests, server_limit, MIN_SPEECH_QUOTA)
+def reserve(capacity: int) -> int:
+    """Streams a client alone leaves free for the next client to arrive: an eighth."""
+    return min(capacity - 1, max(1, capacity // 8)) if capacity > 1 else 0
 
 
-def _quota(value: int | None, server_limit: int, floor: int) -> int | None:
-    if value is None:
-        return max(floor, server_limit // 4)
-    return value or None
+def client_id(request: web.BaseRequest, auth_enabled: bool) -> str:
+    """``key:<digest>`` for a request that presents an API key while auth is on (admission has
+    checked it), ``addr:<address>`` otherwise."""
+    if auth_enabled and token_from_request(request.query, request.headers) is None:
+        key = api_key_from_headers(request.headers)
+        if key:
+            return f"key:{hashlib.sha256(key.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}"
+    return f"addr:{client_address(request)}"
 
 
 @dataclass
@@ -104,10 +100,11 @@ class ClientLedger:
         return max(MIN_STREAM_SHARE, -(-capacity // max(1, self.active())))
 
     def may_open_stream(self, client: Client, capacity: int) -> bool:
-        """Alone (or the only one holding streams) a client may use all of ``capacity``; with
-        others active, only below its fair share of it."""
+        """Alone a client may use all of ``capacity`` but a reserve, which keeps a newcomer's
+        first turn from waiting behind it; with others active, only below its fair share."""
         others = any(c is not client and not c.idle for c in self)
-        return not others or client.open_streams() < self.fair_share(capacity)
+        limit = self.fair_share(capacity) if others else capacity - reserve(capacity)
+        return client.open_streams() < limit
 
     def most_streams(self) -> int:
         return max((c.open_streams() for c in self), default=0)

@@ -45,9 +45,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from voicewire.engine import CloningNotSupported, EngineNotReady, ModelInfo
 
-from .clients import client_id
 from .gateway import GATEWAY, Gateway, RequestError, error_response
 from .http_api import OPENAI_VOICES, QWEN3_SPEAKERS
+from .quotas import client_id
 from .reference_audio import BadAudio, ReferenceLimits, decode_reference
 from .voices import MAX_NAME_CHARS, MAX_TRANSCRIPT_CHARS, VoiceError, check_name
 

@@ -24,7 +24,7 @@ from tests.doubles import SlowWarmupModel
 from voicewire.engine import Engine, EngineConfig
 from voicewire.realtime.auth import AuthConfig
 from voicewire.realtime.client import VoicewireClient
-from voicewire.realtime.limits import SessionLimits
+from voicewire.realtime.limits import ClientQuotas, SessionLimits
 
 KEY = "admission-key-0123456789"
 ORIGIN = "http://app.example.test"
@@ -274,7 +274,8 @@ async def test_an_idle_open_turn_ends_with_timeout_and_frees_its_stream() -> Non
     small = Engine(EngineConfig(model="hibari", max_streams=4)).start()
     try:
         limits = SessionLimits(idle_timeout_s=1.5)
-        async with running_gateway(small, limits=limits) as base:
+        # the holder and the victim are one client (both 127.0.0.1): no share between them
+        async with running_gateway(small, limits=limits, quotas=ClientQuotas(fair_share=False)) as base:
             holder = await websockets.connect(f"ws://{base}/v1/stream")
             await holder.recv()
             for t in range(4):  # every stream of the engine

@@ -13,8 +13,7 @@ import websockets
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
 from voicewire.realtime.config import MIN_SESSIONS
-from voicewire.realtime.limits import SessionLimits
-from voicewire.realtime.quotas import ClientQuotas
+from voicewire.realtime.limits import ClientQuotas, SessionLimits
 
 
 async def _connect(base: str):  # type: ignore[no-untyped-def]
