@@ -3,20 +3,25 @@
 Policy: deadline first. A stream's deadline is the moment its listener would run dry if playback
 started when its first audio left the engine (a stream with no audio yet is due since its first
 text arrived, so new turns go first, oldest first). Generate batches are filled in deadline
-order up to the model's batch size, one stream per tenant in turn when more are ready than fit:
-a tenant (the gateway's client) with many streams behind their deadlines cannot push another
-tenant's new turn out of every batch. A stream's frames are handed to the decoder when its chunk
-schedule says the next chunk is complete, or when it has finished.
+order up to the model's batch size. When more are ready than fit, the batch is shared out
+across tenants (the gateway's clients): each tenant's most urgent stream first, the tenants that
+used the least model time lately (``GenerateResult.compute_s``, decayed over ``TENANT_COST_S``)
+first among those; so a tenant with many streams, or with text that costs much to speak, cannot
+push another tenant's new turn out of every batch. A stream's frames are handed to the decoder
+when its chunk schedule says the next chunk is complete, or when it has finished.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 from .config import ChunkSchedule
 from .model import DecodeWork, GenerateResult
 from .word_timing import WordTiming, shifted
+
+TENANT_COST_S = 2.0  # a tenant's model time counts against it for about this long
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Scheduler:
         self._chunks = chunks
         self._max_batch = max_batch_size
         self.requests: dict[int, Request] = {}
+        self._cost: dict[str, tuple[float, float]] = {}  # tenant -> (model seconds, when), decaying
 
     def add(self, request: Request) -> None:
         self.requests[request.stream_id] = request
@@ -77,23 +83,31 @@ class Scheduler:
         return StepPlan([r.slot for r in chosen], [r.stream_id for r in chosen])
 
     def _fair(self, candidates: list[Request]) -> list[Request]:
-        """A full batch from deadline-ordered ``candidates``: each tenant's most urgent stream,
-        then each one's next, ...; in deadline order within a round. One tenant alone: the
-        ``max_batch`` most urgent, as without tenants."""
+        """A full batch from deadline-ordered ``candidates``: a round of each tenant's most
+        urgent stream, cheapest tenant first, then a round of each one's next, .... One tenant
+        alone: the ``max_batch`` most urgent, as without tenants."""
+        now = time.perf_counter()
         rounds: dict[str, int] = {}
         ranked = []
         for i, r in enumerate(candidates):
             n = rounds.get(r.tenant, 0)
             rounds[r.tenant] = n + 1
-            ranked.append((n, i, r))
-        ranked.sort(key=lambda x: (x[0], x[1]))
-        return [r for _, _, r in ranked[: self._max_batch]]
+            ranked.append((n, self._tenant_cost(r.tenant, now), i, r))
+        ranked.sort(key=lambda x: x[:3])
+        return [x[3] for x in ranked[: self._max_batch]]
+
+    def _tenant_cost(self, tenant: str, now: float) -> float:
+        cost, t = self._cost.get(tenant, (0.0, now))
+        return cost * math.exp((t - now) / TENANT_COST_S)
 
     def record(self, plan: StepPlan, results: list[GenerateResult]) -> None:
+        now = time.perf_counter()
         for stream_id, res in zip(plan.generate_streams, results, strict=True):
             req = self.requests.get(stream_id)
             if req is None:
                 continue
+            if res.compute_s:
+                self._cost[req.tenant] = (self._tenant_cost(req.tenant, now) + res.compute_s, now)
             if res.n_frames:
                 req.pending_words += shifted(res.words, req.pending_frames)
                 req.pending.append(res.frames)
@@ -102,6 +116,8 @@ class Scheduler:
                     req.pending_text.append(res.text_spoken)
             if res.finished:
                 req.generation_done = True
+        if len(self._cost) > 1024:  # tenants come and go: keep those whose cost still counts
+            self._cost = {k: v for k, v in self._cost.items() if now - v[1] < 10 * TENANT_COST_S}
 
     def plan_decode(self, now: float | None = None) -> list[DecodeWork]:
         """Chunks complete at ``now`` (perf_counter; default: now), per the chunk schedule (or flushed

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+MIN_DELTA_CHARS = 4
+
 
 @dataclass(frozen=True)
 class SessionLimits:
@@ -15,7 +17,9 @@ class SessionLimits:
     # sessions cannot take every stream of the engine -> too_many_turns.
     max_open_turns: int = 4
     max_unspoken_chars: int = 20_000  # text sent and not yet spoken, over the open turns -> text_overflow
-    text_chars_per_s: float = 1_000.0  # sustained text rate (an LLM at 100 tokens/s is ~400) -> rate_limited
+    # sustained text rate (an LLM at 100 tokens/s is ~400) -> rate_limited; a delta counts as at
+    # least MIN_DELTA_CHARS (a token), so deltas arrive at most 250 a second
+    text_chars_per_s: float = 1_000.0
     text_burst_chars: float = 10_000.0  # ...with this much allowed at once
     # No client message and nothing playing -> close 4002. An open turn that got no text and
     # played no audio for this long ends with reason "timeout" and frees its engine stream.

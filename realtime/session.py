@@ -26,7 +26,7 @@ from voicewire.engine import (
     first_audible_sample,
 )
 
-from .limits import SessionLimits, TokenBucket
+from .limits import MIN_DELTA_CHARS, SessionLimits, TokenBucket
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
 from .protocol import (
@@ -180,7 +180,9 @@ class Session:
         self.t_last_input = time.monotonic()
         try:
             msg = parse_client_message(raw)
-            if isinstance(msg, TextDelta) and not self._text_bucket.take(len(msg.text)):
+            # A delta costs at least a token's worth: a client sending a character a millisecond
+            # would otherwise cost the loop and the engine a command each within the text rate.
+            if isinstance(msg, TextDelta) and not self._text_bucket.take(max(MIN_DELTA_CHARS, len(msg.text))):
                 raise ProtocolError(
                     "rate_limited",
                     f"text is limited to {self.limits.text_chars_per_s:g} characters/s",

@@ -38,7 +38,7 @@ import time
 import unicodedata
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +166,7 @@ class HibariModel(Model):
         # releases the GIL, and two single-threaded runs at once beat one two-threaded run (the
         # engine's worker and the event loop share the machine's cores with them). Decoding has
         # its own pool so that it never queues behind a slow clause.
+        self._workers = workers
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hibari") if workers > 1 else None
         self._decode_pool = (
             ThreadPoolExecutor(workers, thread_name_prefix="hibari-decode") if workers > 1 else None
@@ -209,19 +210,31 @@ class HibariModel(Model):
     def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
         if self._pool is None:
             return [self._timed(slot) for slot in slots]
-        for slot in slots:
-            if slot not in self._inflight:
+        for slot in slots:  # most urgent first (the scheduler's order)
+            # No more jobs than workers: a job queued behind busy workers would keep its place in
+            # the queue while a more urgent slot (another client's new turn) is planned on the
+            # next step; not queued, that slot takes the first worker to come free.
+            if slot not in self._inflight and self._running() < self._workers:
                 self._inflight[slot] = self._pool.submit(self._timed, slot)
-        jobs = [self._inflight[slot] for slot in slots]
-        wait(jobs, timeout=STEP_WAIT_S)
+        jobs = [self._inflight[slot] for slot in slots if slot in self._inflight]
+        if jobs:
+            wait(jobs, timeout=STEP_WAIT_S)
+        else:  # every worker busy with other slots' jobs: until one is free
+            running = [j for j in self._inflight.values() if not j.done()]
+            wait(running, timeout=STEP_WAIT_S, return_when=FIRST_COMPLETED)
         results = []
-        for slot, job in zip(slots, jobs, strict=True):
-            if job.done():
+        for slot in slots:
+            job = self._inflight.get(slot)
+            if job is not None and job.done():
                 del self._inflight[slot]
                 results.append(job.result())
-            else:  # still working: nothing this step, asked again on the next
+            else:  # still working, or waiting for a worker: nothing this step, asked again on the next
                 results.append(GenerateResult(slot, None, 0, finished=False))
         return results
+
+    def _running(self) -> int:
+        """Jobs on a worker now (a finished job waits to be collected without holding one)."""
+        return sum(not j.done() for j in (*self._inflight.values(), *self._orphans.values()))
 
     def _timed(self, slot: int) -> GenerateResult:
         t0 = time.perf_counter()

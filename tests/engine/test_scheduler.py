@@ -88,3 +88,14 @@ def test_a_full_batch_is_shared_across_tenants() -> None:
     assert s.plan_generate(ready).generate_streams == [0, 9]  # the heavy one's most urgent, then the newcomer's
     # one tenant alone (or no tenants): the most urgent fill the batch, as before
     assert s.plan_generate(ready - {9}).generate_streams == [0, 1]
+
+
+def test_the_tenant_that_used_the_least_model_time_goes_first() -> None:
+    s = Scheduler(ChunkSchedule(), max_batch_size=1)
+    costly = Request(stream_id=1, slot=1, t_arrival=0.0, tenant="costly")
+    cheap = Request(stream_id=2, slot=2, t_arrival=1.0, tenant="cheap")  # due later
+    s.add(costly)
+    s.add(cheap)
+    assert s.plan_generate({1, 2}).generate_streams == [1]  # no cost yet: deadline first
+    s.record(s.plan_generate({1}), [GenerateResult(1, "f", 1, False, compute_s=0.5)])
+    assert s.plan_generate({1, 2}).generate_streams == [2]

@@ -1,6 +1,7 @@
 """One heavy client, in a process of its own: sessions, speech requests and uploads at once.
 
     python -m tests.gateway.flood URL --sessions 300 --speech 100 --uploads 50 --duration-s 8
+    python -m tests.gateway.flood URL --deltas-from 127.0.0.3 --deltas-from 127.0.0.4 ...
 
 Every accepted session keeps its open turns full of long replies, read as fast as they come;
 every speech request reads its whole answer and is sent again; uploads post a real WAV. All from
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import io
 import json
 import time
@@ -77,6 +79,22 @@ async def _session(
         await client.close()
 
 
+async def _deltas(url: str, local: tuple[str, int], counts: collections.Counter[str], stop: float) -> None:
+    """One session that sends a one-word delta every millisecond, turn after turn."""
+    async with await VoicewireClient.connect(url, local_addr=local, timeout_s=20) as client:
+        counts["deltas:session"] += 1
+        while time.monotonic() < stop:
+            turn = await client.start_turn()
+            for _ in range(2000):
+                if time.monotonic() >= stop or turn.result is not None:
+                    break
+                await turn.send("w")
+                counts["deltas:sent"] += 1
+                await asyncio.sleep(0.001)
+            with contextlib.suppress(VoicewireError, TimeoutError):
+                await turn.cancel(timeout_s=2)
+
+
 async def _speech(
     http: aiohttp.ClientSession, url: str, counts: collections.Counter[str], stop: float
 ) -> None:
@@ -114,7 +132,14 @@ async def _upload(
 
 
 async def flood(
-    url: str, sessions: int, speech: int, uploads: int, duration_s: float, local_addr: str, turns: int
+    url: str,
+    sessions: int,
+    speech: int,
+    uploads: int,
+    duration_s: float,
+    local_addr: str,
+    turns: int,
+    deltas: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     counts: collections.Counter[str] = collections.Counter()
     stop = time.monotonic() + duration_s
@@ -127,6 +152,7 @@ async def flood(
         tasks = [_session(url, local, counts, stop, turns) for _ in range(sessions)]
         tasks += [_speech(http, url, counts, stop) for _ in range(speech)]
         tasks += [_upload(http, url, wav, counts, stop) for _ in range(uploads)]
+        tasks += [_deltas(url, (address, 0), counts, stop) for address in deltas]
         await asyncio.gather(*tasks, return_exceptions=True)
     return dict(counts)
 
@@ -140,13 +166,26 @@ def main() -> None:
     parser.add_argument("--uploads", type=int, default=0)
     parser.add_argument("--duration-s", type=float, default=8.0)
     parser.add_argument("--local-addr", default="127.0.0.1")
+    parser.add_argument(
+        "--deltas-from",
+        action="append",
+        default=[],
+        help="a session from this address sends a delta every ms",
+    )
     args = parser.parse_args()
-    result = asyncio.run(
+    counts = asyncio.run(
         flood(
-            args.url, args.sessions, args.speech, args.uploads, args.duration_s, args.local_addr, args.turns
+            args.url,
+            args.sessions,
+            args.speech,
+            args.uploads,
+            args.duration_s,
+            args.local_addr,
+            args.turns,
+            tuple(args.deltas_from),
         )
     )
-    print(json.dumps(result), flush=True)
+    print(json.dumps(counts), flush=True)
 
 
 if __name__ == "__main__":

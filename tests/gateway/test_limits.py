@@ -44,6 +44,22 @@ async def test_text_rate_limit(engine: Engine) -> None:
         await ws.close()
 
 
+async def test_a_delta_costs_at_least_a_token(engine: Engine) -> None:
+    # 60 one-character deltas are 60 characters, but the cost of 60 tokens' worth
+    async with running_gateway(
+        engine, limits=SessionLimits(text_chars_per_s=1, text_burst_chars=200)
+    ) as base:
+        ws = await _connect(base)
+        for i in range(60):
+            await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": "ab"[i % 2]}))
+        msg = await _next_json(ws)
+        while msg["type"] != "error":
+            msg = await _next_json(ws)
+        assert msg["code"] == "rate_limited" and msg["turn_id"] == 1
+        await ws.send(json.dumps({"type": "turn.cancel", "turn_id": 1}))
+        await ws.close()
+
+
 async def test_queued_turns_limit(engine: Engine) -> None:
     async with running_gateway(engine, limits=SessionLimits(max_open_turns=3)) as base:
         ws = await _connect(base)

@@ -204,3 +204,16 @@ async def test_a_second_client_speaks_on_time_while_one_floods_every_endpoint(en
         await wait_engine_idle(engine, 30)
         gc.collect()
         assert _rss_bytes() < rss0 * 1.1 + 20e6, (rss0, _rss_bytes())
+
+
+async def test_a_second_client_speaks_on_time_while_three_send_a_delta_every_millisecond(
+    engine: Engine,
+) -> None:
+    async with running_gateway(engine) as base:
+        async with _victim(base) as ttfps:
+            args = [a for addr in ("127.0.0.3", "127.0.0.4", "127.0.0.5") for a in ("--deltas-from", addr)]
+            counts = await _flood(base, *args, "--duration-s", "8")
+        assert counts["deltas:session"] == 3 and counts["deltas:sent"] > 3_000, counts
+        assert len(ttfps) >= 10, ttfps
+        assert _p95(ttfps) < VICTIM_P95_MS, sorted(ttfps)
+        await wait_engine_idle(engine, 30)
