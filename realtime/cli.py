@@ -22,6 +22,7 @@ from .auth import AuthConfig
 from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
 from .engine_flags import UsageError, add_model_args, engine_group, needs_torch, to_engine_config
 from .limits import ClientQuotas
+from .reference_audio import ReferenceLimits
 from .voices import default_voices_dir
 
 
@@ -167,6 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="speech requests one client may stream at once; 0: no limit (default: a quarter of 64)",
     )
     serve.add_argument(
+        "--max-voices-per-client",
+        type=int,
+        default=ReferenceLimits.max_voices_per_client,
+        help="cloned voices one client may store; 0: no per-client limit",
+    )
+    serve.add_argument(
+        "--max-voices",
+        type=int,
+        default=ReferenceLimits.max_voices,
+        help="cloned voices the server stores in all",
+    )
+    serve.add_argument(
         "--no-fair-share",
         action="store_true",
         help="let one client open engine streams past its fair share while other clients are active",
@@ -269,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_config = to_engine_config(args)
         group = engine_group(args, engine_config) if args.command == "serve" else None
         if args.command == "serve":
-            args.ice_servers = _ice_servers(args)
+            _ice_servers(args)  # a bad --ice-server: a usage error before anything starts
             if (args.tls_cert is None) != (args.tls_key is None):
                 raise UsageError("--tls-cert and --tls-key go together")
     except UsageError as err:
@@ -293,17 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | None) -> int:
-    _setup_logging(args.log_level, args.log_format)
-    from .server import EngineStartFailed, tls_context
-    from .server import serve as run_server
-
-    if engine.model == "qwen3-tts" and args.random_weights:
-        logging.getLogger("voicewire").warning(
-            "serving qwen3-tts with random weights (%s shapes): the audio is noise", args.qwen_size
-        )
+def gateway_config(args: argparse.Namespace, engine: EngineConfig) -> GatewayConfig:
+    """The gateway's configuration from ``serve``'s flags (API keys also from VOICEWIRE_API_KEYS)."""
     keys = [*args.api_key, *filter(None, os.environ.get("VOICEWIRE_API_KEYS", "").split(","))]
-    config = GatewayConfig(
+    return GatewayConfig(
         host=args.host,
         port=args.port,
         engine=engine,
@@ -314,6 +320,7 @@ def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | 
             max_speech_requests=args.max_speech_per_client,
             fair_share=not args.no_fair_share,
         ),
+        voice_limits=ReferenceLimits(max_voices_per_client=args.max_voices_per_client, max_voices=args.max_voices),
         public_metrics=args.public_metrics,
         write_stall_timeout_s=args.write_stall_timeout,
         drain_timeout_s=args.drain_timeout,
@@ -322,8 +329,20 @@ def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | 
         trusted_proxies=tuple(args.trusted_proxy),
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
-        ice_servers=args.ice_servers,
+        ice_servers=_ice_servers(args),
     )
+
+
+def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | None) -> int:
+    _setup_logging(args.log_level, args.log_format)
+    from .server import EngineStartFailed, tls_context
+    from .server import serve as run_server
+
+    if engine.model == "qwen3-tts" and args.random_weights:
+        logging.getLogger("voicewire").warning(
+            "serving qwen3-tts with random weights (%s shapes): the audio is noise", args.qwen_size
+        )
+    config = gateway_config(args, engine)
     try:
         tls_context(config)  # a missing or mismatched certificate or key: one line, before anything starts
     except (ssl.SSLError, OSError) as err:

@@ -121,3 +121,17 @@ def test_serve_refuses_a_taken_port_in_one_line() -> None:
         )
     assert proc.returncode == 1
     assert "cannot listen" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_serve_flags_set_the_per_client_quotas() -> None:
+    from voicewire.engine import EngineConfig
+    from voicewire.realtime.cli import build_parser, gateway_config
+
+    flags = "--max-sessions-per-client 5 --max-speech-per-client 0 --no-fair-share"
+    args = build_parser().parse_args(["serve", *flags.split(), "--max-voices-per-client", "3", "--max-voices", "40"])
+    config = gateway_config(args, EngineConfig())
+    assert (config.quotas.max_sessions, config.quotas.max_speech_requests, config.quotas.fair_share) == (5, 0, False)
+    assert config.quotas.speech_requests(64) is None  # 0: no per-client limit
+    assert (config.voice_limits.max_voices_per_client, config.voice_limits.max_voices) == (3, 40)
+    defaults = gateway_config(build_parser().parse_args(["serve"]), EngineConfig())
+    assert defaults.quotas.sessions(256) == 64 and defaults.quotas.fair_share
