@@ -1,6 +1,6 @@
 """A flood of malformed HTTP requests costs a bounded amount of log: each kind, 3,000 times over
-raw sockets, adds under 100 KB at INFO (a deployment's level), with no traceback, and the server
-still answers. aiohttp alone logs each one at ERROR with a traceback: megabytes."""
+raw sockets, adds under 100 KB at INFO (a deployment's level), with no traceback, the server
+still answers, and another client's turns beside the flood start on time. aiohttp alone logs each one at ERROR with a traceback: megabytes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import running_gateway
+from tests.gateway.victim import victim_alongside
 from voicewire.engine import Engine
 
 REQUESTS = 3_000  # of each kind
@@ -83,7 +84,8 @@ async def test_a_flood_of_malformed_requests_writes_a_bounded_log(
     engine: Engine, server_log: _Bytes, kind: str
 ) -> None:
     async with running_gateway(engine) as base, aiohttp.ClientSession() as http:
-        replies = await asyncio.wait_for(_flood(int(base.rsplit(":", 1)[1]), MALFORMED[kind]), 120)
+        async with victim_alongside(base):
+            replies = await asyncio.wait_for(_flood(int(base.rsplit(":", 1)[1]), MALFORMED[kind]), 120)
         assert all(r.startswith((b"HTTP/1.0 4", b"HTTP/1.1 4")) for r in replies), replies[0][:200]
         text = "".join(server_log.text)
         assert server_log.size() < MAX_LOG_BYTES, (server_log.size(), text[:3000])
