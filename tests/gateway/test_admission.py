@@ -5,13 +5,11 @@ idle turns freed, and a second session checked unaffected throughout."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -21,52 +19,14 @@ from yarl import URL
 
 from tests.conftest import running_gateway, wait_engine_idle
 from tests.doubles import SlowWarmupModel
+from tests.gateway.victim import VICTIM_P95_MS, victim_alongside, victim_ttfp_ms
 from voicewire.engine import Engine, EngineConfig
 from voicewire.realtime.auth import AuthConfig
-from voicewire.realtime.client import VoicewireClient
 from voicewire.realtime.limits import ClientQuotas, SessionLimits
 
 KEY = "admission-key-0123456789"
 ORIGIN = "http://app.example.test"
 FOREIGN = "https://evil.example"
-VICTIM_TEXT = "The victim's turn still plays on time."
-VICTIM_TTFP_MS = 500.0  # this 2-core machine, with the offender running next to it
-
-
-async def _victim_turn(base: str, api_key: str | None = None) -> float:
-    """A normal session speaks one turn; returns its TTFP in ms (first text sent -> first audio)."""
-    async with await VoicewireClient.connect(f"ws://{base}", api_key=api_key) as client:
-        turn = client.speak([VICTIM_TEXT])
-        async for _ in turn.audio():
-            pass
-        done = await turn.done(timeout_s=20)
-    assert done.reason == "completed", done
-    assert turn.t_first_audio_s is not None and turn.t_first_text_s is not None
-    return (turn.t_first_audio_s - turn.t_first_text_s) * 1000
-
-
-@contextlib.asynccontextmanager
-async def _victim_alongside(base: str, api_key: str | None = None) -> AsyncIterator[list[float]]:
-    """A victim turn every 0.3 s while the body runs; yields the list its TTFPs land in."""
-    ttfps: list[float] = []
-    stop = asyncio.Event()
-
-    async def loop() -> None:
-        while not stop.is_set():
-            ttfps.append(await _victim_turn(base, api_key))
-            await asyncio.sleep(0.3)
-
-    task = asyncio.create_task(loop())
-    try:
-        yield ttfps
-        stop.set()
-        await asyncio.wait_for(task, 30)
-    finally:
-        task.cancel()
-    assert ttfps, "the victim never completed a turn"
-    assert max(ttfps) < VICTIM_TTFP_MS, f"victim TTFPs {ttfps}"
-
-
 async def _status(resp: aiohttp.ClientResponse) -> tuple[int, str]:
     body = await resp.json()
     return resp.status, body["error"]["code"] if resp.status >= 400 else ""
@@ -87,7 +47,7 @@ async def test_each_endpoint_refuses_each_bad_credential(engine: Engine) -> None
     async with (
         running_gateway(engine, auth=auth) as base,
         aiohttp.ClientSession() as http,
-        _victim_alongside(base, KEY),
+        victim_alongside(base, api_key=KEY),
     ):
         for headers, status, code in bad_keys:
             async with http.post(
@@ -138,7 +98,7 @@ async def test_malformed_speech_bodies_are_4xx_never_500(engine: Engine) -> None
         ('{"input": "Hi.", "voice": ' + "[" * 500 + "]" * 500 + "}", 400, "invalid_voice"),
         ("\xff\xfe", 400, "invalid_json"),
     ]
-    async with running_gateway(engine) as base, aiohttp.ClientSession() as http, _victim_alongside(base):
+    async with running_gateway(engine) as base, aiohttp.ClientSession() as http, victim_alongside(base):
         for body, status, code in cases:
             async with http.post(
                 f"http://{base}/v1/audio/speech", data=body, headers={"Content-Type": "application/json"}
@@ -264,8 +224,8 @@ async def test_open_turns_without_text_cannot_starve_a_new_session(engine: Engin
             holders.append(ws)
         await asyncio.sleep(0.5)
         assert engine.active_streams() <= 30 * SessionLimits().max_open_turns
-        ttfp_ms = await _victim_turn(base)
-        assert ttfp_ms < VICTIM_TTFP_MS
+        ttfp_ms = await victim_ttfp_ms(base)
+        assert ttfp_ms < VICTIM_P95_MS
         for ws in holders:
             await ws.close()
 
@@ -283,7 +243,7 @@ async def test_an_idle_open_turn_ends_with_timeout_and_frees_its_stream() -> Non
             await asyncio.sleep(0.3)
             assert small.active_streams() == 4
             with pytest.raises(Exception, match="server_busy"):
-                await _victim_turn(base)
+                await victim_ttfp_ms(base)
             reasons: dict[Any, str] = {}
             t0 = time.monotonic()
             while len(reasons) < 4:
@@ -294,7 +254,7 @@ async def test_an_idle_open_turn_ends_with_timeout_and_frees_its_stream() -> Non
             assert set(reasons.values()) == {"timeout"}
             assert time.monotonic() - t0 < 4
             await wait_engine_idle(small)  # the streams are free again
-            assert await _victim_turn(base) < VICTIM_TTFP_MS
+            assert await victim_ttfp_ms(base) < VICTIM_P95_MS
             await holder.close()
     finally:
         small.close()
@@ -326,7 +286,7 @@ async def test_before_warm_up_health_is_live_and_engine_requests_are_not_ready()
                         break
                 await asyncio.sleep(0.1)
             assert r.status == 200
-            assert await _victim_turn(base) < VICTIM_TTFP_MS
+            assert await victim_ttfp_ms(base) < VICTIM_P95_MS
     finally:
         starter.join()
         engine.close()

@@ -16,10 +16,12 @@ VICTIM_TEXT = "The other client's turn still starts on time."
 VICTIM_P95_MS = 500.0  # the acceptance bound on this 2-core machine; alone it is ~20-30 ms
 
 
-async def victim_ttfp_ms(base: str, text: str = VICTIM_TEXT) -> float:
+async def victim_ttfp_ms(base: str, api_key: str | None = None) -> float:
     """One turn from the victim's address; its TTFP in ms (first text sent -> first audio)."""
-    async with await VoicewireClient.connect(f"ws://{base}", local_addr=(VICTIM_ADDRESS, 0)) as client:
-        turn = client.speak([text])
+    async with await VoicewireClient.connect(
+        f"ws://{base}", local_addr=(VICTIM_ADDRESS, 0), api_key=api_key
+    ) as client:
+        turn = client.speak([VICTIM_TEXT])
         async for _ in turn.audio():
             pass
         done = await turn.done(timeout_s=30)
@@ -33,7 +35,9 @@ def p95(values: list[float]) -> float:
 
 
 @contextlib.asynccontextmanager
-async def victim_alongside(base: str, min_turns: int = 3) -> AsyncIterator[list[float]]:
+async def victim_alongside(
+    base: str, min_turns: int = 3, api_key: str | None = None
+) -> AsyncIterator[list[float]]:
     """Victim turns while the body runs (and at least ``min_turns``); yields the list their TTFPs
     land in, and checks their p95 against the bound when the body is done."""
     ttfps: list[float] = []
@@ -41,7 +45,7 @@ async def victim_alongside(base: str, min_turns: int = 3) -> AsyncIterator[list[
 
     async def loop() -> None:
         while not stop.is_set() or len(ttfps) < min_turns:
-            ttfps.append(await victim_ttfp_ms(base))
+            ttfps.append(await victim_ttfp_ms(base, api_key))
             await asyncio.sleep(0.2)
 
     task = asyncio.create_task(loop())
