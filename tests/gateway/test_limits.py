@@ -29,29 +29,20 @@ async def _next_json(ws) -> dict:  # type: ignore[no-untyped-def,type-arg]
             return json.loads(msg)  # type: ignore[no-any-return]
 
 
-async def test_text_rate_limit(engine: Engine) -> None:
-    async with running_gateway(
-        engine, limits=SessionLimits(text_chars_per_s=100, text_burst_chars=200)
-    ) as base:
+@pytest.mark.parametrize(
+    ("limits", "deltas"),
+    [
+        (SessionLimits(text_chars_per_s=100, text_burst_chars=200), ["a" * 150, "b" * 150]),
+        # 60 one-character deltas are 60 characters, but 60 tokens' worth of the rate
+        (SessionLimits(text_chars_per_s=1, text_burst_chars=200), ["ab"[i % 2] for i in range(60)]),
+    ],
+    ids=["characters", "a-token-a-delta"],
+)
+async def test_text_rate_limit(engine: Engine, limits: SessionLimits, deltas: list[str]) -> None:
+    async with running_gateway(engine, limits=limits) as base:
         ws = await _connect(base)
-        await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": "a" * 150}))
-        await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": "b" * 150}))
-        msg = await _next_json(ws)
-        while msg["type"] != "error":
-            msg = await _next_json(ws)
-        assert msg["code"] == "rate_limited" and msg["turn_id"] == 1
-        await ws.send(json.dumps({"type": "turn.cancel", "turn_id": 1}))
-        await ws.close()
-
-
-async def test_a_delta_costs_at_least_a_token(engine: Engine) -> None:
-    # 60 one-character deltas are 60 characters, but the cost of 60 tokens' worth
-    async with running_gateway(
-        engine, limits=SessionLimits(text_chars_per_s=1, text_burst_chars=200)
-    ) as base:
-        ws = await _connect(base)
-        for i in range(60):
-            await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": "ab"[i % 2]}))
+        for delta in deltas:
+            await ws.send(json.dumps({"type": "text.delta", "turn_id": 1, "text": delta}))
         msg = await _next_json(ws)
         while msg["type"] != "error":
             msg = await _next_json(ws)
