@@ -5,10 +5,12 @@ still answers, and another client's turns beside the flood start on time. aiohtt
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Iterator
 
 import aiohttp
+import psutil
 import pytest
 
 from tests.conftest import running_gateway
@@ -84,8 +86,12 @@ async def test_a_flood_of_malformed_requests_writes_a_bounded_log(
     engine: Engine, server_log: _Bytes, kind: str
 ) -> None:
     async with running_gateway(engine) as base, aiohttp.ClientSession() as http:
+        gc.collect()
+        before = psutil.Process().memory_info().rss  # the gateway runs in this process
         async with victim_alongside(base):
             replies = await asyncio.wait_for(_flood(int(base.rsplit(":", 1)[1]), MALFORMED[kind]), 120)
+        gc.collect()
+        assert psutil.Process().memory_info().rss < 1.1 * before
         assert all(r.startswith((b"HTTP/1.0 4", b"HTTP/1.1 4")) for r in replies), replies[0][:200]
         text = "".join(server_log.text)
         assert server_log.size() < MAX_LOG_BYTES, (server_log.size(), text[:3000])

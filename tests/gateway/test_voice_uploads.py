@@ -124,7 +124,8 @@ async def test_a_crashing_decoder_costs_only_its_upload(base_engine: Engine) -> 
         turn = asyncio.create_task(
             speak_turn(client, "A turn spoken while an upload crashes its decoder.", 40)
         )
-        status, body = await upload(http, gw.url, voice_form("Crash", wav_bytes(clip(2.0))))
+        async with victim_alongside(gw.url.removeprefix("http://")):  # and new turns start on time
+            status, body = await upload(http, gw.url, voice_form("Crash", wav_bytes(clip(2.0))))
         assert (status, body["error"]["code"]) == (422, "undecodable_audio") and "SIGSEGV" in body["error"][
             "message"
         ]
