@@ -1,4 +1,5 @@
-"""Audio on the way out: float PCM -> PCM16 bytes, resampling, exact frames, Opus packets (PyAV)."""
+"""Audio on the way out: float PCM -> PCM16 bytes, resampling, exact frames, Opus packets (PyAV),
+G.711 frames (telephony.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from fractions import Fraction
 
 import av
 import numpy as np
+
+from .protocol import G711_FORMATS, G711_RATE_HZ
+from .telephony import G711_FRAME_SAMPLES, G711Codec
 
 OPUS_FRAME_MS = 20
 OPUS_BITRATE_BPS = (
@@ -121,13 +125,16 @@ class TurnAudioEncoder:
     """Per-turn output encoder of the WebSocket transport: engine PCM -> binary messages.
 
     pcm16: raw little-endian int16 at the session's rate. opus: one Opus packet (20 ms) per message.
+    mulaw / alaw: 20 ms of G.711 at 8000 Hz (160 bytes) per message, whatever ``out_rate_hz`` says.
     """
 
     def __init__(self, fmt: str, in_rate_hz: int, out_rate_hz: int) -> None:
         self.fmt = fmt
-        self._resampler = Resampler(in_rate_hz, out_rate_hz)
+        self._g711 = G711Codec(fmt) if fmt in G711_FORMATS else None
+        self._resampler = Resampler(in_rate_hz, G711_RATE_HZ if self._g711 else out_rate_hz)
         self._opus = OpusEncoder(out_rate_hz) if fmt == "opus" else None
-        self._cutter = FrameCutter(self._opus.frame_samples) if self._opus else None
+        frame_samples = self._opus.frame_samples if self._opus else G711_FRAME_SAMPLES if self._g711 else 0
+        self._cutter = FrameCutter(frame_samples) if frame_samples else None
 
     def push(self, pcm: np.ndarray) -> list[bytes]:
         return self._pack(self._resampler.push(pcm), final=False)
@@ -136,9 +143,12 @@ class TurnAudioEncoder:
         return self._pack(self._resampler.flush(), final=True)
 
     def _pack(self, samples: np.ndarray, final: bool) -> list[bytes]:
-        if self._opus is None or self._cutter is None:
+        if self._cutter is None:
             return [samples.tobytes()] if samples.size else []
         frames = self._cutter.push(samples)
         if final:
             frames += self._cutter.flush()
+        if self._g711 is not None:
+            return [self._g711.encode(f) for f in frames]
+        assert self._opus is not None
         return [pkt for f in frames for pkt in self._opus.encode(f)]

@@ -1,6 +1,6 @@
 """HTTP API, OpenAI-compatible: ``POST /v1/audio/speech`` (streamed as raw audio or as SSE speech
-events), ``GET /v1/models``; and ``GET /healthz`` (alias ``/health``). The voices API is
-``voices_api.py``."""
+events, in any of ``FORMATS``: encoders.py), ``GET /v1/models``; and ``GET /healthz`` (alias
+``/health``). The voices API is ``voices_api.py``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import asyncio
 import base64
 import dataclasses
 import json
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,13 +16,27 @@ from aiohttp import web
 
 from voicewire.engine import EngineBusy, EngineNotReady, ModelInfo, Stream, StreamError, StreamParams
 
-from .audio import pcm16_bytes
+from .encoders import speech_encoder
 from .gateway import GATEWAY, RequestError, bound_send_buffer, error_response
+from .protocol import G711_ALIASES, G711_FORMATS, G711_RATE_HZ
 from .voice_names import OPENAI_VOICES as OPENAI_VOICES  # re-exported: voices_api.py reads them here
 from .voice_names import QWEN3_SPEAKERS as QWEN3_SPEAKERS
 from .voice_names import resolve_voice
 
-FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+# response_format -> Content-Type. OpenAI's names and default (mp3); pcm is raw int16 at the
+# engine's rate (X-Sample-Rate). mulaw / alaw are G.711 at 8000 Hz, headerless, under the names of
+# G711_ALIASES as well (telephony.py); audio/basic is RFC 2046's name for exactly that mu-law.
+FORMATS = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",  # Ogg Opus (RFC 7845), 20 ms pages
+    "aac": "audio/aac",  # ADTS
+    "flac": "audio/flac",
+    "wav": "audio/wav",  # sizes unknown in the header: encoders.UNKNOWN_WAV_SIZE
+    "pcm": "audio/pcm",
+    "mulaw": "audio/basic",
+    "alaw": "audio/x-alaw",
+}
+DEFAULT_FORMAT = "mp3"
 STREAM_FORMATS = ("audio", "sse")  # raw audio bytes (default) | OpenAI's speech.audio.* SSE events
 
 
@@ -45,27 +58,13 @@ async def read_json_body(request: web.Request, timeout_s: float) -> Any:
         raise RequestError(400, "invalid_json", "the body must be JSON") from None
 
 
-def streaming_wav_header(sample_rate_hz: int) -> bytes:
-    """A WAV header for a stream of unknown length (sizes set to the maximum, as streaming servers do)."""
-    unknown = 0xFFFFFFFF
-    return (
-        b"RIFF"
-        + struct.pack("<I", unknown)
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate_hz, sample_rate_hz * 2, 2, 16)
-        + b"data"
-        + struct.pack("<I", unknown)
-    )
-
-
 @dataclass(frozen=True)
 class SpeechRequest:
     """A checked ``POST /v1/audio/speech`` body."""
 
     text: str
     params: StreamParams  # voice, speed, language and the model options (instructions, whole text)
-    fmt: str  # a key of FORMATS
+    fmt: str  # a key of FORMATS (an alias already resolved)
     sse: bool  # stream_format "sse": the audio as base64 speech.audio.delta events
 
 
@@ -97,9 +96,11 @@ def parse_speech(
     voice_name = _optional(body, "voice", str, "")
     clone = cloned(voice_name) if cloned is not None and voice_name else None
     voice = "" if clone is not None else resolve_voice(voice_name, voices)  # UnknownVoice: invalid_voice
-    fmt = body.get("response_format", "wav")
+    fmt = body.get("response_format", DEFAULT_FORMAT)
+    fmt = G711_ALIASES.get(fmt, fmt) if isinstance(fmt, str) else fmt
     if not isinstance(fmt, str) or fmt not in FORMATS:
-        raise ValueError(f"unsupported_format:response_format must be one of {', '.join(FORMATS)}")
+        names = [*FORMATS, *(a for a in G711_ALIASES if a not in FORMATS)]
+        raise ValueError(f"unsupported_format:response_format must be one of {', '.join(names)}")
     stream_format = body.get("stream_format", "audio")
     if not isinstance(stream_format, str) or stream_format not in STREAM_FORMATS:
         raise ValueError(
@@ -202,7 +203,7 @@ async def _stream_speech(
     request: web.Request, stream: Stream, speech: SpeechRequest, info: ModelInfo
 ) -> web.StreamResponse:
     stall_s = request.app[GATEWAY].config.write_stall_timeout_s
-    rate = info.sample_rate_hz
+    rate = G711_RATE_HZ if speech.fmt in G711_FORMATS else info.sample_rate_hz
     stream.push_text(speech.text)
     stream.end()
     chunks = aiter(stream)
@@ -226,10 +227,13 @@ async def _stream_speech(
         resp.headers["Cache-Control"] = "no-cache"
     resp.enable_chunked_encoding()
     samples = 0
+    encoder = speech_encoder(speech.fmt, info.sample_rate_hz)
 
     async def send(data: bytes) -> None:
         # A client that stops reading must not hold its engine stream: a write blocks only while
         # the socket's buffers are full.
+        if not data:  # an encoder still filling its first frame
+            return
         if speech.sse:
             data = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         await asyncio.wait_for(resp.write(data), stall_s)
@@ -237,13 +241,13 @@ async def _stream_speech(
     try:
         await resp.prepare(request)
         bound_send_buffer(request, request.app[GATEWAY].config.send_buffer_bytes)
-        head = streaming_wav_header(rate) if speech.fmt == "wav" else b""
-        await send(head + pcm16_bytes(first.pcm))
+        await send(encoder.push(first.pcm))
         samples += first.pcm.size
         async for chunk in chunks:
             if chunk.pcm.size:
-                await send(pcm16_bytes(chunk.pcm))
+                await send(encoder.push(chunk.pcm))
                 samples += chunk.pcm.size
+        await send(encoder.flush())
         if speech.sse:
             await resp.write(sse_event({"type": "speech.audio.done", "usage": _usage(speech, samples, info)}))
         await resp.write_eof()

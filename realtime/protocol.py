@@ -1,7 +1,9 @@
 """Protocol v1: the JSON control messages shared by the WebSocket and the WebRTC data channel.
 
 Client -> server (one JSON object per text message):
-    session.update  {"format": "pcm16"|"opus", "sample_rate": 24000|48000, "voice": str}   all optional
+    session.update  {"format": "pcm16"|"opus"|"mulaw"|"alaw", "sample_rate": 8000|24000|48000, "voice": str}
+                    all optional; mulaw / alaw (G.711, telephony.py; also named ulaw, ulaw_8000,
+                    pcm_mulaw, alaw_8000, pcm_alaw) are 8000 Hz only, and imply it
     text.delta      {"turn_id": T, "text": str}
     text.flush      {"turn_id": T}
     text.end        {"turn_id": T}
@@ -57,8 +59,21 @@ MAX_MESSAGE_BYTES = 64 * 1024  # one client message; larger closes the WebSocket
 MAX_TEXT_CHARS = 8_192  # one text.delta
 MAX_TURN_ID_CHARS = 128
 MAX_TURN_ID_INT = 2**53 - 1  # JavaScript's largest exact integer: every client can echo it back
-AUDIO_FORMATS = ("pcm16", "opus")
-SAMPLE_RATES_HZ = (24_000, 48_000)
+AUDIO_FORMATS = ("pcm16", "opus", "mulaw", "alaw")
+SAMPLE_RATES_HZ = (8_000, 24_000, 48_000)
+G711_FORMATS = ("mulaw", "alaw")
+G711_RATE_HZ = 8_000
+# The G.711 names of other TTS APIs (ElevenLabs ulaw_8000 / alaw_8000, Cartesia pcm_mulaw /
+# pcm_alaw) -> ours, so a client written for one of them needs no table of its own.
+G711_ALIASES = {
+    "mulaw": "mulaw",
+    "ulaw": "mulaw",
+    "ulaw_8000": "mulaw",
+    "pcm_mulaw": "mulaw",
+    "alaw": "alaw",
+    "alaw_8000": "alaw",
+    "pcm_alaw": "alaw",
+}
 MAX_PLAYED_MS = 86_400_000.0  # a day: larger is no playback position (Infinity parses in Python)
 MAX_ECHO_CHARS = 100  # of a client's value quoted back in an error: enough to recognize it by
 
@@ -148,11 +163,16 @@ def parse_client_message(raw: str | bytes) -> ClientMessage:
         raise ProtocolError("missing_field", "type is required and must be a string")
     if kind == "session.update":
         fmt = _optional(msg, "format", str)
+        fmt = G711_ALIASES.get(fmt, fmt) if fmt is not None else None
         if fmt is not None and fmt not in AUDIO_FORMATS:
             raise ProtocolError("invalid_field", f"format must be one of {', '.join(AUDIO_FORMATS)}")
         rate = _optional(msg, "sample_rate", int)
         if rate is not None and rate not in SAMPLE_RATES_HZ:
-            raise ProtocolError("invalid_field", "sample_rate must be 24000 or 48000")
+            raise ProtocolError("invalid_field", "sample_rate must be 8000, 24000 or 48000")
+        if fmt in G711_FORMATS:
+            if rate not in (None, G711_RATE_HZ):
+                raise ProtocolError("invalid_field", f"{fmt} is {G711_RATE_HZ} Hz only")
+            rate = G711_RATE_HZ
         return SessionUpdate(fmt, rate, _optional(msg, "voice", str))
     if kind == "text.delta":
         tid = _turn_id(msg)

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from voicewire.engine import AudioChunk, Stream
 
-from .protocol import TurnId
+from .protocol import G711_FORMATS, G711_RATE_HZ, TurnId
 from .truncation import SpokenWord, TextAligner, TextSpan
 
 
@@ -18,8 +18,13 @@ class AudioSettings:
     sample_rate: int = 24_000
     voice: str = ""
 
+    @property
+    def rate_hz(self) -> int:
+        """The rate the audio goes out at: G.711 is 8000 Hz by definition, whatever ``sample_rate`` says."""
+        return G711_RATE_HZ if self.format in G711_FORMATS else self.sample_rate
+
     def describe(self) -> dict[str, Any]:
-        return {"format": self.format, "sample_rate": self.sample_rate, "channels": 1}
+        return {"format": self.format, "sample_rate": self.rate_hz, "channels": 1}
 
 
 @dataclass

@@ -6,12 +6,15 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
+import av
 import numpy as np
 import openai
 import pytest
 
+from tests.asr import transcribe, wer
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
 from voicewire.realtime.auth import AuthConfig
@@ -60,6 +63,20 @@ async def test_raw_pcm_and_wav_stream_through_with_streaming_response(authed: st
         wav = await resp.read()
     assert wav[:4] == b"RIFF" and int.from_bytes(wav[24:28], "little") == 24_000
     assert abs(len(wav) - 44 - len(pcm)) < 0.2 * len(pcm)  # the same utterance, sampled again
+
+
+async def test_write_to_file_writes_a_playable_mp3_by_default(authed: str, tmp_path: Path) -> None:
+    # No response_format: OpenAI's default, mp3, is what a script that saves "x.mp3" expects.
+    path = tmp_path / "x.mp3"
+    speech = await _client(authed).audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+    assert speech.response.headers["content-type"] == "audio/mpeg"
+    speech.write_to_file(path)
+    with av.open(str(path)) as container:
+        assert container.format.name == "mp3"
+        pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+        rate = container.streams.audio[0].rate
+    assert rate == 24_000 and pcm.size > rate  # over a second of speech
+    assert wer(TEXT, transcribe(pcm.astype(np.float32), rate)) <= 0.15
 
 
 async def test_sse_events_decode_back_to_the_pcm_stream(authed: str) -> None:
@@ -152,7 +169,7 @@ def test_harness_fields_reach_the_stream_params() -> None:
     )
     assert req.params.language == "English"
     assert req.params.extra == {"instruct": "whisper", "whole_text": True}
-    assert not req.sse and req.fmt == "wav"
+    assert not req.sse and req.fmt == "mp3"  # OpenAI's default
     for bad, code in [
         ({"input": "hi", "stream": "yes"}, "invalid_stream"),
         ({"input": "hi", "language": 3}, "invalid_language"),
