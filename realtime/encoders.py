@@ -29,6 +29,11 @@ OPUS_BITRATE_BPS = 32_000  # speech: the WebSocket's and WebRTC's Opus setting (
 # The Ogg muxer holds a page up to a second by default: one page per 20 ms packet keeps the first
 # bytes with the first audio (~1 % more bytes in page headers).
 OGG_PAGE_DURATION_US = 20_000
+# A compressing encoder's work grows with its input (libmp3lame: ~7 ms a second of audio on this
+# 2-core machine, and the engine's first chunk can hold seconds), so it takes a chunk this much at
+# a time: the first slice's bytes leave before the rest is encoded, and the event loop serves
+# other sessions between slices.
+ENCODE_SLICE_MS = 40
 
 # A WAV header's RIFF and data sizes for a stream of unknown length: the maximum, as ffmpeg writes
 # to a pipe. Python's wave, soundfile and PyAV all read every sample of such a file; only
@@ -51,6 +56,8 @@ def streaming_wav_header(sample_rate_hz: int) -> bytes:
 
 
 class SpeechEncoder(Protocol):
+    slice_samples: int  # the most samples one push should get; 0: a whole chunk (cheap to encode)
+
     def push(self, pcm: np.ndarray) -> bytes:
         """Float mono PCM at the engine's rate -> the bytes ready to send (maybe none yet)."""
         ...
@@ -62,6 +69,8 @@ class SpeechEncoder(Protocol):
 
 class PcmEncoder:
     """int16 little-endian at the engine's rate; ``wav`` puts a streaming WAV header first."""
+
+    slice_samples = 0
 
     def __init__(self, sample_rate_hz: int, wav: bool) -> None:
         self._head = streaming_wav_header(sample_rate_hz) if wav else b""
@@ -76,6 +85,8 @@ class PcmEncoder:
 
 class G711Encoder:
     """Resampled once to 8000 Hz (libswresample's low-pass), then G.711 bytes, one per sample."""
+
+    slice_samples = 0
 
     def __init__(self, law: str, in_rate_hz: int) -> None:
         self._resampler = Resampler(in_rate_hz, G711_RATE_HZ)
@@ -121,6 +132,7 @@ class ContainerEncoder:
     def __init__(self, fmt: str, sample_rate_hz: int) -> None:
         container, codec, bit_rate, options = _CONTAINERS[fmt]
         self._rate = sample_rate_hz
+        self.slice_samples = sample_rate_hz * ENCODE_SLICE_MS // 1000
         self._out = _Chunks()
         self._container = av.open(self._out, "w", format=container, options=options)
         stream = self._container.add_stream(codec, rate=sample_rate_hz)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from voicewire.engine import EngineBusy, EngineNotReady, ModelInfo, Stream, StreamError, StreamParams
@@ -238,14 +239,21 @@ async def _stream_speech(
             data = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         await asyncio.wait_for(resp.write(data), stall_s)
 
+    async def send_audio(pcm: np.ndarray) -> None:
+        step = encoder.slice_samples or pcm.size
+        for start in range(0, pcm.size, step):
+            if start:
+                await asyncio.sleep(0)  # other sessions run between one slice's encoding and the next
+            await send(encoder.push(pcm[start : start + step]))
+
     try:
         await resp.prepare(request)
         bound_send_buffer(request, request.app[GATEWAY].config.send_buffer_bytes)
-        await send(encoder.push(first.pcm))
+        await send_audio(first.pcm)
         samples += first.pcm.size
         async for chunk in chunks:
             if chunk.pcm.size:
-                await send(encoder.push(chunk.pcm))
+                await send_audio(chunk.pcm)
                 samples += chunk.pcm.size
         await send(encoder.flush())
         if speech.sse:
