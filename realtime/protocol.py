@@ -7,7 +7,7 @@ Client -> server (one JSON object per text message):
     text.delta      {"turn_id": T, "text": str}
     text.flush      {"turn_id": T}
     text.end        {"turn_id": T}
-    turn.cancel     {"turn_id": T, "played_ms": number >= 0}   played_ms optional
+    turn.cancel     {"turn_id": T, "played_ms": number >= 0}   played_ms optional; also after turn.done
 Server -> client:
     session.created {"session_id", "protocol": 1, "audio": {...}, "limits": {...}}
     session.updated {"audio": {...}}
@@ -15,6 +15,7 @@ Server -> client:
     turn.words      {"turn_id", "words": [{"word", "start_ms", "end_ms", "char_start", "char_end"}, ...]}
     turn.done       {"turn_id", "reason": "completed"|"cancelled"|"error"|"timeout"|"length", "audio_ms", "played_ms",
                      "played_source": "client"|"paced"|"sent", "text_spoken", "metrics": {...}}
+    turn.truncated  {"turn_id", "audio_ms", "played_ms", "played_source": "client", "text_spoken"}
     error           {"code", "message", "turn_id"?}
 T is a string or an integer, echoed back as given. Parsing is pure: bad input raises
 ``ProtocolError`` with a stable code, and nothing else.
@@ -46,6 +47,24 @@ Played audio. ``played_ms`` of ``turn.done`` is ``"client"``: the position the c
 ``turn.cancel`` (capped at the audio sent); ``"paced"``: what the WebRTC pacer sent on the wall
 clock; ``"sent"``: the audio sent on the WebSocket (no report). ``text_spoken`` is the turn's text up
 to the last word whose first half played (from the word timings), or all of it when completed.
+
+Played audio after the fact. The WebSocket sends a reply faster than it plays, so its ``turn.done``
+(``completed``) often comes long before the listener barges in. A ``turn.cancel`` with
+``played_ms`` for a turn that is already done (one of the session's last 4 finished turns) is
+answered with ``turn.truncated``: the turn's ``played_ms`` (capped at ``audio_ms``) and the
+``text_spoken`` up to that position, cut as a cancel before the end would have cut it (what
+OpenAI Realtime's ``conversation.item.truncate`` answers with ``conversation.item.truncated``). It
+may be sent again (the last answer is the turn's account); it changes nothing else: the turn
+stays done and the turns after it play on. A cancel without ``played_ms`` for a done turn is
+ignored, as before. A cancel that reaches the server before the turn's end still ends it with
+``turn.done`` (``cancelled``), and no ``turn.truncated`` follows. Example (an 8.5 s reply, all
+sent within 300 ms):
+
+    <- {"type":"turn.done","turn_id":7,"reason":"completed","audio_ms":8460.0,"played_ms":8460.0,
+        "played_source":"sent","text_spoken":"Let me walk you through ...","metrics":{...}}
+    -> {"type":"turn.cancel","turn_id":7,"played_ms":1000}
+    <- {"type":"turn.truncated","turn_id":7,"audio_ms":8460.0,"played_ms":1000.0,
+        "played_source":"client","text_spoken":"Let me walk you"}
 """
 
 from __future__ import annotations

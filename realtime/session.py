@@ -44,7 +44,7 @@ from .protocol import (
     parse_client_message,
 )
 from .quotas import StreamShare
-from .truncation import SpokenWord, TextSpan, spoken_by_words, spoken_text
+from .truncation import SpokenRecord, SpokenWord, TextSpan
 from .turn import AudioSettings, SessionSink, SinkStalled, Turn
 from .voice_names import UnknownVoice, resolve_voice
 from .voices import VoiceStore
@@ -53,6 +53,9 @@ log = logging.getLogger("voicewire.session")
 _log_limiter = LogLimiter()  # process-wide: client errors are logged at a bounded rate per code
 
 MAX_REMEMBERED_TURNS = 256  # finished turn ids kept to reject late text for them
+# Finished turns whose words are kept for a late ``turn.cancel`` with ``played_ms``: the listener
+# still hears the last one or two while the LLM's next replies queue behind them.
+MAX_TRUNCATABLE_TURNS = 4
 
 
 class Session:
@@ -84,6 +87,7 @@ class Session:
         self._order: deque[Turn] = deque()
         self._finished: deque[TurnId] = deque()
         self._finished_set: set[TurnId] = set()
+        self._spoken: dict[TurnId, SpokenRecord] = {}  # the last finished turns, oldest first
         # Turns refused at their first delta (busy, not ready, too many): the client was told once;
         # the rest of the LLM's deltas and the text.end for them are dropped without more errors.
         self._refused: deque[TurnId] = deque(maxlen=MAX_REMEMBERED_TURNS)
@@ -188,7 +192,7 @@ class Session:
                     f"text is limited to {self.limits.text_chars_per_s:g} characters/s",
                     msg.turn_id,
                 )
-            self._dispatch(msg)
+            answer = self._dispatch(msg)
         except ProtocolError as err:
             await self.send_error(err.code, err.message, err.turn_id)
             return
@@ -199,10 +203,13 @@ class Session:
             return
         if isinstance(msg, SessionUpdate):
             await self.sink.send_json({"type": "session.updated", "audio": self.audio.describe()})
+        if answer is not None:
+            await self.sink.send_json(answer)
 
-    def _dispatch(self, msg: object) -> None:
+    def _dispatch(self, msg: object) -> dict[str, Any] | None:
+        """Apply one message; returns the message that answers it at once, if any."""
         if getattr(msg, "turn_id", None) in self._refused:
-            return
+            return None
         if isinstance(msg, SessionUpdate):
             self._update(msg)
         elif isinstance(msg, TextDelta):
@@ -224,10 +231,13 @@ class Session:
             turn.ended = True
             turn.stream.end()
         elif isinstance(msg, TurnCancel):
+            if msg.played_ms is not None and msg.turn_id in self._spoken:
+                return self._truncated(msg.turn_id, msg.played_ms)
             cut = self._turns.get(msg.turn_id)
             if cut is not None and msg.played_ms is not None:
                 cut.played_report_ms = msg.played_ms
             self._cancel(msg.turn_id)
+        return None
 
     def _cloned(self, voice: str) -> StreamParams | None:
         """A stored cloned voice's stream options, or None when ``voice`` names none."""
@@ -415,6 +425,9 @@ class Session:
             reason = "length"  # a length cap or a runaway guard of the model ended it (all of it was sent)
         self.turns_completed += 1
         done = self._done_message(turn, reason, played_ms, source)
+        # From here a cancel's position can no longer go into this turn.done: it is answered with
+        # turn.truncated (even while the turn.done is on its way).
+        self._remember(turn)
         if self.metrics is not None:
             self.metrics.turns.labels(self.transport, reason).inc()
             if "ttfp_ms" in done["metrics"]:
@@ -437,13 +450,10 @@ class Session:
         # A cut turn reports the words its played audio spoke (from the word timings, or an estimate
         # inside the last chunk without them: realtime/truncation.py), so the agent can truncate its
         # context to what was heard.
-        played = round(played_ms * rate / 1000)
         if reason in ("completed", "length"):
             text = " ".join(turn.text_sent)
-        elif turn.words:
-            text = spoken_by_words(turn.text_in.text, turn.words, played)
         else:
-            text = spoken_text(turn.text_spans, played)
+            text = self._record(turn).text_spoken(round(played_ms * rate / 1000))
         metrics: dict[str, Any] = {
             "trimmed_ms": round(m.trimmed_samples * 1000 / rate, 1),
             "underruns": turn.underruns,
@@ -467,6 +477,32 @@ class Session:
             "text_spoken": text,
             "metrics": metrics,
         }
+
+    @staticmethod
+    def _record(turn: Turn) -> SpokenRecord:
+        return SpokenRecord(turn.text_in.text, tuple(turn.words), tuple(turn.text_spans), turn.samples_sent)
+
+    def _truncated(self, turn_id: TurnId, played_ms: float) -> dict[str, Any]:
+        """``turn.truncated``: a finished turn's account at the position the client played it to
+        (its ``turn.done`` told what was sent, which over the WebSocket is all of a reply long
+        before it has played)."""
+        record = self._spoken[turn_id]
+        rate = self.engine.info.sample_rate_hz
+        audio_ms = record.samples * 1000 / rate
+        played_ms = min(played_ms, audio_ms)  # never more than the client got
+        return {
+            "type": "turn.truncated",
+            "turn_id": turn_id,
+            "audio_ms": round(audio_ms, 1),
+            "played_ms": round(played_ms, 1),
+            "played_source": "client",
+            "text_spoken": record.text_spoken(round(played_ms * rate / 1000)),
+        }
+
+    def _remember(self, turn: Turn) -> None:
+        self._spoken[turn.turn_id] = self._record(turn)
+        if len(self._spoken) > MAX_TRUNCATABLE_TURNS:
+            del self._spoken[next(iter(self._spoken))]
 
     def _forget(self, turn: Turn) -> None:
         self._turns.pop(turn.turn_id, None)

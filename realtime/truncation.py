@@ -169,3 +169,21 @@ def spoken_text(spans: list[TextSpan], played_samples: int) -> str:
                 out.append(part)
         break
     return " ".join(t for t in out if t)
+
+
+@dataclass(frozen=True)
+class SpokenRecord:
+    """What a finished turn spoke, kept so the client can still say how much of it played: a
+    reply sent faster than real time is done on the server long before the listener barges in."""
+
+    text: str  # the turn's input text, as the client sent it
+    words: tuple[SpokenWord, ...]  # its timed words (empty where the model times none)
+    spans: tuple[TextSpan, ...]  # the text of each audio chunk, for the estimate without words
+    samples: int  # engine-rate samples of audio sent
+
+    def text_spoken(self, played_samples: int) -> str:
+        """The text the first ``played_samples`` samples spoke (capped at the audio sent)."""
+        played = min(played_samples, self.samples)
+        if self.words:
+            return spoken_by_words(self.text, list(self.words), played)
+        return spoken_text(list(self.spans), played)

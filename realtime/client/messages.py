@@ -3,7 +3,7 @@ receives, the error a refusal raises, and the text of one LLM stream item (``del
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -87,7 +87,8 @@ class TurnDone:
     played_ms: float  # audio the listener heard, see played_source
     text_spoken: str  # the words up to played_ms (from the word timings)
     metrics: dict[str, Any] = field(default_factory=dict)  # ttfp_ms, ttfa_ms, engine_ttfp_ms, ...
-    # what played_ms is: "client" (the client reported its playback position with turn.cancel),
+    # what played_ms is: "client" (the client reported its playback position with turn.cancel,
+    # before the end or after it: turn.truncated),
     # "paced" (WebRTC: what the server's pacer sent on the wall clock), "sent" (WebSocket: audio sent)
     played_source: str = "sent"
 
@@ -101,6 +102,16 @@ class TurnDone:
             text_spoken=str(msg.get("text_spoken", "")),
             metrics=dict(msg.get("metrics") or {}),
             played_source=str(msg.get("played_source", "sent")),
+        )
+
+    def truncated(self, msg: dict[str, Any]) -> TurnDone:
+        """This account at the position a later ``turn.truncated`` gives: the turn ended on the
+        server (``reason`` stays), the listener heard ``played_ms`` of it, which spoke ``text_spoken``."""
+        return replace(
+            self,
+            played_ms=float(msg.get("played_ms", self.played_ms)),
+            text_spoken=str(msg.get("text_spoken", self.text_spoken)),
+            played_source=str(msg.get("played_source", "client")),
         )
 
 

@@ -66,6 +66,9 @@ class Turn:
         self._sent_text = False
         self._closed_input = False  # end() or cancel() sent
         self._feeder: asyncio.Task[None] | None = None
+        # The answer to a turn.cancel with played_ms: the turn.truncated message, or None when the
+        # turn.done itself took the position (the cancel reached the server before the end).
+        self._truncation: asyncio.Future[dict[str, Any] | None] | None = None
         self.started = False  # turn.started seen
         self.t_first_text_s: float | None = None  # perf_counter when the first delta was sent
         self.t_last_text_s: float | None = None  # perf_counter when the last delta was sent
@@ -102,10 +105,20 @@ class Turn:
             self._finish(TurnDone(self.turn_id, "completed", 0.0, 0.0, ""))
 
     async def cancel(self, timeout_s: float = 10.0, played_ms: float | None = None) -> TurnDone:
-        """Barge-in: stop the turn now; returns its ``turn.done`` (``played_ms``, ``text_spoken``).
-        ``played_ms``: see ``send_cancel``."""
+        """Barge-in: stop the turn now; returns what played of it (``played()``: ``played_ms``,
+        ``text_spoken``). ``played_ms``: see ``send_cancel``; it counts after ``turn.done`` too."""
         await self.send_cancel(played_ms)
-        return await self.done(timeout_s)
+        return await self.played(timeout_s)
+
+    async def played(self, timeout_s: float = 10.0) -> TurnDone:
+        """The turn's ``turn.done``, cut at the position of the last ``send_cancel(played_ms=...)``:
+        a reply the server finished sending before the listener barged in stays ``completed``, with
+        the ``played_ms`` and ``text_spoken`` of its ``turn.truncated``."""
+        done = await self.done(timeout_s)
+        if self._truncation is None:
+            return done
+        truncated = await asyncio.wait_for(asyncio.shield(self._truncation), timeout_s)
+        return done if truncated is None else done.truncated(truncated)
 
     async def send_cancel(self, played_ms: float | None = None) -> None:
         """Barge-in without waiting for ``turn.done`` (which still comes, see ``done()``): for
@@ -115,21 +128,34 @@ class Turn:
         ``text_spoken`` there. By default, over a transport where the server cannot know it (the
         WebSocket), the audio this turn's reader has taken from ``audio()`` / ``events()`` (a
         caller that buffers before playing should pass its own position); nothing when nobody
-        read the audio (the server then reports what it sent)."""
+        read the audio (the server then reports what it sent). Given after ``turn.done``, it is
+        sent all the same: the server answers with ``turn.truncated`` (see ``played()``)."""
         if self._feeder is not None and self._feeder is not asyncio.current_task():
             self._feeder.cancel()
         if self._done.done():
+            if played_ms is not None and self.result is not None and self._sent_text:
+                await self._send_cancel(played_ms)
             return
         self._closed_input = True
         if self._sent_text:
-            msg: dict[str, Any] = {"type": "turn.cancel", "turn_id": self.turn_id}
             if played_ms is None and self._reading and self._client.reports_playback:
                 played_ms = self.consumed_ms
-            if played_ms is not None:
-                msg["played_ms"] = round(max(0.0, played_ms), 1)
-            await self._client._send(msg)
+            await self._send_cancel(played_ms)
         else:
             self._finish(TurnDone(self.turn_id, "cancelled", 0.0, 0.0, ""))
+
+    async def _send_cancel(self, played_ms: float | None) -> None:
+        msg: dict[str, Any] = {"type": "turn.cancel", "turn_id": self.turn_id}
+        if played_ms is not None:
+            msg["played_ms"] = round(max(0.0, played_ms), 1)
+            if self._truncation is None or self._truncation.done():
+                self._truncation = asyncio.get_running_loop().create_future()
+            self._client._truncating[self.turn_id] = self
+        await self._client._send(msg)
+
+    def _truncated(self, msg: dict[str, Any] | None) -> None:
+        if self._truncation is not None and not self._truncation.done():
+            self._truncation.set_result(msg)
 
     @property
     def consumed_ms(self) -> float:
@@ -235,6 +261,7 @@ class ProtocolClient:
         self.sample_rate_hz = DEFAULT_SAMPLE_RATE_HZ
         self.errors: list[VoicewireError] = []  # errors that concern no turn
         self._turns: dict[TurnId, Turn] = {}
+        self._truncating: dict[TurnId, Turn] = {}  # turns that sent a played_ms not yet answered
         self._playing: Turn | None = None
         self._next_turn = 0
         self._closed = False
@@ -327,8 +354,14 @@ class ProtocolClient:
             if turn is not None:
                 turn.t_done_s = time.perf_counter()
                 turn._finish(TurnDone.from_message(msg))
+                if msg.get("played_source") == "client" and self._truncating.pop(turn.turn_id, None):
+                    turn._truncated(None)  # the cancel's position is in this turn.done
             if self._playing is turn:
                 self._playing = None
+        elif kind == "turn.truncated":
+            truncating = self._truncating.pop(msg.get("turn_id", ""), None)
+            if truncating is not None:
+                truncating._truncated(msg)
         elif kind == "error":
             err = VoicewireError(str(msg.get("code")), str(msg.get("message")), msg.get("turn_id"))
             if turn is None:
@@ -358,6 +391,11 @@ class ProtocolClient:
         err = VoicewireError("connection_closed", reason)
         for turn in list(self._turns.values()):
             turn._fail(err)
+        for turn in self._truncating.values():
+            if turn._truncation is not None and not turn._truncation.done():
+                turn._truncation.set_exception(err)
+                turn._truncation.exception()  # retrieved: nobody may wait for it
+        self._truncating.clear()
         for _, fut in self._waiters:
             if not fut.done():
                 fut.set_exception(err)

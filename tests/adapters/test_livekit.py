@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -16,6 +17,7 @@ from livekit.agents.voice.transcription.synchronizer import TranscriptSynchroniz
 
 from tests.asr import transcribe, wer
 from tests.conftest import free_port, running_gateway
+from tests.realtime.gateway import gateway
 from voicewire.engine import Engine
 from voicewire.realtime.auth import AuthConfig
 from voicewire.realtime.client.adapters.livekit import VoicewireTTS
@@ -360,3 +362,66 @@ async def test_livekit_keeps_the_words_played_when_the_user_barges_in(engine: En
     assert done.reason == "cancelled" and abs(done.played_ms - cut.playback_position * 1000) < 100, (
         done.played_ms
     )
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,?!").lower() for w in text.split()]
+
+
+async def test_an_interruption_after_the_reply_was_all_sent_reports_what_played(engine: Engine) -> None:
+    """The server sends the reply faster than it plays: its turn.done comes while the agent still
+    plays it, frame by frame. Closing the stream then tells the server where the listener was, and
+    the turn's account holds the words of that audio."""
+    async with running_gateway(engine) as base:
+        voice = VoicewireTTS(url=f"http://{base}")
+        stream = voice.stream()
+        stream.push_text(LONG_REPLY)
+        stream.end_input()
+        taken: list[tts.SynthesizedAudio] = []
+
+        async def play() -> None:  # an audio output that takes each frame as the last one played
+            async for ev in stream:
+                taken.append(ev)
+                await asyncio.sleep(ev.frame.duration)
+
+        player = asyncio.create_task(play())
+        while not taken:
+            await asyncio.sleep(0.005)
+        t_first = time.perf_counter()
+        assert stream.turn is not None
+        sent = await stream.turn.done(timeout_s=10.0)
+        await asyncio.sleep(1.0 - (time.perf_counter() - t_first))
+        heard_s = time.perf_counter() - t_first
+        player.cancel()
+        await stream.aclose()  # what LiveKit does when the agent is interrupted
+        done = await stream.turn.played(timeout_s=5.0)
+        await voice.aclose()
+
+    assert sent.reason == "completed" and sent.played_source == "sent"
+    assert done.reason == "completed" and done.played_source == "client"
+    assert abs(done.played_ms - heard_s * 1000) < 150, (done.played_ms, heard_s)
+    heard = transcribe(_pcm(taken)[: round(done.played_ms * 24)], 24_000)
+    assert LONG_REPLY.startswith(done.text_spoken) and done.text_spoken
+    assert abs(len(_words(heard)) - len(_words(done.text_spoken))) <= 1, (heard, done.text_spoken)
+
+
+async def test_text_after_an_interruption_opens_no_turn(engine: Engine) -> None:
+    """One stream is one turn: LLM text pushed after LiveKit closed the stream opens none."""
+    async with gateway(engine) as gw:
+        voice = VoicewireTTS(url=gw.url)
+        stream = voice.stream()
+        stream.push_text("Let me check that for you, ")
+        stream.flush()
+        assert await _next(stream, 10.0) is not None
+        await stream.aclose()  # the interruption
+        for word in LONG_REPLY.split(" ")[:12]:  # the LLM's text still coming
+            with contextlib.suppress(RuntimeError):
+                stream.push_text(" " + word)
+        await asyncio.sleep(1.0)
+        left = sum(s.open_turns for s in gw.sessions)
+        async with voice.stream() as nxt:
+            events = await _speak(nxt, REPLY)
+        after = sum(s.open_turns for s in gw.sessions)
+        await voice.aclose()
+    assert (left, after) == (0, 0)
+    assert wer(REPLY, transcribe(_pcm(events), 24_000)) <= 0.15

@@ -326,11 +326,16 @@ async def test_interruption_keeps_only_the_played_words_in_the_assistant_context
     # on the played audio), give or take the word that was playing.
     assert SENTENCE.startswith(kept), kept
     assert abs(len(_words(kept)) - len(_words(heard))) <= 1
-    if words_per_s < 30:
-        # The server cut text_spoken at the position the adapter reported: what the speaker played.
-        assert done.reason == "cancelled" and done.played_source == "client"
-        assert abs(done.played_ms - heard_s * 1000) < 100
-        assert abs(len(_words(kept)) - len(_words(done.text_spoken))) <= 1
+    # The server cut text_spoken at the position the adapter reported, what the speaker played:
+    # a turn still streaming is cancelled there; one it had finished sending is truncated there.
+    assert done.reason == ("cancelled" if words_per_s < 30 else "completed")
+    assert done.played_source == "client"
+    # The adapter times the speaker as real time from each push; a stall of the shared cores
+    # delays the speaker (heard_s above), not that clock.
+    assert abs(done.played_ms - heard_s * 1000) < 150
+    assert SENTENCE.startswith(done.text_spoken)
+    assert abs(len(_words(kept)) - len(_words(done.text_spoken))) <= 1
+    assert abs(len(_words(heard)) - len(_words(done.text_spoken))) <= 1
 
 
 async def test_a_voice_update_reaches_the_server_session(engine: Engine) -> None:
@@ -348,3 +353,39 @@ async def test_a_voice_update_reaches_the_server_session(engine: Engine) -> None
     assert isinstance(tts.settings, TTSSettings) and tts.settings.voice == "heart"
     assert voices == ["heart"]
     assert tts.finished_turns[-1].reason == "completed"
+
+
+async def test_text_after_an_interruption_opens_no_turn_and_the_next_reply_speaks(engine: Engine) -> None:
+    """The interrupted LLM's last text frames come after the InterruptionFrame, with no new
+    response start: outside a turn context, each would open a voicewire turn that nothing ends,
+    until the session refuses new turns (too_many_turns) and every later reply is silent."""
+    open_turns: list[int] = []
+    records: list[str] = []
+    sink = logger.add(lambda m: records.append(str(m)), level="ERROR")
+    try:
+        async with gateway(engine) as gw:
+
+            async def body(worker: PipelineWorker, collector: Collector) -> None:
+                await worker.queue_frame(LLMFullResponseStartFrame())
+                await worker.queue_frame(LLMTextFrame("Let me check that for you,"))
+                await collector.wait_for(TTSAudioRawFrame)
+                await worker.queue_frame(InterruptionFrame())
+                for word in LONG_REPLY.split(" ")[:12]:
+                    await worker.queue_frame(LLMTextFrame(" " + word))
+                await asyncio.sleep(1.0)
+                open_turns.append(sum(s.open_turns for s in gw.sessions))
+                collector.frames.clear()
+                await _say(worker, REPLY, words_per_s=30)
+                await collector.wait_for(TTSStoppedFrame)
+                await asyncio.sleep(0.3)
+                open_turns.append(sum(s.open_turns for s in gw.sessions))
+
+            tts, collector = await _run_pipeline(gw.url.removeprefix("http://"), body, [Speaker()])
+    finally:
+        logger.remove(sink)
+    assert open_turns == [0, 0], open_turns
+    assert not records, "".join(records)
+    pcm = np.frombuffer(b"".join(f.audio for _, f in collector.audio()), "<i2").astype(np.float32) / 32768.0
+    heard = transcribe(pcm, 24_000)
+    assert wer(REPLY, heard) <= 0.15, heard
+    assert tts.finished_turns[-1].reason == "completed" and tts.finished_turns[-1].text_spoken == REPLY

@@ -163,3 +163,21 @@ async def test_api_key_for_a_server_that_requires_one(engine: Engine) -> None:
 )
 def test_stream_url_from_a_base_url(given: str, expected: str) -> None:
     assert stream_url(given) == expected
+
+
+async def test_cancel_after_the_reply_was_all_sent_returns_what_played(engine: Engine) -> None:
+    """The whole reply arrives long before it plays: ``Turn.cancel(played_ms=...)`` after its
+    ``turn.done`` returns the words of the audio played, from the server's ``turn.truncated``."""
+    async with running_gateway(engine) as base:
+        client = await VoicewireClient.connect(f"http://{base}")
+        turn = client.speak([LONG_REPLY])
+        chunks = [c async for c in turn]
+        sent = await turn.done()
+        done = await turn.cancel(played_ms=1000)
+        await client.close()
+
+    assert sent.reason == "completed" and sent.text_spoken == LONG_REPLY
+    assert done.reason == "completed"  # the server finished it; the listener heard the first second
+    assert done.played_source == "client" and done.played_ms == 1000.0
+    assert turn.result == sent
+    _check_prefix(done.text_spoken, LONG_REPLY, _pcm(chunks)[:24_000], 24_000)

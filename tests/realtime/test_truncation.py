@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from voicewire.realtime.truncation import (
+    SpokenRecord,
     SpokenWord,
     TextAligner,
     TextSpan,
@@ -76,3 +77,17 @@ def test_text_spoken_ends_at_the_last_word_half_played() -> None:
     assert spoken_by_words(text, words, 50) == "Sure,"
     assert spoken_by_words(text, words, 309) == "Sure, I"
     assert spoken_by_words(text, words, 310) == "Sure, I can"
+
+
+def test_a_finished_turns_record_cuts_at_the_position_and_at_its_audio() -> None:
+    text = "Sure, I can help."
+    words = (SpokenWord("Sure,", 0, 100, 0, 5), SpokenWord("I", 150, 200, 6, 7), SpokenWord("can", 220, 400, 8, 11))
+    timed = SpokenRecord(text, words, (), 400)
+    assert timed.text_spoken(180) == "Sure, I"
+    assert timed.text_spoken(10**9) == "Sure, I can"  # the words its audio holds, no more
+    a = TextSpan.of_chunk("Sure, I can help.", _chunk(10, 1000, 250), 0, RATE_HZ, -45.0)
+    untimed = SpokenRecord(text, (), (a,), a.end_sample)
+    assert untimed.text_spoken(a.end_sample) == "Sure, I can help."
+    assert untimed.text_spoken((a.voiced_start_sample + a.voiced_end_sample) // 2) == spoken_text(
+        [a], (a.voiced_start_sample + a.voiced_end_sample) // 2
+    )

@@ -134,3 +134,39 @@ async def test_opus_format_at_48k_decodes_to_intelligible_speech(gateway: str) -
     if audio.dtype != np.float32 or np.abs(audio).max() > 1.5:
         audio = audio / 32768.0
     assert wer(TURNS[1], transcribe(audio, 48_000)) <= 0.15
+
+
+def _first_words(n: int, text: str) -> list[str]:
+    return [w.strip(".,?!").lower() for w in text.split()][:n]
+
+
+def _check_heard(text_spoken: str, full: str, pcm: np.ndarray, played_ms: float) -> None:
+    """``text_spoken`` starts the reply and holds the words Whisper hears in its first ``played_ms``."""
+    heard = transcribe(pcm[: round(played_ms * 24)], 24_000)
+    assert text_spoken and full.startswith(text_spoken), (text_spoken, heard)
+    assert abs(len(text_spoken.split()) - len(heard.split())) <= 1, (text_spoken, heard)
+    n = min(len(text_spoken.split()), len(heard.split()))
+    assert wer(" ".join(_first_words(n, text_spoken)), " ".join(_first_words(n, heard))) <= 0.34, (text_spoken, heard)
+
+
+async def test_a_cancel_after_turn_done_truncates_at_the_position_played(gateway: str, engine: Engine) -> None:
+    """The WebSocket sends a reply long before it plays: a listener who barges in after a second
+    of it gets the words of that second, not the whole reply."""
+    async with await _connect(gateway) as client:
+        _, heard = await speak_turn(client, LONG_TURN, None, "long")
+        assert heard.done.reason == "completed" and heard.done.audio_ms > 5000
+        answer = client.expect("turn.truncated")
+        await client.send_message({"type": "turn.cancel", "turn_id": "long", "played_ms": 1000})
+        truncated = await asyncio.wait_for(answer, 5)
+        # A later turn plays as before, and the truncated turn's position can be given again.
+        _, nxt = await speak_turn(client, TURNS[0], None, "next")
+        again = client.expect("turn.truncated")
+        await client.send_message({"type": "turn.cancel", "turn_id": "long", "played_ms": 10**6})
+        whole = await asyncio.wait_for(again, 5)
+    assert truncated["turn_id"] == "long" and truncated["played_source"] == "client"
+    assert truncated["played_ms"] == 1000.0 and truncated["audio_ms"] == heard.done.audio_ms
+    _check_heard(truncated["text_spoken"], LONG_TURN, heard.pcm(), 1000)
+    assert nxt.done.reason == "completed"
+    assert whole["played_ms"] == heard.done.audio_ms  # capped at the audio sent
+    assert whole["text_spoken"] == LONG_TURN
+    await wait_engine_idle(engine)

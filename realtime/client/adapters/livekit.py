@@ -18,7 +18,9 @@ with ``use_tts_aligned_transcript`` shows each word as it plays and, when the us
 keeps in its chat context only what was heard. Interruption: LiveKit closes the stream
 (``aclose``), which sends ``turn.cancel`` with the position played by then (each frame taken to
 play in order, in real time, from when the agent took it); the server drops the turn's queued
-audio and frees its engine slot. ``synthesize`` (one text, non-streaming) runs through the same stream.
+audio and frees its engine slot; a turn the server had already sent in full, closed before the
+reader took all of it, is truncated there instead (``turn.truncated``: ``stream.turn.played()``).
+``synthesize`` (one text, non-streaming) runs through the same stream.
 
 Errors are LiveKit's: ``APIConnectionError`` (cannot connect, connection lost), ``APITimeoutError``
 (the handshake timed out), ``APIStatusError`` for what the server refused, with the HTTP status
@@ -169,6 +171,8 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
         # for a reader that plays each frame as it takes it, in real time (time.monotonic()).
         self._handed_s = 0.0
         self._playout_end_s = 0.0
+        self._read_all = False  # the reader took the stream to its end
+        self._reported = False  # a turn.cancel told the server the position played
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         rate_hz = self._vw_tts.sample_rate
@@ -186,7 +190,7 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
             raise api_error(err) from err
         text = ""  # what was sent, joined: the word timings' char offsets index it
         segment_open = False
-        self._handed_s, self._playout_end_s = 0.0, 0.0
+        self._handed_s, self._playout_end_s, self._reported = 0.0, 0.0, False
 
         async def send_text() -> None:
             nonlocal segment_open, text
@@ -243,12 +247,21 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
             if turn.result is None and not client.closed:
                 # Closed early (an interruption, or an error): barge in at what the reader has
                 # played. Not waiting for turn.done keeps aclose() as quick as LiveKit expects.
-                played_s = self._handed_s - max(0.0, self._playout_end_s - time.monotonic())
-                with contextlib.suppress(VoicewireError):
-                    await turn.send_cancel(played_ms=played_s * 1000)
+                await self._report_played(turn)
+
+    async def _report_played(self, turn: Turn) -> None:
+        """``turn.cancel`` at the position played, for a reader that plays each frame as it takes it."""
+        self._reported = True
+        played_s = self._handed_s - max(0.0, self._playout_end_s - time.monotonic())
+        with contextlib.suppress(VoicewireError):
+            await turn.send_cancel(played_ms=played_s * 1000)
 
     async def __anext__(self) -> tts.SynthesizedAudio:
-        ev = await super().__anext__()
+        try:
+            ev = await super().__anext__()
+        except StopAsyncIteration:
+            self._read_all = True
+            raise
         self._handed_s += ev.frame.duration
         self._playout_end_s = max(self._playout_end_s, time.monotonic()) + ev.frame.duration
         return ev
@@ -256,3 +269,11 @@ class VoicewireSynthesizeStream(tts.SynthesizeStream):
     async def aclose(self) -> None:
         await super().aclose()
         self._vw_tts._streams.discard(self)
+        turn, client = self.turn, self._vw_tts._client
+        # The server had sent all of the turn (its turn.done came) but the reader stopped before
+        # its end: an interruption of audio still to play. The server truncates the finished turn
+        # there (turn.truncated; ``turn.played()``). A reader that took it all closes as a
+        # finished reply does, and nothing is reported.
+        interrupted = turn is not None and turn.result is not None and not self._read_all and not self._reported
+        if interrupted and turn is not None and client is not None and not client.closed:
+            await self._report_played(turn)

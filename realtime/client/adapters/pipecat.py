@@ -16,8 +16,12 @@ Word timestamps: the server's ``turn.words`` become Pipecat word timestamps
 aggregator holds only the words the listener heard when an ``InterruptionFrame`` comes. The
 interruption cancels the turn (``turn.cancel`` with the position Pipecat played to): the server
 drops its queued audio, frees the engine slot and reports ``text_spoken`` at that position; the
-turn's ``turn.done`` lands in ``finished_turns`` (a reply the server had finished sending before
-the interruption stays ``completed`` there; the context still holds only what played).
+turn's account lands in ``finished_turns``. A reply the server had finished sending before the
+interruption (its audio context complete, its audio still playing downstream) stays ``completed``
+there, with the ``played_ms`` and ``text_spoken`` of the position reported (``turn.truncated``).
+The interrupted LLM's text frames that still come after the ``InterruptionFrame`` are dropped
+until the next reply starts (``LLMFullResponseStartFrame``) or that one ends; text outside any
+reply is a turn of its own, ended with it.
 
 Settings (``VoicewireTTSService.Settings``, Pipecat's ``TTSSettings``): ``voice`` (None: the
 server's default; a ``TTSUpdateSettingsFrame`` changes it for the turns after it); ``model`` and
@@ -39,6 +43,10 @@ from pipecat.frames.frames import (
     EndFrame,
     ErrorFrame,
     Frame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
     StartFrame,
     TTSAudioRawFrame,
     TTSStartedFrame,
@@ -52,6 +60,9 @@ from .. import Turn, TurnDone, TurnWords, VoicewireClient, VoicewireError
 
 SERVER_RATES_HZ = (24_000, 48_000)  # what session.update offers; other pipeline rates are resampled here
 FINISHED_TURNS_KEPT = 64
+# Turns whose audio was all pushed downstream but may still be playing there: an interruption
+# reports their position too (the server keeps its last 4 finished turns for that).
+PLAYING_OUT_KEPT = 4
 
 
 @dataclass
@@ -107,6 +118,11 @@ class VoicewireTTSService(TTSService):
         # listener that plays each frame in order, in real time, from when it is pushed (what an
         # output transport does): a cancel reports the position this gives.
         self._playout_end_s = 0.0
+        self._playing_out: deque[_Speech] = deque(maxlen=PLAYING_OUT_KEPT)
+        # An interruption ends the reply; the interrupted LLM's text frames that still come (until
+        # the next reply starts or this one's end frame) are dropped: outside a turn context each
+        # would open a voicewire turn of its own that nothing ends.
+        self._reply_interrupted = False
         self.finished_turns: deque[TurnDone] = deque(maxlen=FINISHED_TURNS_KEPT)
 
     def can_generate_metrics(self) -> bool:
@@ -161,6 +177,16 @@ class VoicewireTTSService(TTSService):
         return changed
 
     # --- text in ------------------------------------------------------------------------------------
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if isinstance(frame, InterruptionFrame):
+            self._reply_interrupted = True
+            await self._report_played_out()
+        elif isinstance(frame, LLMTextFrame) and self._reply_interrupted:
+            return  # the rest of the reply the listener interrupted
+        elif isinstance(frame, (LLMFullResponseStartFrame, LLMFullResponseEndFrame)):
+            self._reply_interrupted = False
+        await super().process_frame(frame, direction)
+
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
         """Send one piece of the context's text; its audio and words arrive through ``_read``."""
         try:
@@ -177,6 +203,10 @@ class VoicewireTTSService(TTSService):
                 speech.t_first_text_s = time.time()
             speech.text += text
             await speech.turn.send(text)
+            if context_id != self._turn_context_id:
+                # Text outside a reply (no LLMFullResponseStartFrame before it) is a context of its
+                # own that no reply end flushes: its turn ends with it.
+                await speech.turn.end()
         except (VoicewireError, OSError) as err:
             yield ErrorFrame(error=f"voicewire: {err}")
             yield TTSStoppedFrame(context_id=context_id)
@@ -193,20 +223,52 @@ class VoicewireTTSService(TTSService):
         """Barge-in: cancel the voicewire turn at the position played; the server drops the rest."""
         await self.stop_all_metrics()
         speech = self._speeches.pop(context_id, None)
-        if speech is not None and self._client is not None and not self._client.closed:
-            played_ms = 0.0
-            if speech.playout_end_s is not None:
-                unplayed_s = max(0.0, speech.playout_end_s - time.monotonic())
-                played_ms = max(0.0, speech.pushed_s - unplayed_s) * 1000
-            with contextlib.suppress(VoicewireError):
-                # Not awaiting turn.done (its reader records it): no round trip in the interruption.
-                await speech.turn.send_cancel(played_ms=played_ms)
+        if speech is not None:
+            await self._report_played(speech)
         self._playout_end_s = 0.0  # the output transport drops what it had not played
         await super().on_audio_context_interrupted(context_id)
 
     async def on_audio_context_completed(self, context_id: str) -> None:
-        self._speeches.pop(context_id, None)
+        speech = self._speeches.pop(context_id, None)
+        if speech is not None:
+            self._playing_out.append(speech)
         await super().on_audio_context_completed(context_id)
+
+    async def _report_played_out(self) -> None:
+        """An interruption while turns whose audio contexts completed still play downstream: the
+        server finished them, and learns here how much the listener heard (``turn.truncated``)."""
+        now_s = time.monotonic()
+        playing = [s for s in self._playing_out if s.playout_end_s is not None and s.playout_end_s > now_s]
+        self._playing_out.clear()
+        for speech in playing:
+            await self._report_played(speech)
+
+    async def _report_played(self, speech: _Speech) -> None:
+        """``turn.cancel`` at the position played (the server drops what is queued, or truncates a
+        turn it finished); the answer lands in ``finished_turns``."""
+        if self._client is None or self._client.closed:
+            return
+        played_ms = 0.0
+        if speech.playout_end_s is not None:
+            unplayed_s = max(0.0, speech.playout_end_s - time.monotonic())
+            played_ms = max(0.0, speech.pushed_s - unplayed_s) * 1000
+        with contextlib.suppress(VoicewireError):
+            # Not awaiting the answer: no round trip in the interruption.
+            await speech.turn.send_cancel(played_ms=played_ms)
+        if speech.reader is None:  # its reader has recorded turn.done already
+            self.create_task(self._record_played(speech.turn))
+
+    async def _record_played(self, turn: Turn) -> None:
+        with contextlib.suppress(VoicewireError, TimeoutError):
+            self._record(await turn.played())
+
+    def _record(self, done: TurnDone) -> None:
+        """``done`` into ``finished_turns``, in place of the turn's earlier account."""
+        for i, old in enumerate(self.finished_turns):
+            if old.turn_id == done.turn_id:
+                self.finished_turns[i] = done
+                return
+        self.finished_turns.append(done)
 
     # --- audio and words out ------------------------------------------------------------------------
     async def _read(self, context_id: str, speech: _Speech) -> None:
@@ -230,11 +292,12 @@ class VoicewireTTSService(TTSService):
                 await self.append_to_audio_context(
                     context_id, TTSAudioRawFrame(audio, self.sample_rate, 1, context_id=context_id)
                 )
-            done = await speech.turn.done()
-        except VoicewireError as err:
+            await speech.turn.done()
+            done = await speech.turn.played()  # with the position an interruption reported, if any
+        except (VoicewireError, TimeoutError) as err:
             await self.push_error(error_msg=f"voicewire turn {context_id}: {err}", exception=err)
         if done is not None:
-            self.finished_turns.append(done)
+            self._record(done)
         speech.reader = None
         if self.audio_context_available(context_id):
             await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
