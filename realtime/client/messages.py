@@ -27,8 +27,8 @@ class VoicewireError(Exception):
 class ReceivedAudio:
     """One binary audio message (WebSocket) or one decoded 20 ms frame (WebRTC)."""
 
-    data: bytes  # pcm16: little-endian int16 mono; opus: one Opus packet
-    format: str  # "pcm16" | "opus"
+    data: bytes  # pcm16: little-endian int16 mono; opus: one Opus packet; mulaw/alaw: G.711 bytes
+    format: str  # "pcm16" | "opus" | "mulaw" | "alaw"
     sample_rate_hz: int
     t_received_s: float  # time.perf_counter() on arrival
 
@@ -36,7 +36,8 @@ class ReceivedAudio:
     def duration_s(self) -> float:
         if self.format == "opus":
             return OPUS_FRAME_S
-        return len(self.data) / 2 / self.sample_rate_hz
+        bytes_per_sample = 1 if self.format in ("mulaw", "alaw") else 2
+        return len(self.data) / bytes_per_sample / self.sample_rate_hz
 
     def pcm(self) -> np.ndarray:
         """The samples as int16 (pcm16 only: decode Opus with your player or PyAV)."""

@@ -74,3 +74,11 @@ def test_g711_bytes_are_ffmpegs_and_round_trip() -> None:
         assert np.abs(back.astype(np.int32) - every).max() <= max_error
         small = np.abs(every.astype(np.int32)) < 256
         assert np.abs(back[small].astype(np.int32) - every[small]).max() <= 16
+
+
+def test_the_client_counts_g711_audio_a_byte_a_sample() -> None:
+    from voicewire.realtime.client.messages import ReceivedAudio
+
+    for fmt in ("mulaw", "alaw"):
+        assert ReceivedAudio(b"\0" * 160, fmt, 8000, 0.0).duration_s == 0.02  # what turn.cancel reports
+    assert ReceivedAudio(b"\0" * 320, "pcm16", 8000, 0.0).duration_s == 0.02
