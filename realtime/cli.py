@@ -121,13 +121,31 @@ def _setup_logging(level: str, fmt: str) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Each flag's default in its help, where it has one worth saying and the help does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, "", [], argparse.SUPPRESS) or text == argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voicewire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gateway (WebSocket, HTTP, WebRTC, demo page)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--log-level", default="info")
+    serve = sub.add_parser(
+        "serve", help="run the gateway (WebSocket, HTTP, WebRTC, demo page)", formatter_class=_DefaultsFormatter
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8080, help="TCP port to listen on")
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=("debug", "info", "warning", "error"),
+        help="the log's threshold",
+    )
     serve.add_argument(
         "--log-format", choices=("text", "json"), default="text", help="json: one object per line"
     )
@@ -342,7 +360,11 @@ def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | 
         logging.getLogger("voicewire").warning(
             "serving qwen3-tts with random weights (%s shapes): the audio is noise", args.qwen_size
         )
-    config = gateway_config(args, engine)
+    try:
+        config = gateway_config(args, engine)
+    except (ValueError, UsageError) as err:  # a flag's value the config refuses (a short --api-key, ...)
+        print(f"voicewire serve: {err}", file=sys.stderr)
+        return 2
     try:
         tls_context(config)  # a missing or mismatched certificate or key: one line, before anything starts
     except (ssl.SSLError, OSError) as err:

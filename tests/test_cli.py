@@ -1,5 +1,6 @@
 """`voicewire say` as a user runs it: a subprocess writing a WAV file."""
 
+import argparse
 import contextlib
 import os
 import signal
@@ -135,3 +136,28 @@ def test_serve_flags_set_the_per_client_quotas() -> None:
     assert (config.voice_limits.max_voices_per_client, config.voice_limits.max_voices) == (3, 40)
     defaults = gateway_config(build_parser().parse_args(["serve"]), EngineConfig())
     assert defaults.quotas.sessions(256) == 64 and defaults.quotas.fair_share
+
+
+def test_serve_refuses_a_bad_flag_value_in_one_line() -> None:
+    for flags in (["--api-key", "shortkey"], ["--max-sessions-per-client", "-1"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(free_port()), *flags],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, (flags, proc.stderr)
+        assert proc.stderr.startswith("voicewire serve: ") and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_serve_help_names_every_flag_and_its_default() -> None:
+    from voicewire.realtime.cli import build_parser
+
+    serve = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    for action in serve._actions:
+        assert action.help, f"{action.option_strings} has no help"
+    text = " ".join(serve.format_help().split())
+    for shown in ("(default: 127.0.0.1)", "(default: 8080)", "(default: info)"):
+        assert shown in text

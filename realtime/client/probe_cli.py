@@ -84,8 +84,16 @@ def main(argv: list[str]) -> int:
     print(f"voicewire probe: {cfg.describe()}", file=sys.stderr)
     result = asyncio.run(probe(cfg))
     Path(args.out).write_text(json.dumps(result, indent=1))
-    if args.plot:
-        plot(result, args.plot)
     print(format_table(result))
-    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    plotted = False
+    if args.plot:
+        try:
+            plot(result, args.plot)
+            plotted = True
+        except ImportError:  # the measurement is kept whatever the plot needs
+            print(
+                f"voicewire probe: no plot ({args.plot}): it needs matplotlib: pip install 'voicewire[plot]'",
+                file=sys.stderr,
+            )
+    print(f"wrote {args.out}" + (f" and {args.plot}" if plotted else ""))
     return 0 if result["summary"]["completed"] else 1

@@ -72,6 +72,28 @@ async def test_probe_cli_agrees_with_the_servers_own_ttfa(engine: Engine, tmp_pa
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
+async def test_probe_without_matplotlib_prints_the_summary_and_writes_the_json(
+    engine: Engine, tmp_path: Path
+) -> None:
+    out = tmp_path / "probe.json"
+    argv = ["probe", "--url", "URL", "--duration", "2", "--concurrency", "1", "--out", str(out)]
+    no_matplotlib = (  # a fresh install without the plot extra: the import fails
+        "import sys; sys.modules['matplotlib'] = None; from voicewire.realtime.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    async with running_gateway(engine) as base:
+        argv[2] = f"http://{base}"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", no_matplotlib, *argv,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, stderr.decode()
+    assert "ttfa_ms" in stdout.decode() and json.loads(out.read_text())["summary"]["completed"]
+    assert "pip install 'voicewire[plot]'" in stderr.decode() and "Traceback" not in stderr.decode()
+    assert "and probe.png" not in stdout.decode()  # no plot is claimed
+
+
 async def test_probe_over_webrtc_reports_jitter_buffer_figures(engine: Engine) -> None:
     async with running_gateway(engine) as base:
         cfg = ProbeConfig(url=f"http://{base}", transport="webrtc", duration_s=3.0, gap_s=0.0)
