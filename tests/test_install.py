@@ -31,7 +31,12 @@ def _run(*cmd: str | Path, timeout_s: float = 600, **kw: object) -> str:
 @pytest.mark.slow
 def test_wheel_installs_beside_pypi_realtime_and_kernels_and_serves(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
-    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO)
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr[-4000:]
+    assert "BuildBackendWarning" not in build.stderr, build.stderr[-4000:]  # e.g. a deprecated license table
     (wheel,) = wheels.glob("voicewire-*.whl")
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv)
