@@ -119,6 +119,9 @@ def _setup_logging(level: str, fmt: str) -> None:
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
     )
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    if level != "debug":
+        # aioice writes a line per ICE connectivity check at INFO: dozens per call, none an operator needs
+        logging.getLogger("aioice").setLevel(logging.WARNING)
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):

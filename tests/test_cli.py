@@ -161,3 +161,19 @@ def test_serve_help_names_every_flag_and_its_default() -> None:
     text = " ".join(serve.format_help().split())
     for shown in ("(default: 127.0.0.1)", "(default: 8080)", "(default: info)"):
         assert shown in text
+
+
+def test_serve_logging_leaves_out_aiortcs_ice_chatter() -> None:
+    import logging
+
+    from voicewire.realtime.cli import _setup_logging
+
+    root, aioice = logging.getLogger(), logging.getLogger("aioice")
+    saved = (root.handlers[:], root.level, aioice.level)
+    try:
+        root.setLevel(logging.INFO)  # what --log-level info gives the root logger
+        _setup_logging("info", "text")
+        assert not aioice.isEnabledFor(logging.INFO) and aioice.isEnabledFor(logging.WARNING)
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        aioice.setLevel(saved[2])

@@ -309,10 +309,12 @@ class ProtocolClient:
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            log.warning("turn %r: the text stream failed (%s); cancelling the turn", turn.turn_id, err)
-            with contextlib.suppress(Exception):
-                await turn.cancel()
+            # The caller hears of it from the turn (its done() and audio raise it), not from a
+            # log line; the server is told to stop, and its turn.done finds the turn over.
+            log.debug("turn %r: the text stream failed (%s); cancelling the turn", turn.turn_id, err)
             turn._fail(err)
+            with contextlib.suppress(Exception):
+                await turn._send_cancel(None)
 
     def _new_turn(self, turn_id: TurnId | None) -> Turn:
         if self._closed:
@@ -365,7 +367,7 @@ class ProtocolClient:
         elif kind == "error":
             err = VoicewireError(str(msg.get("code")), str(msg.get("message")), msg.get("turn_id"))
             if turn is None:
-                log.warning("voicewire error: %s", err)
+                log.debug("voicewire error: %s", err)  # the caller reads it from client.errors
                 self.errors.append(err)
                 return
             turn.errors.append(err)

@@ -181,3 +181,21 @@ async def test_cancel_after_the_reply_was_all_sent_returns_what_played(engine: E
     assert done.played_source == "client" and done.played_ms == 1000.0
     assert turn.result == sent
     _check_prefix(done.text_spoken, LONG_REPLY, _pcm(chunks)[:24_000], 24_000)
+
+
+async def test_a_failing_text_stream_raises_from_the_turn_and_writes_nothing_to_stderr(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def llm() -> AsyncIterator[str]:
+        yield "The model starts to answer, "
+        raise RuntimeError("the LLM connection dropped")
+
+    caplog.set_level("WARNING", logger="voicewire.client")  # what an app with no logging set up prints
+    async with running_gateway(engine) as base, await VoicewireClient.connect(f"ws://{base}") as client:
+        turn = client.speak(llm())
+        with pytest.raises(RuntimeError, match="connection dropped"):
+            await turn.done(timeout_s=10)
+        await client.send_message({"type": "text.flush", "turn_id": "never-started"})
+        await asyncio.sleep(0.2)
+        assert [e.code for e in client.errors] == ["unknown_turn"]  # kept for the caller to read
+    assert not [r for r in caplog.records if r.name.startswith("voicewire.client")]
