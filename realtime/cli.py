@@ -20,7 +20,7 @@ from voicewire.engine.core import EngineGroup
 from .audio import pcm16_bytes
 from .auth import AuthConfig
 from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
-from .engine_flags import UsageError, add_model_args, engine_group, needs_torch, to_engine_config
+from .engine_flags import UsageError, add_model_args, engine_group, to_engine_config, unmet_requirements
 from .limits import ClientQuotas
 from .reference_audio import ReferenceLimits
 from .voices import default_voices_dir
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"voicewire {args.command}: {err}", file=sys.stderr)
         return 2
-    unmet = needs_torch(args)
+    unmet = unmet_requirements(args)
     if unmet is not None:
         print(f"voicewire {args.command}: {unmet}", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from pathlib import Path
 
 from voicewire.engine import MODEL_NAMES, EngineConfig
 from voicewire.engine.core import EngineGroup, GroupConfig
@@ -138,14 +139,23 @@ def to_engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, queue_wait_s=wait_s, max_queued_streams=queued)
 
 
-def needs_torch(args: argparse.Namespace) -> str | None:
-    """Why this model cannot run here (PyTorch missing), or None."""
-    if args.model == "qwen3-tts" and importlib.util.find_spec("torch") is None:
-        return (
-            "qwen3-tts needs PyTorch, which is not installed here: install the torch build for "
-            "your machine, then pip install -e '.[qwen,kernels]' (README: Serving Qwen3-TTS on a GPU)"
-        )
-    return None
+def unmet_requirements(args: argparse.Namespace) -> str | None:
+    """Why this model cannot run here, in one line: a checkpoint that is not there first, then every
+    package it needs that is missing, all at once; or None."""
+    if args.model != "qwen3-tts":
+        return None
+    if args.checkpoint is not None and not (Path(args.checkpoint).expanduser() / "config.json").is_file():
+        return f"--checkpoint {args.checkpoint}: not a Qwen3-TTS checkpoint directory (no config.json there)"
+    # weights and the tokenizer are read from a checkpoint; random weights need neither
+    needed = ("torch", "safetensors", "tokenizers") if args.checkpoint is not None else ("torch",)
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    torch_first = "install the torch build for your machine, then " if "torch" in missing else ""
+    return (
+        f"qwen3-tts needs {', '.join(missing)}, not installed here: {torch_first}"
+        "pip install -e '.[qwen,kernels]' (README: Serving Qwen3-TTS on a GPU)"
+    )
 
 
 # Engine cores when neither --replicas nor --devices is given (0 = the engine in the gateway's

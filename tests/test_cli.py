@@ -177,3 +177,26 @@ def test_serve_logging_leaves_out_aiortcs_ice_chatter() -> None:
     finally:
         root.handlers[:], root.level = saved[0], saved[1]
         aioice.setLevel(saved[2])
+
+
+def test_a_bad_checkpoint_is_named_before_any_missing_package(tmp_path: Path) -> None:
+    from voicewire.realtime.cli import build_parser
+    from voicewire.realtime.engine_flags import unmet_requirements
+
+    args = build_parser().parse_args(["serve", "--model", "qwen3-tts", "--checkpoint", str(tmp_path / "nope")])
+    assert "not a Qwen3-TTS checkpoint directory" in (unmet_requirements(args) or "")
+    # in a subprocess that has none of the packages: one line names them all
+    no_packages = (
+        "import sys; sys.modules.update(torch=None, safetensors=None, tokenizers=None)\n"
+        "import importlib.util; real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n in ('torch', 'safetensors', 'tokenizers') else real(n, *a)\n"
+        "from voicewire.realtime.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    proc = subprocess.run(
+        [sys.executable, "-c", no_packages, "serve", "--model", "qwen3-tts", "--checkpoint", str(tmp_path / "ckpt")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "needs torch, safetensors, tokenizers" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
