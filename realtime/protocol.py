@@ -4,7 +4,8 @@ Client -> server (one JSON object per text message):
     session.update  {"format": "pcm16"|"opus"|"mulaw"|"alaw", "sample_rate": 8000|24000|48000, "voice": str}
                     all optional; mulaw / alaw (G.711, telephony.py; also named ulaw, ulaw_8000,
                     pcm_mulaw, alaw_8000, pcm_alaw) are 8000 Hz only, and imply it
-    text.delta      {"turn_id": T, "text": str}
+    text.delta      {"turn_id": T, "text": str, "voice": str, "speed": 0.5..2.0, "language": str,
+                     "instructions": str}   the four options optional, read from a turn's first delta
     text.flush      {"turn_id": T}
     text.end        {"turn_id": T}
     turn.cancel     {"turn_id": T, "played_ms": number >= 0}   played_ms optional; also after turn.done
@@ -76,6 +77,7 @@ from typing import Any
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024  # one client message; larger closes the WebSocket with 1009
 MAX_TEXT_CHARS = 8_192  # one text.delta
+MAX_INSTRUCTIONS_CHARS = 1_000  # a turn's instructions: a style, not a document
 MAX_TURN_ID_CHARS = 128
 MAX_TURN_ID_INT = 2**53 - 1  # JavaScript's largest exact integer: every client can echo it back
 AUDIO_FORMATS = ("pcm16", "opus", "mulaw", "alaw")
@@ -117,9 +119,20 @@ class SessionUpdate:
 
 
 @dataclass(frozen=True)
+class TurnOptions:
+    """What a turn's first ``text.delta`` may choose for that turn alone (None: the session's)."""
+
+    voice: str | None = None
+    speed: float | None = None  # 0.5 .. 2.0
+    language: str | None = None  # models with languages (Qwen3-TTS)
+    instructions: str | None = None  # models that take them (Qwen3-TTS 1.7B)
+
+
+@dataclass(frozen=True)
 class TextDelta:
     turn_id: TurnId
     text: str
+    options: TurnOptions = TurnOptions()  # heeded on the turn's first delta only
 
 
 @dataclass(frozen=True)
@@ -204,7 +217,21 @@ def parse_client_message(raw: str | bytes) -> ClientMessage:
             raise ProtocolError(
                 "text_too_long", f"one text.delta holds at most {MAX_TEXT_CHARS} characters", tid
             )
-        return TextDelta(tid, text)
+        speed = msg.get("speed")
+        if speed is not None and (
+            isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.5 <= speed <= 2.0
+        ):
+            raise ProtocolError("invalid_field", "speed must be a number within 0.5..2.0", tid)
+        instructions = _optional(msg, "instructions", str, tid)
+        if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+            raise ProtocolError("invalid_field", f"instructions are at most {MAX_INSTRUCTIONS_CHARS} characters", tid)
+        options = TurnOptions(
+            _optional(msg, "voice", str, tid),
+            None if speed is None else float(speed),
+            _optional(msg, "language", str, tid),
+            instructions,
+        )
+        return TextDelta(tid, text, options)
     if kind == "text.flush":
         return TextFlush(_turn_id(msg))
     if kind == "text.end":

@@ -40,6 +40,7 @@ from .protocol import (
     TextFlush,
     TurnCancel,
     TurnId,
+    TurnOptions,
     error_message,
     parse_client_message,
 )
@@ -213,7 +214,7 @@ class Session:
         if isinstance(msg, SessionUpdate):
             self._update(msg)
         elif isinstance(msg, TextDelta):
-            turn = self._turn_for_text(msg.turn_id)
+            turn = self._turn_for_text(msg.turn_id, msg.options)
             if self._unspoken_chars() + len(msg.text) > self.limits.max_unspoken_chars:
                 raise ProtocolError(
                     "text_overflow",
@@ -245,13 +246,18 @@ class Session:
             return None
         return self.voices.stream_params(voice, self.engine.info)
 
-    def _update(self, msg: SessionUpdate) -> None:
-        voice = msg.voice
+    def _voice(self, voice: str | None, turn_id: TurnId | None = None) -> str | None:
+        """A client's voice name as the engine knows it: the rule /v1/audio/speech follows
+        (voice_names.py: "alloy" is the default voice), a cloned voice's name kept for _cloned."""
         if voice and self._cloned(voice) is None:
-            try:  # the rule /v1/audio/speech follows (voice_names.py): "alloy" is the default voice
-                voice = resolve_voice(voice, self.engine.info.voices)
+            try:
+                return resolve_voice(voice, self.engine.info.voices)
             except UnknownVoice as err:
-                raise ProtocolError("invalid_voice", err.message) from None
+                raise ProtocolError("invalid_voice", err.message, turn_id) from None
+        return voice
+
+    def _update(self, msg: SessionUpdate) -> None:
+        voice = self._voice(msg.voice)
         if msg.format is not None:
             self.audio.format = msg.format
         if msg.sample_rate is not None:
@@ -259,7 +265,7 @@ class Session:
         if voice is not None:
             self.audio.voice = voice
 
-    def _turn_for_text(self, turn_id: TurnId) -> Turn:
+    def _turn_for_text(self, turn_id: TurnId, options: TurnOptions) -> Turn:
         turn = self._turns.get(turn_id)
         if turn is not None:
             if turn.finished_input:
@@ -281,11 +287,19 @@ class Session:
                     "retry when one of its turns ends",
                     turn_id,
                 )
+            voice = self.audio.voice if options.voice is None else self._voice(options.voice, turn_id) or ""
             try:
-                voice = self.audio.voice
                 params = self._cloned(voice) or StreamParams(voice=voice)
-                if self.share is not None:
-                    params = dataclasses.replace(params, tenant=self.share.tenant)
+                extra = dict(params.extra)
+                if options.instructions:
+                    extra["instruct"] = options.instructions  # Qwen3-TTS 1.7B; other models ignore it
+                params = dataclasses.replace(
+                    params,
+                    speed=options.speed if options.speed is not None else params.speed,
+                    language=options.language if options.language is not None else params.language,
+                    extra=extra,
+                    tenant=self.share.tenant if self.share is not None else params.tenant,
+                )
                 stream = self.engine.open_stream(params)
             except EngineBusy as err:
                 raise ProtocolError("server_busy", str(err), turn_id) from None
@@ -299,7 +313,7 @@ class Session:
         if self.share is not None:
             self.share.hold(stream)
         turn = Turn(
-            turn_id, stream, AudioSettings(self.audio.format, self.audio.sample_rate, self.audio.voice)
+            turn_id, stream, AudioSettings(self.audio.format, self.audio.sample_rate, voice)
         )
         self._turns[turn_id] = turn
         self._order.append(turn)

@@ -75,6 +75,7 @@ class Turn:
         self.t_first_audio_s: float | None = None  # perf_counter when its first audio arrived
         self.t_done_s: float | None = None  # perf_counter when its turn.done arrived
         self.errors: list[VoicewireError] = []  # errors the server reported for this turn
+        self.options: dict[str, Any] = {}  # voice, speed, language, instructions for this turn alone
 
     # --- text in ----------------------------------------------------------------------------------
     async def send(self, delta: str) -> None:
@@ -83,8 +84,11 @@ class Turn:
             raise VoicewireError("turn_ended", "this turn has ended, failed or was cancelled", self.turn_id)
         if not delta:
             return
+        msg: dict[str, Any] = {"type": "text.delta", "turn_id": self.turn_id, "text": delta}
+        if not self._sent_text:
+            msg.update(self.options)  # the turn's own voice, speed, ...: read from its first delta
         self._sent_text = True
-        await self._client._send({"type": "text.delta", "turn_id": self.turn_id, "text": delta})
+        await self._client._send(msg)
         self.t_last_text_s = time.perf_counter()
         if self.t_first_text_s is None:
             self.t_first_text_s = self.t_last_text_s
@@ -284,16 +288,19 @@ class ProtocolClient:
         return self._closed
 
     # --- turns --------------------------------------------------------------------------------------
-    async def start_turn(self, turn_id: TurnId | None = None) -> Turn:
-        """A new turn; nothing is sent until its first ``send``."""
-        return self._new_turn(turn_id)
+    async def start_turn(self, turn_id: TurnId | None = None, **options: Any) -> Turn:
+        """A new turn; nothing is sent until its first ``send``. ``options``: this turn's own
+        ``voice``, ``speed``, ``language``, ``instructions`` (the session's for what is not given)."""
+        return self._new_turn(turn_id, options)
 
-    def speak(self, deltas: AsyncIterable[Any] | Iterable[Any], turn_id: TurnId | None = None) -> Turn:
+    def speak(
+        self, deltas: AsyncIterable[Any] | Iterable[Any], turn_id: TurnId | None = None, **options: Any
+    ) -> Turn:
         """Speak an LLM's stream in one call: each item's text (``delta_text``) is sent as it comes,
         then ``text.end``. Iterate the returned turn for its audio; ``await turn.cancel()`` to
         barge in (it also stops reading the stream). An exception from the stream cancels the turn
-        and is raised from its ``audio()``."""
-        turn = self._new_turn(turn_id)
+        and is raised from its ``audio()``. ``options`` as for ``start_turn``."""
+        turn = self._new_turn(turn_id, options)
         turn._feeder = asyncio.create_task(self._feed(turn, deltas), name=f"voicewire-feed-{turn.turn_id}")
         return turn
 
@@ -316,7 +323,7 @@ class ProtocolClient:
             with contextlib.suppress(Exception):
                 await turn._send_cancel(None)
 
-    def _new_turn(self, turn_id: TurnId | None) -> Turn:
+    def _new_turn(self, turn_id: TurnId | None, options: dict[str, Any] | None = None) -> Turn:
         if self._closed:
             raise VoicewireError("closed", "the connection is closed")
         if turn_id is None:
@@ -325,6 +332,7 @@ class ProtocolClient:
         if turn_id in self._turns:
             raise ValueError(f"turn {turn_id!r} is still open")
         turn = Turn(self, turn_id)
+        turn.options = {k: v for k, v in (options or {}).items() if v is not None}
         self._turns[turn_id] = turn
         turn._done.add_done_callback(lambda _: self._turns.pop(turn.turn_id, None))
         return turn

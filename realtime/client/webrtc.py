@@ -278,8 +278,8 @@ class WebRtcClient(ProtocolClient):
                 }
         return {}
 
-    def _new_turn(self, turn_id: TurnId | None) -> Turn:
-        turn = super()._new_turn(turn_id)
+    def _new_turn(self, turn_id: TurnId | None, options: dict[str, Any] | None = None) -> Turn:
+        turn = super()._new_turn(turn_id, options)
         self.turns.append(turn)
         return turn
 
