@@ -15,11 +15,20 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from voicewire.engine import EngineBusy, EngineNotReady, ModelInfo, Stream, StreamError, StreamParams
+from voicewire.engine import (
+    AudioChunk,
+    EngineBusy,
+    EngineNotReady,
+    ModelInfo,
+    Stream,
+    StreamError,
+    StreamParams,
+)
 
 from .encoders import speech_encoder
 from .gateway import GATEWAY, RequestError, bound_send_buffer, error_response
 from .protocol import G711_ALIASES, G711_FORMATS, G711_RATE_HZ
+from .truncation import SpokenWord, TextAligner
 from .voice_names import OPENAI_VOICES as OPENAI_VOICES  # re-exported: voices_api.py reads them here
 from .voice_names import QWEN3_SPEAKERS as QWEN3_SPEAKERS
 from .voice_names import resolve_voice
@@ -38,7 +47,9 @@ FORMATS = {
     "alaw": "audio/x-alaw",
 }
 DEFAULT_FORMAT = "mp3"
-STREAM_FORMATS = ("audio", "sse")  # raw audio bytes (default) | OpenAI's speech.audio.* SSE events
+# raw audio bytes (default) | OpenAI's speech.audio.* SSE events | one JSON object with the whole
+# audio (base64) and its word timings, as ElevenLabs' /with-timestamps answers
+STREAM_FORMATS = ("audio", "sse", "json")
 
 
 async def read_json_body(request: web.Request, timeout_s: float) -> Any:
@@ -67,6 +78,8 @@ class SpeechRequest:
     params: StreamParams  # voice, speed, language and the model options (instructions, whole text)
     fmt: str  # a key of FORMATS (an alias already resolved)
     sse: bool  # stream_format "sse": the audio as base64 speech.audio.delta events
+    timestamps: bool = False  # word timings: speech.audio.words events (sse), "words" (json)
+    whole: bool = False  # stream_format "json": one object once the audio is complete
 
 
 def _optional(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
@@ -125,7 +138,11 @@ def parse_speech(
     if seed is not None and not 0 <= seed < 2**32:
         raise ValueError("invalid_seed:seed must be an integer within 0..4294967295")
     params = StreamParams(voice=voice, speed=float(speed), seed=seed, language=language, extra=extra)
-    return SpeechRequest(text, params, fmt, stream_format == "sse")
+    timestamps = _optional(body, "timestamps", bool, False)
+    if timestamps and stream_format == "audio":
+        raise ValueError("invalid_timestamps:word timings come with stream_format sse or json")
+    whole = stream_format == "json"
+    return SpeechRequest(text, params, fmt, stream_format == "sse", timestamps or whole, whole)
 
 
 async def speech_handler(request: web.Request) -> web.StreamResponse:
@@ -222,22 +239,40 @@ async def _stream_speech(
     if first is None:
         stream.cancel()
         return error_response(400, "no_speech", "the input has nothing this voice can speak")
-    content_type = "text/event-stream" if speech.sse else FORMATS[speech.fmt]
+    content_type = "text/event-stream" if speech.sse else "application/json" if speech.whole else FORMATS[speech.fmt]
     resp = web.StreamResponse(headers={"Content-Type": content_type, "X-Sample-Rate": str(rate)})
     if speech.sse:
         resp.headers["Cache-Control"] = "no-cache"
     resp.enable_chunked_encoding()
     samples = 0
     encoder = speech_encoder(speech.fmt, info.sample_rate_hz)
+    aligner = TextAligner()
+    aligner.push(speech.text)
+    words: list[dict[str, object]] = []
+    whole = bytearray()  # stream_format json: the audio, answered once complete
 
     async def send(data: bytes) -> None:
         # A client that stops reading must not hold its engine stream: a write blocks only while
         # the socket's buffers are full.
         if not data:  # an encoder still filling its first frame
             return
+        if speech.whole:
+            whole.extend(data)
+            return
         if speech.sse:
             data = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         await asyncio.wait_for(resp.write(data), stall_s)
+
+    async def send_words(chunk: AudioChunk) -> None:
+        # Before the audio holding each word's first sample, as turn.words on the WebSocket; times
+        # from the first sample of the answer's audio, at the engine's rate whatever the format's
+        timed = [
+            SpokenWord(w.word, w.start, w.end, *aligner.locate(w.word)).describe(info.sample_rate_hz)
+            for w in chunk.words
+        ]
+        words.extend(timed)
+        if speech.sse and speech.timestamps and timed:
+            await asyncio.wait_for(resp.write(sse_event({"type": "speech.audio.words", "words": timed})), stall_s)
 
     async def send_audio(pcm: np.ndarray) -> None:
         step = encoder.slice_samples or pcm.size
@@ -249,15 +284,26 @@ async def _stream_speech(
     try:
         await resp.prepare(request)
         bound_send_buffer(request, request.app[GATEWAY].config.send_buffer_bytes)
+        await send_words(first)
         await send_audio(first.pcm)
         samples += first.pcm.size
         async for chunk in chunks:
+            await send_words(chunk)
             if chunk.pcm.size:
                 await send_audio(chunk.pcm)
                 samples += chunk.pcm.size
         await send(encoder.flush())
         if speech.sse:
             await resp.write(sse_event({"type": "speech.audio.done", "usage": _usage(speech, samples, info)}))
+        if speech.whole:
+            answer = {
+                "audio": base64.b64encode(bytes(whole)).decode(),
+                "content_type": FORMATS[speech.fmt],
+                "sample_rate": rate,
+                "words": words,
+                "usage": _usage(speech, samples, info),
+            }
+            await asyncio.wait_for(resp.write(json.dumps(answer, separators=(",", ":")).encode()), stall_s)
         await resp.write_eof()
     except TimeoutError:
         if request.transport is not None:
