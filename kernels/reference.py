@@ -1,8 +1,9 @@
-"""Plain-torch references for the attention kernels: slow, obvious, fp32 math; ground truth for tests.
+"""Plain-torch references for the kernels: obvious, fp32 math; ground truth for tests.
 
 Each function takes exactly the arguments of its kernel and returns what the kernel must return. Loops
 over rows are fine here: these run on tiny test shapes and once per benchmark shape as a cross-check,
-never in serving.
+never in serving; ``snake_reference`` alone, which loops over nothing, is also the codec's path
+where Triton is not installed (this module needs torch only).
 """
 
 from __future__ import annotations
@@ -47,3 +48,21 @@ def decode_attention_ref(
 
 
 __all__ = ["decode_attention_ref", "softmax_attention"]
+
+
+def snake_reference(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    inv_b: torch.Tensor,
+    shift: torch.Tensor | None = None,
+    prefix: torch.Tensor | None = None,
+    pair: bool = False,
+) -> torch.Tensor:
+    """``snake`` in torch ops (any device; the path without Triton), the same fp32 math and layouts."""
+    v = x.float() + (0.0 if shift is None else shift)
+    y = (v + inv_b * torch.sin(v * a).pow(2)).to(x.dtype)
+    if pair:
+        if prefix is None:
+            raise ValueError("a pair needs the row before x as a (B, 1, C) prefix")
+        return torch.cat((y, torch.cat((prefix, y[:, :-1]), dim=1)), dim=2)
+    return y if prefix is None else torch.cat((prefix, y), dim=1)

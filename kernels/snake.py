@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from voicewire.kernels.launch_checks import SUPPORTED_DTYPES, check_kernel_device
+from voicewire.kernels.reference import snake_reference
 
 ELEMENTS = 4096  # per program: a (rows x columns) tile of the output
 
@@ -175,24 +176,6 @@ def snake(
             num_warps=4,
         )
     return out
-
-
-def snake_reference(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    inv_b: torch.Tensor,
-    shift: torch.Tensor | None = None,
-    prefix: torch.Tensor | None = None,
-    pair: bool = False,
-) -> torch.Tensor:
-    """``snake`` in torch ops (any device; the path without Triton), the same fp32 math and layouts."""
-    v = x.float() + (0.0 if shift is None else shift)
-    y = (v + inv_b * torch.sin(v * a).pow(2)).to(x.dtype)
-    if pair:
-        if prefix is None:
-            raise ValueError("a pair needs the row before x as a (B, 1, C) prefix")
-        return torch.cat((y, torch.cat((prefix, y[:, :-1]), dim=1)), dim=2)
-    return y if prefix is None else torch.cat((prefix, y), dim=1)
 
 
 __all__ = ["snake", "snake_reference"]

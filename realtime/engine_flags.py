@@ -152,9 +152,10 @@ def unmet_requirements(args: argparse.Namespace) -> str | None:
     if not missing:
         return None
     torch_first = "install the torch build for your machine, then " if "torch" in missing else ""
+    extras = "qwen,kernels" if str(args.device).startswith("cuda") else "qwen"  # Triton: GPU kernels only
     return (
         f"qwen3-tts needs {', '.join(missing)}, not installed here: {torch_first}"
-        "pip install -e '.[qwen,kernels]' (README: Serving Qwen3-TTS on a GPU)"
+        f"pip install -e '.[{extras}]' (README: Serving Qwen3-TTS on a GPU)"
     )
 
 

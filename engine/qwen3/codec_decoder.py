@@ -148,11 +148,12 @@ class SnakeBeta(nn.Module):
     def forward(
         self, x: Tensor, shift: Tensor | None = None, prefix: Tensor | None = None, pair: bool = False
     ) -> Tensor:
-        from voicewire.kernels.snake import snake, snake_reference
-
         if self._consts is None:
             raise RuntimeError("SnakeBeta.prepare() was not called")
-        fn = snake if self._kernel else snake_reference
+        if self._kernel:
+            from voicewire.kernels.snake import snake as fn
+        else:  # torch ops only: no Triton needed (a CPU install without the kernels extra)
+            from voicewire.kernels.reference import snake_reference as fn
         return fn(x, *self._consts, shift=shift, prefix=prefix, pair=pair)
 
 
