@@ -244,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS/WSS on the port itself: PEM certificate chain")
     deploy.add_argument("--tls-key", metavar="PEM", help="the PEM private key of --tls-cert")
     deploy.add_argument(
+        "--demo-token-url",
+        metavar="URL",
+        help="with --api-key: where the demo page gets a session token (your backend's endpoint "
+        "that calls POST /v1/session-tokens; example: deploy/token_backend.py)",
+    )
+    deploy.add_argument(
         "--ice-server",
         action="append",
         metavar="URL",
@@ -351,6 +357,7 @@ def gateway_config(args: argparse.Namespace, engine: EngineConfig) -> GatewayCon
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
         ice_servers=_ice_servers(args),
+        demo_token_url=args.demo_token_url,
     )
 
 

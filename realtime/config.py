@@ -97,6 +97,10 @@ class GatewayConfig:
     # WebRTC. No STUN/TURN by default: nothing leaves the host unless asked, and host candidates
     # reach a browser on the same machine or LAN.
     ice_servers: tuple[IceServer, ...] = ()
+    # With auth on, where the demo page asks for a session token: an endpoint of the operator's
+    # backend that holds the API key and calls POST /v1/session-tokens (deploy/token_backend.py).
+    # The page POSTs to it with its cookies and reads {"token"}. None: the page says it has none.
+    demo_token_url: str | None = None
     # Host addresses aioice offers. None: this machine's, plus 127.0.0.1 when ``host`` is a loopback
     # address (aioice leaves loopback out, and a loopback-only container then offers no candidate).
     ice_host_addresses: tuple[str, ...] | None = None

@@ -152,7 +152,8 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 async def rtc_configuration_handler(request: web.Request) -> web.Response:
     """The RTCConfiguration a browser passes to ``new RTCPeerConnection``: the ICE servers the
-    server's own peers use. Open like the page itself (Origin-checked, no credentials: a page
+    server's own peers use; and for the demo page, whether it needs a session token and the
+    operator's endpoint that mints one (``--demo-token-url``). Open like the page itself (Origin-checked, no credentials: a page
     must have it before it can connect, and a session token is single-use), so TURN credentials
     served here reach anyone who can load the page (README, "Deploying")."""
     gw = request.app[GATEWAY]
@@ -161,7 +162,13 @@ async def rtc_configuration_handler(request: web.Request) -> web.Response:
     except AuthError as err:
         return gw.refuse(request, err.status, err.code, err.message)
     return web.json_response(
-        {"iceServers": [s.as_rtc() for s in gw.config.ice_servers]}, headers={"Cache-Control": "no-store"}
+        {
+            "iceServers": [s.as_rtc() for s in gw.config.ice_servers],
+            # the demo page's own needs: whether it must bring a session token, and where to ask
+            "authRequired": gw.auth.config.enabled,
+            "tokenUrl": gw.config.demo_token_url,
+        },
+        headers={"Cache-Control": "no-store"},
     )
 
 

@@ -64,10 +64,13 @@ async function connect() {
   try {
     // The STUN/TURN servers the gateway was started with (its own peers use the same), set
     // before the offer starts gathering.
-    pc.setConfiguration(await rtcConfiguration());
+    const config = await rtcConfiguration();
+    pc.setConfiguration({ iceServers: config.iceServers });
+    const token = config.authRequired ? await sessionToken(config.tokenUrl) : null;
     await pc.setLocalDescription(await pc.createOffer());
     await gatheringComplete(pc, ICE_GATHER_CAP_MS);
-    const resp = await fetch(api("offer"), {
+    const offerUrl = token ? `${api("offer")}?token=${encodeURIComponent(token)}` : api("offer");
+    const resp = await fetch(offerUrl, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }),
@@ -119,7 +122,27 @@ async function rtcConfiguration() {
   const resp = await fetch(api("v1/rtc-configuration"));
   const body = await resp.json();
   if (!resp.ok) throw new Error(body.error ? body.error.message : `HTTP ${resp.status}`);
-  return { iceServers: body.iceServers };
+  return body; // { iceServers, authRequired, tokenUrl }
+}
+
+// A server with an API key takes a call only with a single-use session token, which only a
+// backend holding the key can mint: the operator's endpoint (--demo-token-url) gives the page one.
+async function sessionToken(tokenUrl) {
+  if (!tokenUrl) {
+    throw new Error(
+      "this server needs a session token and names no endpoint to get one " +
+        "(start it with --demo-token-url: README, Demo page with auth)",
+    );
+  }
+  let resp;
+  try {
+    resp = await fetch(tokenUrl, { method: "POST", credentials: "include" });
+  } catch (err) {
+    throw new Error(`the token endpoint ${tokenUrl} cannot be reached (${err.message || err})`);
+  }
+  const body = await resp.json().catch(() => ({}));
+  if (!resp.ok || !body.token) throw new Error(`the token endpoint ${tokenUrl} gave no token (HTTP ${resp.status})`);
+  return body.token;
 }
 
 function gatheringComplete(pc, capMs) {

@@ -193,3 +193,40 @@ async def test_demo_page_times_a_queued_turn_from_the_end_of_the_one_before(engi
     # A second into it, the panel lights the second turn's words, from its start.
     words = second.split()
     assert 0 < len(lit["played"]) < len(words) and lit["played"] == words[: len(lit["played"])], lit
+
+
+async def test_demo_page_with_an_api_key_plays_a_turn_with_a_token_from_the_backend(engine: Engine) -> None:
+    """--api-key on: the page asks the operator's backend (deploy/token_backend.py, as documented)
+    for a session token and calls with it; with no token endpoint it says what is missing."""
+    import runpy
+
+    from aiohttp import web
+
+    from tests.conftest import free_port
+    from voicewire.realtime.auth import AuthConfig
+
+    key = "demo-page-key-0123456789"
+    backend_port = free_port()
+    token_url = f"http://127.0.0.1:{backend_port}/session-token"
+    backend = runpy.run_path(str(Path(__file__).resolve().parents[2] / "deploy" / "token_backend.py"))
+    auth = AuthConfig(api_keys=(key,))
+    async with gateway(engine, auth=auth, demo_token_url=token_url) as gw, chromium() as page:
+        runner = web.AppRunner(backend["make_app"](gw.url, key, gw.url))  # the page's origin is the gateway's
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", backend_port).start()
+        try:
+            await page.goto(f"{gw.url}/")
+            await page.eval("document.getElementById('connect').click()")
+            await page.wait_for("voicewire.state.connected", 10)
+            await asyncio.sleep(0.5)
+            await page.eval(f"voicewire.speak({json.dumps('A call with a token from the backend.')}, {{mode: 'whole'}})")
+            await page.wait_for("voicewire.state.turns.get(1).done !== null", 15)
+            done = await page.eval("voicewire.state.turns.get(1).done")
+        finally:
+            await runner.cleanup()
+    assert done["reason"] == "completed" and done["audio_ms"] > 1000
+    async with gateway(engine, auth=auth) as gw, chromium() as page:  # no --demo-token-url
+        await page.goto(f"{gw.url}/")
+        await page.eval("document.getElementById('connect').click()")
+        await page.wait_for("document.getElementById('hint').textContent.includes('--demo-token-url')", 10)
+        assert not await page.eval("voicewire.state.connected")
