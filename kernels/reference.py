@@ -47,7 +47,7 @@ def decode_attention_ref(
     return out
 
 
-__all__ = ["decode_attention_ref", "softmax_attention"]
+__all__ = ["decode_attention_ref", "snake_reference", "softmax_attention"]
 
 
 def snake_reference(
