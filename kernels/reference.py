@@ -47,9 +47,6 @@ def decode_attention_ref(
     return out
 
 
-__all__ = ["decode_attention_ref", "snake_reference", "softmax_attention"]
-
-
 def snake_reference(
     x: torch.Tensor,
     a: torch.Tensor,
@@ -66,3 +63,6 @@ def snake_reference(
             raise ValueError("a pair needs the row before x as a (B, 1, C) prefix")
         return torch.cat((y, torch.cat((prefix, y[:, :-1]), dim=1)), dim=2)
     return y if prefix is None else torch.cat((prefix, y), dim=1)
+
+
+__all__ = ["decode_attention_ref", "snake_reference", "softmax_attention"]
