@@ -3,11 +3,14 @@
 Policy: deadline first. A stream's deadline is the moment its listener would run dry if playback
 started when its first audio left the engine (a stream with no audio yet is due since its first
 text arrived, so new turns go first, oldest first). Generate batches are filled in deadline
-order up to the model's batch size. When more are ready than fit, the batch is shared out
-across tenants (the gateway's clients): each tenant's most urgent stream first, the tenants that
-used the least model time lately (``GenerateResult.compute_s``, decayed over ``TENANT_COST_S``)
-first among those; so a tenant with many streams, or with text that costs much to speak, cannot
-push another tenant's new turn out of every batch. A stream's frames are handed to the decoder
+order up to the model's batch size. A stream more than ``AHEAD_S`` ahead of its listener waits
+while another tenant has a stream that is not (it has that much audio in hand; the other's next
+audio is due sooner). When more are ready than fit, the batch is shared out across tenants (the
+gateway's clients): each tenant's most urgent stream first, the tenants that used the least
+model time lately
+(``GenerateResult.compute_s``, decayed over ``TENANT_COST_S``) first among those; so a tenant
+with many streams, or with text that costs much to speak, cannot push another tenant's new turn
+out of every batch. A stream's frames are handed to the decoder
 when its chunk schedule says the next chunk is complete, or when it has finished.
 """
 
@@ -22,6 +25,7 @@ from .model import DecodeWork, GenerateResult
 from .word_timing import WordTiming, shifted
 
 TENANT_COST_S = 2.0  # a tenant's model time counts against it for about this long
+AHEAD_S = 6.0  # of audio a listener has in hand: such a stream waits while others need the batch
 
 
 @dataclass
@@ -79,6 +83,10 @@ class Scheduler:
         """``ready``: stream ids whose model slot can make progress now."""
         candidates = [r for r in self.requests.values() if r.stream_id in ready and not r.generation_done]
         candidates.sort(key=Request.deadline)
+        now = time.perf_counter()
+        if any(self._ahead(r, now) for r in candidates):
+            due = {r.tenant for r in self.requests.values() if not r.generation_done and not self._ahead(r, now)}
+            candidates = [r for r in candidates if not self._ahead(r, now) or not due - {r.tenant}]
         chosen = candidates if len(candidates) <= self._max_batch else self._fair(candidates)
         return StepPlan([r.slot for r in chosen], [r.stream_id for r in chosen])
 
@@ -95,6 +103,10 @@ class Scheduler:
             ranked.append((n, self._tenant_cost(r.tenant, now), i, r))
         ranked.sort(key=lambda x: x[:3])
         return [x[3] for x in ranked[: self._max_batch]]
+
+    @staticmethod
+    def _ahead(r: Request, now: float) -> bool:
+        return r.t_first_emit is not None and r.deadline() - now > AHEAD_S
 
     def _tenant_cost(self, tenant: str, now: float) -> float:
         cost, t = self._cost.get(tenant, (0.0, now))

@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-MIN_DELTA_CHARS = 4
-
 
 @dataclass(frozen=True)
 class SessionLimits:
@@ -17,10 +15,13 @@ class SessionLimits:
     # sessions cannot take every stream of the engine -> too_many_turns.
     max_open_turns: int = 4
     max_unspoken_chars: int = 20_000  # text sent and not yet spoken, over the open turns -> text_overflow
-    # sustained text rate (an LLM at 100 tokens/s is ~400) -> rate_limited; a delta counts as at
-    # least MIN_DELTA_CHARS (a token), so deltas arrive at most 250 a second
-    text_chars_per_s: float = 1_000.0
+    text_chars_per_s: float = 1_000.0  # sustained text rate (an LLM at 100 tokens/s is ~400) -> rate_limited
     text_burst_chars: float = 10_000.0  # ...with this much allowed at once
+    # text.delta messages: each is a command the engine's worker handles between its steps, so a
+    # client sending a character a millisecond must not reach it a thousand times a second (a
+    # token a delta at the text rate above is ~250/s) -> rate_limited
+    deltas_per_s: float = 250.0
+    delta_burst: float = 500.0
     # No client message and nothing playing -> close 4002. An open turn that got no text and
     # played no audio for this long ends with reason "timeout" and frees its engine stream.
     idle_timeout_s: float = 120.0

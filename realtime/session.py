@@ -26,7 +26,7 @@ from voicewire.engine import (
     first_audible_sample,
 )
 
-from .limits import MIN_DELTA_CHARS, SessionLimits, TokenBucket
+from .limits import SessionLimits, TokenBucket
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
 from .protocol import (
@@ -83,6 +83,7 @@ class Session:
         self.t_started = time.monotonic()
         self.t_last_input = self.t_started
         self._text_bucket = TokenBucket(self.limits.text_chars_per_s, self.limits.text_burst_chars)
+        self._delta_bucket = TokenBucket(self.limits.deltas_per_s, self.limits.delta_burst)
         self._error_bucket = TokenBucket(self.limits.errors_per_s, self.limits.error_burst)
         self._turns: dict[TurnId, Turn] = {}
         self._order: deque[Turn] = deque()
@@ -185,12 +186,13 @@ class Session:
         self.t_last_input = time.monotonic()
         try:
             msg = parse_client_message(raw)
-            # A delta costs at least a token's worth: a client sending a character a millisecond
-            # would otherwise cost the loop and the engine a command each within the text rate.
-            if isinstance(msg, TextDelta) and not self._text_bucket.take(max(MIN_DELTA_CHARS, len(msg.text))):
+            if isinstance(msg, TextDelta) and not (
+                self._delta_bucket.take(1) and self._text_bucket.take(len(msg.text))
+            ):
                 raise ProtocolError(
                     "rate_limited",
-                    f"text is limited to {self.limits.text_chars_per_s:g} characters/s",
+                    f"text is limited to {self.limits.text_chars_per_s:g} characters "
+                    f"and {self.limits.deltas_per_s:g} deltas a second",
                     msg.turn_id,
                 )
             answer = self._dispatch(msg)

@@ -66,7 +66,7 @@ DEFAULT_VOICE = "heart"
 MAX_PHONEMIZE_CHARS = 300  # of clause text per phonemizer call: the clause feeder's own limit
 MAX_RUN_CHARS = 24  # a longer run with no space is split: 24 chars of "a/a/..." phonemize in 5 ms
 MAX_NUMBER_DIGITS = 15  # longer digit runs are read in groups of three (hibari names up to 36)
-MAX_PHONEMES_PER_CALL = 400  # per network call (hibari's own sentence limit): ~120 ms on one core
+MAX_PHONEMES_PER_CALL = 200  # per network call: ~60 ms on one core, the longest a waiting turn waits for a worker; an English sentence of ~15 s
 STEP_WAIT_S = 0.02  # generate() returns after this long even if a slot's clause work is still running
 # Symbols outside letters, digits, punctuation and currency that hibari's normalizer reads aloud.
 _READ_SYMBOLS = frozenset("°§¶±×÷™®©•→←")

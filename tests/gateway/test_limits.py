@@ -33,10 +33,10 @@ async def _next_json(ws) -> dict:  # type: ignore[no-untyped-def,type-arg]
     ("limits", "deltas"),
     [
         (SessionLimits(text_chars_per_s=100, text_burst_chars=200), ["a" * 150, "b" * 150]),
-        # 60 one-character deltas are 60 characters, but 60 tokens' worth of the rate
-        (SessionLimits(text_chars_per_s=1, text_burst_chars=200), ["ab"[i % 2] for i in range(60)]),
+        # 60 one-character deltas are few characters, but many messages
+        (SessionLimits(deltas_per_s=1, delta_burst=50), ["ab"[i % 2] for i in range(60)]),
     ],
-    ids=["characters", "a-token-a-delta"],
+    ids=["characters", "deltas"],
 )
 async def test_text_rate_limit(engine: Engine, limits: SessionLimits, deltas: list[str]) -> None:
     async with running_gateway(engine, limits=limits) as base:
