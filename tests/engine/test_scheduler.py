@@ -99,3 +99,17 @@ def test_the_tenant_that_used_the_least_model_time_goes_first() -> None:
     assert s.plan_generate({1, 2}).generate_streams == [1]  # no cost yet: deadline first
     s.record(s.plan_generate({1}), [GenerateResult(1, "f", 1, False, compute_s=0.5)])
     assert s.plan_generate({1, 2}).generate_streams == [2]
+
+
+def test_a_stream_far_ahead_waits_while_another_tenants_is_due() -> None:
+    import time
+
+    s = Scheduler(ChunkSchedule(), max_batch_size=4)
+    ahead = Request(stream_id=1, slot=1, t_arrival=0.0, tenant="reader")
+    ahead.t_first_emit, ahead.samples_emitted = time.perf_counter(), 24_000 * 20  # 20 s in hand
+    s.add(ahead)
+    assert s.plan_generate({1}).generate_streams == [1]  # alone: it generates on (a download)
+    s.add(Request(stream_id=2, slot=2, t_arrival=time.perf_counter(), tenant="caller"))
+    assert s.plan_generate({1, 2}).generate_streams == [2]  # room in the batch, but the caller is due
+    s.add(Request(stream_id=3, slot=3, t_arrival=time.perf_counter(), tenant="reader"))
+    assert s.plan_generate({1, 3}).generate_streams == [3]  # the caller's, though not ready, still counts
