@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 PORT = 18940
+# The load comes from this many loopback addresses: traffic of many users, as the server's
+# per-client quotas (a quarter of the sessions each, a fair share of the streams) expect it.
+CLIENTS = 64
 
 
 def _ready(base: str, timeout_s: float) -> float:
@@ -121,7 +124,7 @@ def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res:
     before = _engine_counters(base)
     cmd = [
         sys.executable, "-m", "voicewire.realtime.cli", "probe", "--url", base, "--rate", str(rate),
-        "--duration", str(duration_s), "--session-per-turn", *text_args, "--out", str(res), "--plot", "",
+        "--duration", str(duration_s), "--session-per-turn", "--clients", str(CLIENTS), *text_args, "--out", str(res), "--plot", "",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 120)
     row: dict[str, Any] = {"rate": rate, "command": " ".join(["voicewire", *cmd[3:]]), "rc": proc.returncode}

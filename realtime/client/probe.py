@@ -76,12 +76,19 @@ class ProbeConfig:
     texts: tuple[str, ...] = TEXTS
     seed: int = 0
     api_key: str | None = field(default=None, repr=False)  # never written to the JSON
+    # WebSocket sessions come from this many loopback addresses (127.0.0.1, .2, ...), round robin:
+    # the server's per-client quotas see that many clients, as real traffic is many users. 1: one.
+    clients: int = 1
 
     def __post_init__(self) -> None:
         if self.transport not in ("ws", "webrtc"):
             raise ValueError(f"transport must be ws or webrtc, got {self.transport!r}")
         if self.duration_s <= 0 or self.concurrency < 1 or (self.max_sessions is not None and self.max_sessions < 1):
             raise ValueError("duration, concurrency and max sessions must be positive")
+        if not 1 <= self.clients <= 254:
+            raise ValueError("clients must be within 1..254 (loopback addresses 127.0.0.1-254)")
+        if self.clients > 1 and self.transport != "ws":
+            raise ValueError("clients > 1 spreads WebSocket sessions over loopback addresses: ws only")
         if self.rate_per_s is not None and self.rate_per_s <= 0:
             raise ValueError("rate must be positive")
         if self.tokens_per_s is not None and self.tokens_per_s <= 0:
@@ -222,6 +229,7 @@ class Probe:
         self.cfg = cfg
         self.records: list[TurnRecord] = []
         self.sessions_opened = 0
+        self._connects = 0  # connects begun, for the round robin over source addresses
         self.connect_ms: list[float] = []
         self._out = out
         self._rng = random.Random(cfg.seed)
@@ -234,7 +242,11 @@ class Probe:
         t = time.perf_counter()
         client: ProtocolClient
         if self.cfg.transport == "ws":
-            client = await VoicewireClient.connect(self.cfg.url, api_key=self.cfg.api_key)
+            options: dict[str, Any] = {}
+            if self.cfg.clients > 1:
+                options["local_addr"] = (f"127.0.0.{1 + self._connects % self.cfg.clients}", 0)
+                self._connects += 1  # before the await: connects run side by side
+            client = await VoicewireClient.connect(self.cfg.url, api_key=self.cfg.api_key, **options)
         else:
             from .webrtc import WebRtcClient
 

@@ -35,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--gap-s", type=float, default=0.2, help="closed loop: pause between a session's turns")
     p.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        help="WebSocket sessions from this many loopback addresses (the server's per-client quotas "
+        "see as many clients; a load test of one client meets them)",
+    )
+    p.add_argument(
         "--max-sessions",
         type=int,
         help="open loop: open sessions as arrivals need them, at most this many (default: no cap)",
@@ -69,6 +76,7 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
         buffer_ms=args.buffer_ms,
         seed=args.seed,
         api_key=args.api_key,
+        clients=args.clients,
     )
 
 

@@ -156,8 +156,10 @@ async def test_a_second_client_speaks_on_time_while_one_floods_every_endpoint(en
                 base, "--sessions", "300", "--speech", "100", "--uploads", "50", "--duration-s", "8"
             )
         assert counts["session:accepted"] == 64 and counts["session:quota_exceeded"] == 236, counts
+        # 16 at once at most; whether any is admitted past the sessions' share of the streams depends
+        # on which of them opened first
         refused_speech = counts.get("speech:quota_exceeded", 0) + counts.get("speech:share_exceeded", 0)
-        assert refused_speech > 0 and counts.get("speech:200", 0) > 0, counts
+        assert refused_speech > 0, counts
         assert counts.get("upload:cloning_not_supported", 0) > 0, counts  # the embedded voice cannot clone
         await wait_engine_idle(engine, 30)
         gc.collect()

@@ -128,3 +128,12 @@ async def test_open_loop_opens_sessions_as_arrivals_need_them(engine: Engine) ->
     assert len({t["session"] for t in turns}) == len(turns)
     s = refused["summary"]
     assert s["sessions"] == 1 and s["errors"]["refused"] >= 1  # the cap holds; arrivals beyond it refused
+
+
+async def test_probe_clients_spread_sessions_over_loopback_addresses(engine: Engine) -> None:
+    from voicewire.realtime.limits import ClientQuotas
+
+    async with running_gateway(engine, quotas=ClientQuotas(max_sessions=1)) as base:
+        cfg = ProbeConfig(url=f"http://{base}", concurrency=3, duration_s=1.5, tokens_per_s=None, clients=3)
+        spread = await probe(cfg, out=None)  # from one address the second session is refused (and raises)
+    assert spread["summary"]["sessions"] == 3 and not spread["summary"]["errors"]["refused"]  # 3 clients, 1 each
