@@ -92,6 +92,11 @@ class Gateway:
             return self.config.max_sessions
         return max(MIN_SESSIONS, self.stream_capacity())
 
+    def speech_limit(self) -> int:
+        if self.config.max_speech_requests is not None:
+            return self.config.max_speech_requests
+        return self.stream_capacity() + sum(e.config.max_queued_streams for e in self.engines if e.ready)
+
     def refuse(self, request: web.Request, status: int, code: str, message: str) -> web.Response:
         """Refuse a request before anything is allocated for it."""
         self.metrics.errors.labels(code).inc()
@@ -140,7 +145,7 @@ class Gateway:
         if session:
             held, quota, what = client.sessions, quotas.sessions(self.session_limit()), "sessions"
         else:
-            held, quota, what = client.speech_requests, quotas.speech_requests(self.config.max_speech_requests), "speech requests"
+            held, quota, what = client.speech_requests, quotas.speech_requests(self.speech_limit()), "speech requests"
         if quota is not None and held >= quota:
             self.clients.release(client)
             self.metrics.quota_refusals.labels(what.split()[0]).inc()

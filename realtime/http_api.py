@@ -164,10 +164,8 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
     except ValueError as err:
         code, _, message = str(err).partition(":")
         return error_response(400, code, message)
-    if gw.speech_requests >= cfg.max_speech_requests:
-        return gw.refuse(
-            request, 503, "too_many_requests", f"at most {cfg.max_speech_requests} speech requests at once"
-        )
+    if gw.speech_requests >= (limit := gw.speech_limit()):
+        return gw.refuse(request, 503, "too_many_requests", f"at most {limit} speech requests at once")
     client = gw.take_client(request, speech=True)
     if isinstance(client, web.Response):
         return client
@@ -185,7 +183,7 @@ async def speech_handler(request: web.Request) -> web.StreamResponse:
         except ValueError as err:  # an option the model refuses (StreamParams.check)
             return error_response(400, "invalid_request", _engine_message(err))
         except EngineBusy as err:
-            return error_response(503, "server_busy", str(err))
+            return gw.refuse(request, 503, "server_busy", str(err))
         except EngineNotReady as err:
             return error_response(503, "not_ready", str(err))
         share.hold(stream)

@@ -131,3 +131,13 @@ async def test_http_body_limit_is_configurable(engine: Engine) -> None:
     ):
         assert r.status == 413
         assert (await r.json())["error"]["code"] == "body_too_large"
+
+
+def test_the_default_speech_limit_is_what_the_engine_runs_and_queues(engine: Engine) -> None:
+    from voicewire.realtime.config import GatewayConfig
+    from voicewire.realtime.gateway import Gateway
+
+    # no fixed cap of the gateway's own: past this the engine itself is full (server_busy)
+    engine_takes = engine.stream_limit + engine.config.max_queued_streams
+    assert Gateway.create(GatewayConfig(), engine).speech_limit() == engine_takes
+    assert Gateway.create(GatewayConfig(max_speech_requests=3), engine).speech_limit() == 3
