@@ -1,13 +1,20 @@
-"""Decode attention for the Qwen3-TTS talker: one query token per sequence over a slot-contiguous KV cache.
+"""Decode attention for the Qwen3-TTS talker: one query token per sequence over a paged KV cache.
 
 Shapes (talker, both 0.6B and 1.7B): 16 query heads, 8 KV heads (GQA group G = 2), head_dim 128.
 
-    q        (B, Hq, D)              one new token per row, any strides with stride(-1) == 1
-    k_cache  (num_slots, Hkv, L, D)  a stream owns one slot; keys of token t sit at [slot, :, t]
-    v_cache  (num_slots, Hkv, L, D)
-    slot_idx (B,) int32              which slot row b reads (any order, need not be contiguous)
-    lengths  (B,) int32              valid keys of row b, the current token included (0 = padding row)
-    out      (B, Hq, D)              softmax(q . K^T * scale) . V per query head; zeros for a length-0 row
+    q           (B, Hq, D)                  one new token per row, any strides with stride(-1) == 1
+    k_cache     (num_blocks, Hkv, PAGE, D)  keys of token t of slot s sit at
+                                            [block_table[s, t // PAGE], :, t % PAGE]
+    v_cache     (num_blocks, Hkv, PAGE, D)
+    block_table (S, max_blocks) int32       slot s's blocks in token order (any order, need not be
+                                            contiguous; entries past a slot's length are never read)
+    slot_idx    (B,) int32                  which block-table row b reads
+    lengths     (B,) int32                  valid keys of row b, the current token included (0 = padding row)
+    out         (B, Hq, D)                  softmax(q . K^T * scale) . V per query head; zeros for a length-0 row
+
+A slot-contiguous cache (num_slots, Hkv, L, D) is the case PAGE = L with block_table[s, 0] = s
+(``contiguous_block_table``; the default when no table is given): one kernel serves both the talker's
+paged cache and the code predictor's 16-position cache made per frame.
 
 Algorithm (FlashDecoding with the GQA group packed into the M dimension of the matmuls):
 
@@ -15,8 +22,11 @@ Algorithm (FlashDecoding with the GQA group packed into the M dimension of the m
    BLOCK_H = max(16, next_pow2(G)) because tl.dot needs M >= 16; the padding rows are zeros and are
    never stored. K and V of a (row, KV head) are thus read from HBM exactly once for all G query heads.
 2. The program walks its split's tokens [s * tokens_per_split, min(length, (s + 1) * tokens_per_split))
-   in BLOCK_N tiles: scores = tl.dot(q, K^T) in fp32, online softmax in fp32 in the log2 domain
-   (running max m, running sum l, accumulator acc rescaled by exp2(m_old - m_new)), acc += tl.dot(p, V).
+   in BLOCK_N tiles. Each tile lies in one page (PAGE % BLOCK_N == 0, tokens_per_split a multiple of
+   BLOCK_N, or the whole row one page), so the program loads the tile's block id once, a scalar, and
+   the tile's K and V rows are contiguous within that block, as in the slot-contiguous layout.
+   scores = tl.dot(q, K^T) in fp32, online softmax in fp32 in the log2 domain (running max m,
+   running sum l, accumulator acc rescaled by exp2(m_old - m_new)), acc += tl.dot(p, V).
 3. S == 1: the program writes acc / l straight to out. S > 1: it writes acc / l and the log-sum-exp
    m + log2(l) per query head to an fp32 workspace, and a combine kernel with grid (B, Hq) merges the
    S partials: out = sum_s 2^(lse_s - max) * o_s / sum_s 2^(lse_s - max). An empty split (length shorter
@@ -26,11 +36,12 @@ The number of splits is chosen on the host from the batch size and an upper boun
 caller already knows (no device->host sync): the fewest splits that fill whole waves of programs across
 the GPU's multiprocessors, each split keeping at least MIN_TOKENS_PER_SPLIT tokens. Plan once per step
 (`plan_decode_attention`) and reuse the plan for all 28 layers; a CUDA graph captured with a plan replays
-it for any lengths up to the plan's bound.
+it for any lengths and block tables up to the plan's bound (both are read on the device).
 
 Memory-bound by design: per (row, KV head) the kernel reads length x D x 2 (K and V) elements once, for
 all G query heads; at 2 x G FLOP per element read (bf16: 2 FLOP/byte against the H200's ~200 FLOP/byte
-balance point) the matmuls never matter, so the padded rows of BLOCK_H cost nothing measurable.
+balance point) the matmuls never matter, so the padded rows of BLOCK_H cost nothing measurable. The
+block table adds one 4-byte load per 64-token tile (32 KiB of K and V in bf16).
 """
 
 from __future__ import annotations
@@ -80,6 +91,7 @@ def _decode_attention_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    table_ptr,
     slot_ptr,
     len_ptr,
     out_ptr,
@@ -89,10 +101,11 @@ def _decode_attention_kernel(
     tokens_per_split,
     stride_qb,
     stride_qh,
-    stride_ks,
+    stride_table,
+    stride_kb,
     stride_kh,
     stride_kt,
-    stride_vs,
+    stride_vb,
     stride_vh,
     stride_vt,
     stride_ob,
@@ -106,6 +119,7 @@ def _decode_attention_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -116,8 +130,7 @@ def _decode_attention_kernel(
     split = tl.program_id(2)
 
     length = tl.load(len_ptr + row)
-    # int64: a cache of 256 slots x 8 heads x 4096 tokens x 128 dims has 2^30 elements per tensor.
-    slot = tl.load(slot_ptr + row).to(tl.int64)
+    table_row = table_ptr + tl.load(slot_ptr + row).to(tl.int64) * stride_table
     lo = split * tokens_per_split
     hi = tl.minimum(length, lo + tokens_per_split)
 
@@ -132,8 +145,8 @@ def _decode_attention_kernel(
         mask=head_mask[:, None],
         other=0.0,
     )  # (BLOCK_H, D)
-    k_base = k_ptr + slot * stride_ks + kv_head.to(tl.int64) * stride_kh
-    v_base = v_ptr + slot * stride_vs + kv_head.to(tl.int64) * stride_vh
+    k_head = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_head = v_ptr + kv_head.to(tl.int64) * stride_vh
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -142,9 +155,15 @@ def _decode_attention_kernel(
     for start in range(lo, hi, BLOCK_N):
         tokens = start + offs_n
         token_mask = tokens < hi
+        # The tile's page, once per tile. int64: 16k blocks x 8 heads x 64 tokens x 128 dims is 2^30
+        # elements per layer, past int32 offsets at twice that.
+        block = tl.load(table_row + start // PAGE).to(tl.int64)
+        in_page = (start % PAGE) + offs_n
+        k_base = k_head + block * stride_kb
+        v_base = v_head + block * stride_vb
         # Masked-off rows read 0, never the cache: stale or NaN entries past a length cannot leak in.
         k = tl.load(
-            k_base + tokens[:, None] * stride_kt + offs_d[None, :], mask=token_mask[:, None], other=0.0
+            k_base + in_page[:, None] * stride_kt + offs_d[None, :], mask=token_mask[:, None], other=0.0
         )  # (BLOCK_N, D)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # (BLOCK_H, BLOCK_N)
         scores = tl.where(token_mask[None, :], scores, float("-inf"))
@@ -153,7 +172,7 @@ def _decode_attention_kernel(
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_base + tokens[:, None] * stride_vt + offs_d[None, :], mask=token_mask[:, None], other=0.0
+            v_base + in_page[:, None] * stride_vt + offs_d[None, :], mask=token_mask[:, None], other=0.0
         )  # (BLOCK_N, D)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -294,10 +313,17 @@ def plan_decode_attention(
     )
 
 
+def contiguous_block_table(num_slots: int, device: torch.device | str) -> torch.Tensor:
+    """(num_slots, 1) int32, row s = [s]: a slot-contiguous (num_slots, Hkv, L, D) cache as one page of
+    L tokens per slot. Make it once and keep it (graphs capture its address)."""
+    return torch.arange(num_slots, dtype=torch.int32, device=device)[:, None]
+
+
 def _check_decode_inputs(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    block_table: torch.Tensor,
     slot_idx: torch.Tensor,
     lengths: torch.Tensor,
     out: torch.Tensor | None,
@@ -306,7 +332,7 @@ def _check_decode_inputs(
         raise ValueError(f"q must be (B, Hq, D), got shape {tuple(q.shape)}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
-            "k_cache and v_cache must both be (num_slots, Hkv, L, D), got "
+            "k_cache and v_cache must both be (num_blocks, Hkv, PAGE, D), got "
             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     batch, q_heads, head_dim = q.shape
@@ -321,9 +347,20 @@ def _check_decode_inputs(
         raise TypeError(f"q dtype must be one of {SUPPORTED_DTYPES}, got {q.dtype}")
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise TypeError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[1] < 1:
+        raise TypeError(
+            f"block_table must be int32 (S, max_blocks), got {block_table.dtype} {tuple(block_table.shape)}"
+        )
     check_index("slot_idx", slot_idx, batch)
     check_index("lengths", lengths, batch)
-    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "slot_idx": slot_idx, "lengths": lengths}
+    tensors = {
+        "q": q,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "block_table": block_table,
+        "slot_idx": slot_idx,
+        "lengths": lengths,
+    }
     if out is not None:
         if out.shape != q.shape or out.dtype != q.dtype:
             raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
@@ -332,11 +369,12 @@ def _check_decode_inputs(
 
 
 def _check_decode_bounds(
-    slot_idx: torch.Tensor, lengths: torch.Tensor, num_slots: int, length_bound: int
+    block_table: torch.Tensor, slot_idx: torch.Tensor, lengths: torch.Tensor, num_blocks: int, length_bound: int
 ) -> None:
     """Value checks that need a device->host sync: debugging and tests only, never in the hot path."""
-    check_values_in_range("slot_idx", slot_idx, 0, num_slots - 1)
-    check_values_in_range("lengths (bound: the plan's and the cache length)", lengths, 0, length_bound)
+    check_values_in_range("slot_idx", slot_idx, 0, block_table.shape[0] - 1)
+    check_values_in_range("lengths (bound: the plan's and the block table's)", lengths, 0, length_bound)
+    check_values_in_range("block_table", block_table, 0, num_blocks - 1)
 
 
 def decode_attention(
@@ -347,29 +385,41 @@ def decode_attention(
     lengths: torch.Tensor,
     *,
     scale: float,
+    block_table: torch.Tensor | None = None,
     max_len_bound: int | None = None,
     plan: DecodeAttentionPlan | None = None,
     out: torch.Tensor | None = None,
     check_bounds: bool = False,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """Attention of one query token per row over its slot's first `lengths[b]` cached keys.
+    """Attention of one query token per row over the first `lengths[b]` cached keys of its slot.
 
-    q (B, Hq, D); k_cache, v_cache (num_slots, Hkv, L, D); slot_idx, lengths (B,) int32 on q's device.
+    q (B, Hq, D); k_cache, v_cache (num_blocks, Hkv, PAGE, D); block_table (S, max_blocks) int32;
+    slot_idx, lengths (B,) int32 on q's device. Without a block table the cache is slot-contiguous
+    (PAGE = L, block s = slot s; one small table is made per call: hot paths pass their own, made once
+    by `contiguous_block_table`). PAGE must be a multiple of the plan's tile unless every slot is one page.
     Give either `plan` (from `plan_decode_attention`, reused across layers) or `max_len_bound`, a host-side
-    upper bound on every length (e.g. the longest stream's position + 1, or L). Lengths above the bound
-    are silently truncated to it: the bound is a promise, checked only with `check_bounds=True`
-    (which syncs). Returns out (B, Hq, D) in q's dtype (written into `out` when given).
+    upper bound on every length (e.g. the longest stream's position + 1, or max_blocks x PAGE). Lengths
+    above the bound are silently truncated to it: the bound is a promise, checked only with
+    `check_bounds=True` (which syncs). Returns out (B, Hq, D) in q's dtype (written into `out` when given).
     """
-    _check_decode_inputs(q, k_cache, v_cache, slot_idx, lengths, out)
+    if block_table is None:
+        block_table = contiguous_block_table(k_cache.shape[0], q.device)
+    _check_decode_inputs(q, k_cache, v_cache, block_table, slot_idx, lengths, out)
     batch, q_heads, head_dim = q.shape
-    num_slots, kv_heads, cache_len, _ = k_cache.shape
+    num_blocks, kv_heads, page, _ = k_cache.shape
+    cache_len = block_table.shape[1] * page
     if plan is None:
         if max_len_bound is None:
             raise ValueError("give either plan or max_len_bound")
         plan = plan_decode_attention(batch, kv_heads, min(max_len_bound, cache_len), q.device, q.dtype)
+    if page % plan.block_n and block_table.shape[1] > 1:
+        raise ValueError(
+            f"a page of {page} tokens is not a whole number of {plan.block_n}-token tiles: each tile must "
+            "lie in one page (or every slot be one page)"
+        )
     if check_bounds:
-        _check_decode_bounds(slot_idx, lengths, num_slots, min(plan.max_len_bound, cache_len))
+        _check_decode_bounds(block_table, slot_idx, lengths, num_blocks, min(plan.max_len_bound, cache_len))
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -394,6 +444,7 @@ def decode_attention(
         q,
         k_cache,
         v_cache,
+        block_table,
         slot_idx,
         lengths,
         out,
@@ -403,6 +454,7 @@ def decode_attention(
         plan.tokens_per_split,
         q.stride(0),
         q.stride(1),
+        block_table.stride(0),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -420,6 +472,7 @@ def decode_attention(
         BLOCK_H=block_h,
         BLOCK_N=plan.block_n,
         HEAD_DIM=head_dim,
+        PAGE=page,
         SPLIT=split,
         DOT_PRECISION=dot_precision,
         num_warps=plan.num_warps,
@@ -447,4 +500,4 @@ def decode_attention(
     return out
 
 
-__all__ = ["DecodeAttentionPlan", "decode_attention", "plan_decode_attention"]
+__all__ = ["DecodeAttentionPlan", "contiguous_block_table", "decode_attention", "plan_decode_attention"]

@@ -1,9 +1,12 @@
 """Qwen3 attention prologue for decode rows: per-head RMS norm on q and k, RoPE, and the K/V cache write.
 
-    qkv      (M, (Hq + 2 Hkv) D)   the fused q|k|v projection of M rows (one token each)
-    q_out    (M, Hq, D)             normed and rotated queries
-    k_cache  (S, Hkv, L, D)         row m's key goes to [slots[m], :, positions[m]] (normed, rotated)
-    v_cache  (S, Hkv, L, D)         and its value, as projected
+    qkv         (M, (Hq + 2 Hkv) D)         the fused q|k|v projection of M rows (one token each)
+    q_out       (M, Hq, D)                  normed and rotated queries
+    k_cache     (num_blocks, Hkv, PAGE, D)  row m's key goes to [block_table[slots[m], p // PAGE], :,
+                                            p % PAGE], p = positions[m] (normed, rotated)
+    v_cache     (num_blocks, Hkv, PAGE, D)  and its value, as projected
+    block_table (S, max_blocks) int32       each slot's blocks in token order (kernels/decode_attention.py);
+                                            a slot-contiguous (S, Hkv, L, D) cache is PAGE = L, block s = slot s
 
 Unfused this is ~15 kernels per layer (two norms, two rotations with their cat/neg, two cache writes);
 here it is one. Up to ``HEAD_GRID_ROWS`` rows the grid is (M, Hq + Hkv), program (m, h) one head (one warp):
@@ -21,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from voicewire.kernels.decode_attention import contiguous_block_table
 from voicewire.kernels.launch_checks import SUPPORTED_DTYPES, check_index, check_same_device_unit_stride
 from voicewire.kernels.pdl import pdl_enter, pdl_launch
 
@@ -54,15 +58,17 @@ def _qk_norm_rope_store_kernel(
     inv_freq_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    table_ptr,
     slot_ptr,
     pos_ptr,
     stride_qkv,
     stride_qm,
     stride_qh,
-    stride_ks,
+    stride_table,
+    stride_kb,
     stride_kh,
     stride_kl,
-    stride_vs,
+    stride_vb,
     stride_vh,
     stride_vl,
     eps,
@@ -71,6 +77,7 @@ def _qk_norm_rope_store_kernel(
     Q_BLOCK: tl.constexpr,
     KV_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
     PER_HEAD: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -114,12 +121,14 @@ def _qk_norm_rope_store_kernel(
         x2 = tl.load(k_src + half, mask=kv_ok, other=0.0)
         o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
         slot = tl.load(slot_ptr + m).to(tl.int64)
-        k_dst = k_cache_ptr + slot * stride_ks + hk[:, None] * stride_kh + pos * stride_kl + d[None, :]
+        block = tl.load(table_ptr + slot * stride_table + pos // PAGE).to(tl.int64)
+        at = pos % PAGE
+        k_dst = k_cache_ptr + block * stride_kb + hk[:, None] * stride_kh + at * stride_kl + d[None, :]
         tl.store(k_dst, o1, mask=kv_ok)
         tl.store(k_dst + half, o2, mask=kv_ok)
         dv = tl.arange(0, HEAD_DIM)
         v_src = row + (Q_HEADS + KV_HEADS + hk[:, None]) * HEAD_DIM + dv[None, :]
-        v_dst = v_cache_ptr + slot * stride_vs + hk[:, None] * stride_vh + pos * stride_vl + dv[None, :]
+        v_dst = v_cache_ptr + block * stride_vb + hk[:, None] * stride_vh + at * stride_vl + dv[None, :]
         tl.store(v_dst, tl.load(v_src, mask=kv_ok, other=0.0), mask=kv_ok)
 
 
@@ -135,14 +144,17 @@ def qk_norm_rope_store(
     *,
     q_heads: int,
     eps: float,
+    block_table: torch.Tensor | None = None,
     q_out: torch.Tensor | None = None,
     pdl: bool = False,
     head_grid_rows: int = HEAD_GRID_ROWS,
 ) -> torch.Tensor:
     """Normed, rotated queries (M, Hq, D); keys and values of the M rows written into the caches.
 
-    slots, positions: (M,) int32; inv_freq (D / 2,) float32 (rope.inv_freq). Positions must be < L and
-    slots < S: the kernel does not check them (it runs inside CUDA graphs; the callers own the bounds).
+    slots, positions: (M,) int32; inv_freq (D / 2,) float32 (rope.inv_freq). Without ``block_table`` the
+    caches are slot-contiguous (S, Hkv, L, D) (one small table is made per call: hot paths pass their own).
+    Positions must be < max_blocks x PAGE, slots < S and table entries < num_blocks: the kernel does not
+    check them (it runs inside CUDA graphs; the callers own the bounds).
     Up to ``head_grid_rows`` rows a program per (row, head), above a program per row (module docstring).
     """
     if qkv.dim() != 2 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
@@ -162,6 +174,12 @@ def qk_norm_rope_store(
         raise ValueError("q_norm / k_norm must be (D,) and inv_freq (D / 2,)")
     if inv_freq.dtype != torch.float32:
         raise TypeError(f"inv_freq must be float32, got {inv_freq.dtype}")
+    if block_table is None:
+        block_table = contiguous_block_table(k_cache.shape[0], qkv.device)
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise TypeError(
+            f"block_table must be int32 (S, max_blocks), got {block_table.dtype} {tuple(block_table.shape)}"
+        )
     check_index("slots", slots, m)
     check_index("positions", positions, m)
     if q_out is None:
@@ -174,6 +192,7 @@ def qk_norm_rope_store(
         "inv_freq": inv_freq,
         "k_cache": k_cache,
         "v_cache": v_cache,
+        "block_table": block_table,
         "slots": slots,
         "positions": positions,
     }
@@ -189,11 +208,13 @@ def qk_norm_rope_store(
         inv_freq,
         k_cache,
         v_cache,
+        block_table,
         slots,
         positions,
         qkv.stride(0),
         q_out.stride(0),
         q_out.stride(1),
+        block_table.stride(0),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -206,6 +227,7 @@ def qk_norm_rope_store(
         Q_BLOCK=1 if per_head else triton.next_power_of_2(q_heads),
         KV_BLOCK=1 if per_head else triton.next_power_of_2(kv_heads),
         HEAD_DIM=head_dim,
+        PAGE=k_cache.shape[2],
         PER_HEAD=per_head,
         num_warps=1 if per_head else 4,
         **pdl_launch(pdl, qkv.device),

@@ -23,6 +23,18 @@ def softmax_attention(
     return torch.einsum("hqk,hkd->hqd", probs, v.float())  # (H, Tq, D)
 
 
+def paged_tokens(
+    cache: torch.Tensor, block_table: torch.Tensor | None, slot: int, length: int
+) -> torch.Tensor:
+    """Tokens [0, length) of ``slot`` as (Hkv, length, D): cache (num_blocks, Hkv, PAGE, D), token t at
+    [block_table[slot, t // PAGE], :, t % PAGE]; without a table the cache is slot-contiguous."""
+    if block_table is None:
+        return cache[slot, :, :length]
+    page = cache.shape[2]
+    blocks = block_table[slot, : -(-length // page)].long()
+    return cache[blocks].permute(1, 0, 2, 3).flatten(1, 2)[:, :length]  # (Hkv, n_blocks x PAGE, D) cut
+
+
 def decode_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -31,6 +43,7 @@ def decode_attention_ref(
     lengths: torch.Tensor,
     *,
     scale: float,
+    block_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference for `kernels.decode_attention.decode_attention` (same layouts). Returns (B, Hq, D)."""
     batch, q_heads, _ = q.shape
@@ -40,8 +53,9 @@ def decode_attention_ref(
     for row in range(batch):
         slot, length = int(slot_idx[row]), int(lengths[row])
         # GQA: query head i reads KV head i // group (what repeat_interleave and SDPA's enable_gqa do).
-        k = k_cache[slot, :, :length].repeat_interleave(group, dim=0)  # (Hq, length, D)
-        v = v_cache[slot, :, :length].repeat_interleave(group, dim=0)
+        k = paged_tokens(k_cache, block_table, slot, length)  # (Hkv, length, D)
+        v = paged_tokens(v_cache, block_table, slot, length)
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)  # (Hq, length, D)
         mask = torch.ones((1, length), dtype=torch.bool, device=q.device)
         out[row] = softmax_attention(q[row, :, None], k, v, mask, scale)[:, 0].to(q.dtype)
     return out
@@ -65,4 +79,4 @@ def snake_reference(
     return y if prefix is None else torch.cat((prefix, y), dim=1)
 
 
-__all__ = ["decode_attention_ref", "snake_reference", "softmax_attention"]
+__all__ = ["decode_attention_ref", "paged_tokens", "snake_reference", "softmax_attention"]

@@ -11,11 +11,12 @@ pytest.importorskip("triton")
 from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
 from voicewire.kernels.decode_attention import (
     DEFAULT_BLOCK_N,
+    FP32_BLOCK_N,
     MIN_TOKENS_PER_SPLIT,
     decode_attention,
     plan_decode_attention,
 )
-from voicewire.kernels.reference import decode_attention_ref
+from voicewire.kernels.reference import decode_attention_ref, paged_tokens
 
 # The talker's attention (0.6B and 1.7B alike).
 Q_HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
@@ -189,6 +190,116 @@ def test_rejects_bad_inputs() -> None:
         plan_decode_attention(2, KV_HEADS, 64, "cpu", num_splits=0)
 
 
+# --- the paged layout ------------------------------------------------------------------------------
+def make_paged_cache(
+    lengths: list[int],
+    slot_idx: list[int],
+    *,
+    num_slots: int,
+    page: int,
+    max_blocks: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pool whose blocks are handed to the slots in a random order (a slot's pages are neither
+    contiguous nor ascending); block 0 is the scratch block every unassigned entry points at. All
+    memory a row must not read is NaN: other blocks, the scratch block, the tail of a last page."""
+    g = torch.Generator().manual_seed(seed)
+    need = {
+        s: -(-max(n for r, n in zip(slot_idx, lengths, strict=True) if r == s) // page) for s in set(slot_idx)
+    }
+    num_blocks = 1 + sum(need.values()) + 3  # 3 blocks nobody owns
+    order = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    table = torch.zeros(num_slots, max_blocks, dtype=torch.int32)
+    for s, n in need.items():
+        table[s, :n] = torch.tensor([order.pop() for _ in range(n)], dtype=torch.int32)
+    k = torch.full((num_blocks, KV_HEADS, page, HEAD_DIM), float("nan"), dtype=dtype)
+    v = torch.full_like(k, float("nan"))
+    for s in need:
+        n = max(n for r, n in zip(slot_idx, lengths, strict=True) if r == s)
+        for t in range(n):
+            b = int(table[s, t // page])
+            k[b, :, t % page] = torch.randn(KV_HEADS, HEAD_DIM, generator=g).to(dtype)
+            v[b, :, t % page] = torch.randn(KV_HEADS, HEAD_DIM, generator=g).to(dtype)
+    return k.to(device), v.to(device), table.to(device)
+
+
+def run_paged_case(
+    device: str,
+    dtype: torch.dtype,
+    lengths: list[int],
+    slot_idx: list[int],
+    *,
+    page: int,
+    max_blocks: int,
+    num_splits: int | None = None,
+    num_slots: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(len(lengths) + page)
+    k, v, table = make_paged_cache(
+        lengths, slot_idx, num_slots=num_slots or max(slot_idx) + 1, page=page,
+        max_blocks=max_blocks, dtype=dtype, device=device, seed=sum(lengths),
+    )  # fmt: skip
+    q = torch.randn(len(lengths), Q_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    slots = torch.tensor(slot_idx, dtype=torch.int32, device=device)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    plan = plan_decode_attention(
+        len(lengths), KV_HEADS, max_blocks * page, device, dtype, num_splits=num_splits
+    )
+    out = torch.full_like(q, float("nan"))
+    decode_attention(
+        q, k, v, slots, lens, block_table=table, scale=HEAD_DIM**-0.5, plan=plan, out=out, check_bounds=True
+    )
+    ref = decode_attention_ref(q, k, v, slots, lens, block_table=table, scale=HEAD_DIM**-0.5)
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_lengths_across_page_edges(device: str, dtype: torch.dtype, num_splits: int) -> None:
+    skip_unsupported(device, dtype)
+    # 64-token pages (the talker's): one token, a page less one, a page, a page and one, several pages;
+    # fp32 runs 32-token tiles (two per page), the others 64 (one per page)
+    lengths = [1, 63, 64, 65, 200, 0, 129]
+    slot_idx = [5, 0, 3, 2, 1, 6, 4]
+    out, ref = run_paged_case(device, dtype, lengths, slot_idx, page=64, max_blocks=5, num_splits=num_splits)
+    assert torch.equal(out[5], torch.zeros_like(out[5]))  # the length-0 row
+    assert rel_err(out, ref) < REL_TOL[dtype]
+
+
+def test_paged_rows_sharing_a_slot_and_small_pages(device: str) -> None:
+    # Rows of one slot at different lengths (the prefill's positions as rows), 32-token pages at fp32's
+    # 32-token tiles, a split count that puts split edges inside pages.
+    lengths = [1, 31, 32, 33, 95, 96, 97, 250]
+    slot_idx = [0, 0, 0, 0, 1, 1, 1, 2]
+    out, ref = run_paged_case(device, torch.float32, lengths, slot_idx, page=32, max_blocks=8, num_splits=5)
+    assert FP32_BLOCK_N == 32
+    assert rel_err(out, ref) < REL_TOL[torch.float32]
+
+
+def test_paged_reference_reads_the_table() -> None:
+    # The reference itself: a slot's tokens are its blocks in table order, cut at the length.
+    cache = torch.arange(4 * 1 * 2 * 1, dtype=torch.float32).view(4, 1, 2, 1)  # 4 blocks of 2 tokens
+    table = torch.tensor([[3, 1, 0]], dtype=torch.int32)
+    assert paged_tokens(cache, table, 0, 3).flatten().tolist() == [6.0, 7.0, 2.0]
+
+
+@needs_interpreter
+def test_paged_rejects_a_page_that_splits_a_tile() -> None:
+    q = torch.randn(1, Q_HEADS, HEAD_DIM)
+    k = torch.zeros(4, KV_HEADS, 48, HEAD_DIM)  # 48-token pages under 32-token fp32 tiles
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    one = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="tiles"):
+        decode_attention(q, k, k, one - 1, one, block_table=table, scale=0.1, max_len_bound=96)
+    k = torch.zeros(4, KV_HEADS, 32, HEAD_DIM)
+    with pytest.raises(ValueError, match="block_table"):  # a block past the pool
+        decode_attention(
+            q, k, k, one - 1, one, block_table=table + 9, scale=0.1, max_len_bound=64, check_bounds=True
+        )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [16, 64])
 def test_talker_shapes_bf16_mixed_lengths(batch: int) -> None:
@@ -221,4 +332,32 @@ def test_cuda_graph_replay_with_new_lengths() -> None:
         q.copy_(torch.randn_like(q))
         graph.replay()
         ref = decode_attention_ref(q, k, v, slots, lens, scale=0.088)
+        assert rel_err(out, ref) < REL_TOL[torch.bfloat16], step
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_new_block_tables() -> None:
+    # The talker's graphs capture the table's address: a replay must follow new lengths and new blocks
+    # (streams growing into fresh pages, a closed stream's blocks handed to another in another order).
+    torch.manual_seed(1)
+    batch, page, max_blocks, num_blocks = 8, 64, 16, 200
+    q = torch.randn(batch, Q_HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(num_blocks, KV_HEADS, page, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    table = torch.zeros(batch, max_blocks, dtype=torch.int32, device="cuda")
+    slots = torch.arange(batch, dtype=torch.int32, device="cuda").flip(0)
+    lens = torch.ones(batch, dtype=torch.int32, device="cuda")
+    plan = plan_decode_attention(batch, KV_HEADS, max_blocks * page, "cuda", torch.bfloat16)
+    out = torch.empty_like(q)
+    kw = {"block_table": table, "scale": 0.088, "plan": plan, "out": out}
+    decode_attention(q, k, v, slots, lens, **kw)  # compile before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention(q, k, v, slots, lens, **kw)
+    for step in range(3):
+        table.copy_((torch.randperm(num_blocks - 1)[: batch * max_blocks] + 1).view(batch, max_blocks))
+        lens.copy_(torch.randint(0, max_blocks * page + 1, (batch,), dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        ref = decode_attention_ref(q, k, v, slots, lens, block_table=table, scale=0.088)
         assert rel_err(out, ref) < REL_TOL[torch.bfloat16], step

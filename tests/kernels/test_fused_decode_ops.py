@@ -266,6 +266,40 @@ def test_qk_norm_rope_store_matches_norm_rotate_and_cache_write(
         assert all(not k_cache[s, :, p].any() and not v_cache[s, :, p].any() for s, p in untouched)
 
 
+@pytest.mark.parametrize("head_grid_rows", [1 << 20, 0], ids=["program-per-head", "program-per-row"])
+def test_qk_norm_rope_store_writes_through_the_block_table(device: str, head_grid_rows: int) -> None:
+    # 8-position pages, blocks handed out in a shuffled order; row m's K/V lands at
+    # [table[slot, pos // 8], :, pos % 8] and nowhere else (two rows of one slot on two pages).
+    g = torch.Generator().manual_seed(3)
+    head_dim, q_heads, kv_heads, page, num_blocks = 16, 4, 2, 8, 14
+    m = 5
+    for dtype in _dtypes(device):
+        qkv = torch.randn(m, (q_heads + 2 * kv_heads) * head_dim, generator=g).to(device, dtype)
+        qn = (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype)
+        kn = (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype)
+        freqs = inv_freq(head_dim, 1e6).to(device)
+        table = (torch.randperm(num_blocks - 1, generator=g)[:12] + 1).view(3, 4).to(torch.int32).to(device)
+        slots = torch.tensor([2, 0, 1, 0, 2], dtype=torch.int32, device=device)
+        positions = torch.tensor([0, 31, 9, 8, 17], dtype=torch.int32, device=device)
+        k_cache = torch.zeros(num_blocks, kv_heads, page, head_dim, device=device, dtype=dtype)
+        v_cache = torch.zeros_like(k_cache)
+        contiguous_k = torch.zeros(3, kv_heads, 4 * page, head_dim, device=device, dtype=dtype)
+        contiguous_v = torch.zeros_like(contiguous_k)
+        kw = {"q_heads": q_heads, "eps": EPS, "head_grid_rows": head_grid_rows}
+        q = qk_norm_rope_store(qkv, qn, kn, freqs, k_cache, v_cache, slots, positions, block_table=table, **kw)
+        q_flat = qk_norm_rope_store(qkv, qn, kn, freqs, contiguous_k, contiguous_v, slots, positions, **kw)
+        assert torch.equal(q, q_flat)
+        written = set()
+        for r in range(m):
+            s, p = int(slots[r]), int(positions[r])
+            b = int(table[s, p // page])
+            written.add((b, p % page))
+            assert torch.equal(k_cache[b, :, p % page], contiguous_k[s, :, p])
+            assert torch.equal(v_cache[b, :, p % page], contiguous_v[s, :, p])
+        untouched = [(b, t) for b in range(num_blocks) for t in range(page) if (b, t) not in written]
+        assert all(not k_cache[b, :, t].any() and not v_cache[b, :, t].any() for b, t in untouched)
+
+
 def _slot_tables(n_slots: int, device: str) -> dict[str, torch.Tensor]:
     """Per-slot sampling rows covering greedy, top-k only, top-p only, both, and neither."""
     g = torch.Generator().manual_seed(11)
