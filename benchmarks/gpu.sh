@@ -28,6 +28,8 @@
 #       utterances scaled to the probe's (3.4 s mean)  -> front_door_SIZE[_TAG]_h200.json, .png
 #       needs the gateway's wheels carried as .whl/gateway (aiortc, av, websockets, pyzmq); each half builds
 #       and captures the model (~200 s), so ENGINE_ONLY='' (no engine-only half) leaves the call for the gateway
+#   COMMIT=<sha> bash benchmarks/gpu.sh startup              # start-up: the README's command to /readyz 200,
+#       STARTS (default 2) starts on one fresh compile cache, each start's phase lines -> startup_SIZE_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh side-by-side         # README "against the official qwen-tts" (~6 min)
 #       the official qwen-tts 0.1.1 and ours on the same saved random weights, one call
 #                                                            -> side_by_side_h200.json, .png, official.log, ours.log
@@ -66,7 +68,7 @@ SHOW='^\[|^== |Error|error|passed|failed|Traceback'
 declare -a STATUS=()
 
 usage() { sed -n '2,/^set -o pipefail/p' "$0" | grep '^#'; exit 2; }
-case "$MODE" in headline | kernels | throughput | front-door | side-by-side | parity | clone | profile) ;; *) usage ;; esac
+case "$MODE" in headline | kernels | throughput | front-door | startup | side-by-side | parity | clone | profile) ;; *) usage ;; esac
 : > "$LOG"
 
 # voicewire.* is not installed on the device: a link tree makes the folders importable under that name.
@@ -189,12 +191,23 @@ if [ "$MODE" = throughput ]; then
   fi
 fi
 
-if [ "$MODE" = front-door ]; then
+if [ "$MODE" = front-door ] || [ "$MODE" = startup ]; then
   if ! python3 -c "import aiortc, av, websockets, zmq" > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gw .whl/gateway/*.whl 2>&1 | tail -3
     export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/gw
   fi
   SIZE=${SIZE:-1.7b}
+fi
+
+if [ "$MODE" = startup ]; then
+  name="startup_${SIZE}${TAG:+_$TAG}_h200"
+  # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
+  step startup 570 python3 benchmarks/startup.py --starts "${STARTS:-2}" --out "$OUT/$name.json" \
+    -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
+  stamp "$OUT/$name.json"
+fi
+
+if [ "$MODE" = front-door ]; then
   name="front_door_${SIZE}${TAG:+_$TAG}_h200"
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   step front-door 570 python3 benchmarks/front_door.py --rates "${RATES:-1,60,80,90,100,110}" \

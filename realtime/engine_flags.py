@@ -103,6 +103,7 @@ def _qwen3_options(args: argparse.Namespace) -> dict[str, object]:
         "max_batch_size": args.max_batch or (CUDA_MAX_BATCH if cuda else CPU_MAX_STREAMS),
         "max_seq_len": args.max_seq_len or DEFAULT_MAX_SEQ_LEN,
         "memory_share": _memory_share(devices, _replicas(args)),
+        "cache_dir": args.cache_dir,
     }
 
 
@@ -244,4 +245,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--max-seq-len",
         type=_positive,
         help=f"qwen3-tts: talker positions per stream, 12.5 a second of audio (default {DEFAULT_MAX_SEQ_LEN})",
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="qwen3-tts on cuda: compiled kernels kept across starts, so a second start loads them "
+        "(default $XDG_CACHE_HOME/voicewire or ~/.cache/voicewire)",
     )

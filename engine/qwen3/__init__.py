@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 
+from .. import compile_cache
 from .config import Qwen3TTSConfig
 from .cuda_graphs import powers_of_two
 from .errors import CheckpointError
@@ -89,6 +91,7 @@ def load_qwen3(
     windowed_left_context: int = 72,
     warmup: bool = False,
     options: ServeOptions | None = None,
+    cache_dir: str | None = None,
 ) -> Qwen3TTSModel:
     """A Qwen3-TTS model for the engine.
 
@@ -100,10 +103,14 @@ def load_qwen3(
     ``memory_share`` of the GPU at ``max_seq_len`` (options.py ``slots_from_memory``; 16 off CUDA);
     ``max_batch_size`` is then at most the slots. ``options`` (all serving knobs, CUDA graphs
     included) replaces the individual ``max_*`` / ``codec_*`` arguments. ``warmup`` captures the
-    CUDA graphs. Raises :class:`CheckpointError` for a bad checkpoint, RuntimeError for a device
+    CUDA graphs. ``cache_dir``: where compiled kernels are kept across starts on CUDA
+    (compile_cache.py; None: the default). Raises :class:`CheckpointError` for a bad checkpoint, RuntimeError for a device
     that is not there.
     """
+    t0 = time.perf_counter()
     dev = torch.device(device)
+    if dev.type == "cuda":
+        compile_cache.use(cache_dir)
     if dev.type == "cuda" and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise RuntimeError(
@@ -158,6 +165,7 @@ def load_qwen3(
         speaker_encoder_weights=speaker_weights,
         cloner=_cloner(cfg, checkpoint, speaker_weights, seed, dev, dt),
     )
+    log.info("built in %.1f s", time.perf_counter() - t0)
     if warmup:
         model.warmup()
     return model

@@ -24,6 +24,8 @@ run exactly the code that is captured on the GPU.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,7 @@ import torch
 from torch import Tensor
 
 Body = Callable[[Tensor], Tensor]
+log = logging.getLogger(__name__)
 WARMUP_RUNS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, torch.compile guards
 
 
@@ -44,6 +47,11 @@ class _Entry:
     graph: torch.cuda.CUDAGraph | None = None
     pool: str = "main"
     priority: int = 0  # of the pool's capture stream
+    kind: str = ""  # the key's first part ("decode", "prefill", a codec lane): start-up timing by kind
+
+
+def _kind(key: Hashable) -> str:
+    return str(key[0]) if isinstance(key, tuple) and key else str(key)
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
@@ -82,6 +90,7 @@ class CudaGraphs:
         self._pools: dict[str, Any] = {}  # pool name -> torch's graph pool handle
         self._capture_streams: dict[str, torch.cuda.Stream] = {}  # pool name -> the stream it is captured on
         self.capture_s = 0.0
+        self.phase_s: dict[str, dict[str, float]] = {}  # kind -> eager / capture seconds (start-up log)
 
     def add(self, key: Hashable, body: Body, example: Tensor, pool: str = "main", priority: int = 0) -> None:
         """Register a body for inputs shaped like ``example`` (int64; its rows must be harmless to run:
@@ -91,27 +100,31 @@ class CudaGraphs:
             raise ValueError(f"graph {key!r} registered twice")
         if example.dtype != torch.int64:
             raise TypeError(f"graph inputs are int64, got {example.dtype} for {key!r}")
-        self._entries[key] = _Entry(body, example.to(self.device).clone(), pool=pool, priority=priority)
+        self._entries[key] = _Entry(
+            body, example.to(self.device).clone(), pool=pool, priority=priority, kind=_kind(key)
+        )
 
     def capture(self) -> None:
-        """Warm and capture every registered body, largest input first."""
+        """Warm and capture every registered body, largest input first; logs where the time went."""
         if not self.enabled or all(e.graph is not None for e in self._entries.values()):
             return
-        import time
-
         t0 = time.perf_counter()
         order = sorted(self._entries.values(), key=lambda e: e.input.numel(), reverse=True)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for e in order:
+                t = time.perf_counter()
                 for _ in range(WARMUP_RUNS):
                     e.body(e.input)
+                side.synchronize()  # the eager runs' time is the host's (JIT, compile, cuDNN timing)
+                self._time(e, "eager", time.perf_counter() - t)
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         for e in order:
             if e.graph is not None:
                 continue
+            t = time.perf_counter()
             g = torch.cuda.CUDAGraph()
             pool = self._pools.get(e.pool)
             if pool is None:
@@ -120,8 +133,21 @@ class CudaGraphs:
             with torch.cuda.graph(g, pool=pool, stream=self._capture_streams[e.pool]):
                 e.output = e.body(e.input)
             e.graph = g
+            self._time(e, "capture", time.perf_counter() - t)
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
+        log.info(
+            "%d graphs in %.1f s: %s",
+            len(order),
+            self.capture_s,
+            ", ".join(
+                f"{kind} x{sum(e.kind == kind for e in order)} eager {t['eager']:.1f} s capture {t['capture']:.1f} s"
+                for kind, t in self.phase_s.items()
+            ),
+        )
+
+    def _time(self, e: _Entry, phase: str, seconds: float) -> None:
+        self.phase_s.setdefault(e.kind, {"eager": 0.0, "capture": 0.0})[phase] += seconds
 
     def capture_stream(self, pool: str) -> torch.cuda.Stream | None:
         """The stream ``pool``'s graphs were captured on (None before capture or off CUDA)."""
