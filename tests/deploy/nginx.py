@@ -1,7 +1,7 @@
 """Debian's nginx in front of a gateway, as an unprivileged process on a loopback port, with its
 own prefix and configuration in a temporary directory (no system service, no system paths).
 
-The site configuration is ``deploy/nginx.conf``, the file the README copies, with only its
+The site configuration is ``deploy/nginx.conf``, the file docs/deployment.md shows, with only its
 addresses and paths replaced; the main configuration around it is what a Debian install puts in
 ``/etc/nginx/nginx.conf``, cut to what this needs, with every path inside the prefix.
 """

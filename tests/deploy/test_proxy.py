@@ -1,4 +1,4 @@
-"""The README's reverse-proxy recipe, run: Debian's nginx with ``deploy/nginx.conf`` and a
+"""The reverse-proxy recipe (docs/deployment.md), run: Debian's nginx with ``deploy/nginx.conf`` and a
 self-signed certificate in front of ``voicewire serve --base-path /voice`` as a user starts it,
 everything on loopback.
 

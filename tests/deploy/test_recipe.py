@@ -1,5 +1,5 @@
-"""The README's deployment recipe is the tested one: its nginx and systemd blocks are the files
-under deploy/, and the unit's command line is one ``voicewire serve`` accepts."""
+"""The deployment recipe (docs/deployment.md) is the tested one: its nginx and systemd blocks are the
+files under deploy/, and the unit's command line is one ``voicewire serve`` accepts."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from voicewire.realtime.cli import _ice_servers, build_parser
 from voicewire.realtime.config import IceServer
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text()
+RECIPE = (REPO / "docs" / "deployment.md").read_text()
 
 
 @pytest.mark.parametrize(
     ("fence", "path"), [("nginx", "deploy/nginx.conf"), ("ini", "deploy/voicewire.service")]
 )
-def test_the_readme_shows_the_deploy_files_as_they_are(fence: str, path: str) -> None:
-    blocks = re.findall(rf"```{fence}\n(.*?)```", README, re.S)
-    assert (REPO / path).read_text() in blocks, f"README's {fence} block is not {path}: copy it again"
+def test_the_recipe_shows_the_deploy_files_as_they_are(fence: str, path: str) -> None:
+    blocks = re.findall(rf"```{fence}\n(.*?)```", RECIPE, re.S)
+    assert (REPO / path).read_text() in blocks, f"docs/deployment.md's {fence} block is not {path}: copy it again"
 
 
 def test_the_systemd_unit_starts_serve_with_flags_it_accepts(monkeypatch: pytest.MonkeyPatch) -> None:

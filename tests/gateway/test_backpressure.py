@@ -21,7 +21,7 @@ from voicewire.realtime.client.listener import playout, ws_arrivals
 
 STALL_S = 30.0  # how long the slow clients stop reading
 STALLED_CLIENTS = 10
-RSS_GROWTH_BOUND_MB = 100.0  # stated bound for 10 stalled clients (README, "Security and limits")
+RSS_GROWTH_BOUND_MB = 100.0  # stated bound for 10 stalled clients (docs/security.md, "Backpressure")
 LONG_TEXT = "This is a long answer that the client never reads, sentence after sentence after sentence. " * 30
 NORMAL_TEXT = "Here is a normal answer, played in real time, while other clients misbehave."
 
