@@ -19,6 +19,11 @@ so the device runs frame steps back to back while the worker records, plans and 
 the codec runs beside them, its audio taken once done (the worker waits for it only when nothing
 else is in flight, or when codec work piles up). A slot released while a begun step uses it is
 freed once that step's results are in.
+
+The worker's concerns each have a room below this file: who gets a stream (admission.py), the
+commands (inbox.py), opens and text on their way to the model (intake.py), the two stages in flight
+(frame_stage.py, codec_stage.py), a turn's model-time budget (turn_budget.py), voice cloning's
+thread (cloner.py) and the garbage collector's frozen heap (heap_hold.py).
 """
 
 from __future__ import annotations
@@ -28,39 +33,30 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
-from . import heap
-from .cloned_voice import ClonedVoice, CloningNotSupported
-from .codec_work import CodecWork, Piece
-from .commands import Cancel, End, Flush, PushText, Stop, StreamCommand
+from .admission import Admission, EngineBusy, tell
+from .cloned_voice import ClonedVoice
+from .cloner import Cloner
+from .codec_stage import CodecStage
+from .commands import Cancel, Stop
 from .config import EngineConfig
-from .level import LeadInTrimmer
-from .live import Live, OpenQueue, OpenStream
-from .model import (
-    Decoded,
-    DecodeWork,
-    GenerateResult,
-    Model,
-    ModelError,
-    ModelInfo,
-    Queued,
-    StreamParams,
-    TextGranularity,
-)
-from .scheduler import Request, Scheduler, StepPlan
+from .frame_stage import FrameStage
+from .heap_hold import HeapHold
+from .inbox import Command, Inbox
+from .intake import new_live, take_text
+from .live import Live, OpenStream
+from .model import Decoded, DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams
+from .scheduler import Scheduler, StepPlan
 from .slots import SlotPool
 from .stats import EngineStats
 from .stream import Stream, StreamError
-from .text_feeder import ClauseFeeder, WordFeeder
+from .turn_budget import charge
 
 log = logging.getLogger("voicewire.engine")
 
@@ -68,12 +64,7 @@ IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop reques
 
 _T = TypeVar("_T")
 
-
-Command: TypeAlias = OpenStream | StreamCommand | Stop
-
-
-class EngineBusy(Exception):
-    """No capacity for another stream (``max_streams`` or model slots)."""
+__all__ = ["Engine", "EngineBusy", "EngineNotReady"]
 
 
 class EngineNotReady(RuntimeError):
@@ -84,27 +75,26 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None, model: Model | None = None) -> None:
         self.config = config or EngineConfig()
         self._model = model
-        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._commands = Inbox(self.config.command_budget_s)
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._live: dict[int, Live] = {}
         self._slots = SlotPool()
-        self._queued = OpenQueue()
-        self._open_count = 0  # streams opened and not yet finished, counted on the caller side
-        self._open_lock = threading.Lock()
+        self._admission = Admission()
+        self._queued = self._admission.waiting
         self._stopping = False
         # Set once warm-up is done and the worker starts; cleared when it exits. Readiness probes
         # read it: an engine whose model exists but is still capturing graphs is not ready.
         self._worker_running = threading.Event()
         self.stats = EngineStats()
         # begun work whose results are not taken yet, oldest first (the pipeline in the module docstring)
-        self._stepping: deque[tuple[StepPlan, Queued[list[GenerateResult]]]] = deque()
-        self._decoding = CodecWork(self.config.max_decodes_in_flight, self._hand_out)
-        self._steps_ahead = 1  # frame steps begun at once: set by start() from the config and the model
-        self._cloner: ThreadPoolExecutor | None = None  # clone_voice's thread, made at the first clone
+        cfg = self.config
+        self._codec = CodecStage(cfg.max_decodes_in_flight, cfg.urgent_slack_s, self._emit_work, self._decode_failed)
+        self._decoding = self._codec.work
+        self._stepping = FrameStage(self._decoding, self._record, self._generate_failed, self._slots_freed)
+        self._cloner = Cloner()
         self._device_wait_base = 0.0
-        self._heap_frozen = False
-        self._gc_base = (0, 0.0)  # the process's collections before this engine started
+        self._heap = HeapHold()
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
@@ -137,11 +127,7 @@ class Engine:
             self._model = load_model(self.config.model, self.config.model_options)
         self._model.warmup()
         self._device_wait_base = self._model.device_wait_s()  # warm-up's waits are not a step's
-        heap.PAUSES.install()
-        if self.config.freeze_heap and not self._heap_frozen:
-            heap.freeze()
-            self._heap_frozen = True
-        self._gc_base = (sum(heap.PAUSES.count), sum(heap.PAUSES.seconds))
+        self._heap.start(freeze=self.config.freeze_heap)
         self._slots = SlotPool(self._model.info.max_slots)
         chunks = self.config.chunks
         if chunks.slack_frames is None:
@@ -149,7 +135,7 @@ class Engine:
         batch = min(self.config.max_batch or self._model.info.max_batch_size, self._model.info.max_batch_size)
         self._scheduler = Scheduler(chunks, batch)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
-        self._steps_ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
+        self._stepping.ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         # Set before the thread runs so a caller may open streams as soon as start() returns;
         # the worker clears it when it exits (stop, or an error it cannot outlive).
@@ -158,17 +144,13 @@ class Engine:
         return self
 
     def close(self) -> None:
-        if self._cloner is not None:
-            self._cloner.shutdown(wait=True)
-            self._cloner = None
+        self._cloner.close()
         if self._thread is None:
             return
         self._commands.put(Stop())
         self._thread.join(timeout=10)
         self._thread = None
-        if self._heap_frozen:
-            heap.release()
-            self._heap_frozen = False
+        self._heap.release()
 
     async def __aenter__(self) -> Engine:
         await asyncio.get_running_loop().run_in_executor(None, self.start)
@@ -184,37 +166,24 @@ class Engine:
             raise EngineNotReady("the engine is starting (loading or warming up); try again shortly")
         params = params or StreamParams(**kwargs)
         params.check(self.model.info)
-        with self._open_lock:
-            if self._open_count >= self.stream_limit + self.config.max_queued_streams:
-                raise EngineBusy(
-                    f"engine is at its limit of {self.stream_limit} streams"
-                    + (f" and {self.config.max_queued_streams} waiting" if self.config.max_queued_streams else "")
-                )
-            self._open_count += 1
+        self._admission.reserve(self.stream_limit, self.config.max_queued_streams)
         stream = Stream(next(self._ids), asyncio.get_running_loop(), self._commands.put)
         self._commands.put(OpenStream(stream, params))
         return stream
 
     async def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str = "") -> ClonedVoice:
         """A cloned voice from a reference clip (float32 mono); see ``Model.clone_voice``. Runs on
-        a thread of its own, one clone at a time, while the worker keeps stepping. Raises
+        a thread of its own (cloner.py) while the worker keeps stepping. Raises
         CloningNotSupported, EngineNotReady, or ValueError for audio the model cannot use."""
         if not self.ready:
             raise EngineNotReady("the engine is starting (loading or warming up); try again shortly")
-        model = self.model
-        if not model.info.voice_encoder:
-            raise CloningNotSupported(f"{model.info.name} cannot clone voices")
-        if self._cloner is None:
-            self._cloner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicewire-clone")
-        voice = await asyncio.get_running_loop().run_in_executor(
-            self._cloner, model.clone_voice, np.asarray(pcm, np.float32), sample_rate_hz, ref_text
-        )
+        voice = await self._cloner.clone(self.model, pcm, sample_rate_hz, ref_text)
         self.stats.voices_cloned += 1
         return voice
 
     def active_streams(self) -> int:
         """Streams the engine still holds (opened, not yet finished or freed), waiting ones included."""
-        return self._open_count
+        return self._admission.count
 
     @property
     def stream_limit(self) -> int:
@@ -246,16 +215,13 @@ class Engine:
         for live in list(self._live.values()):
             self._fail(live, StreamError("engine_closed", "the engine is shutting down"))
         for q in self._queued.take_all():
-            with contextlib.suppress(RuntimeError):
-                q.open.stream.loop.call_soon_threadsafe(
-                    q.open.stream.fail, StreamError("engine_closed", "the engine is shutting down")
-                )
+            tell(q.open, StreamError("engine_closed", "the engine is shutting down"))
 
     def _settle(self) -> None:
         """Waits for the begun work at shutdown, so the model's device is idle when the worker ends."""
         while self._stepping:
             with contextlib.suppress(Exception):
-                self._finish_step()
+                self._stepping.finish(self._slots)
         self._decoding.settle()
 
     def _ready(self) -> set[int]:
@@ -275,23 +241,10 @@ class Engine:
         """Handles the commands that came in (waiting for one when ``block``), for up to
         ``command_budget_s``; True when there were any."""
         wait_s = min(IDLE_WAIT_S, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
-        try:
-            cmd = self._commands.get(timeout=wait_s) if block else self._commands.get_nowait()
-        except queue.Empty:
-            return False
-        t0, n = time.perf_counter(), 0
-        while True:
-            self._handle(cmd)
-            n += 1
-            if time.perf_counter() - t0 > self.config.command_budget_s:
-                break
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                break
+        n, spent_s = self._commands.drain(self._handle, wait_s if block else None)
         self.stats.commands += n
-        self.stats.commands_s += time.perf_counter() - t0
-        return True
+        self.stats.commands_s += spent_s
+        return n > 0
 
     def _handle(self, cmd: Command) -> None:
         if isinstance(cmd, Stop):
@@ -312,20 +265,10 @@ class Engine:
         if live is None:
             return  # finished or cancelled already
         try:
-            if isinstance(cmd, PushText):
-                live.buffered_chars += len(cmd.delta)
-                if (
-                    live.buffered_chars - len(live.stream.metrics.text_spoken)
-                    > self.config.max_buffered_text_chars
-                ):
-                    raise StreamError("text_overflow", "too much text buffered for this stream")
-                self._give_text(live, live.feeder.feed(cmd.delta), final=False)
-            elif isinstance(cmd, Flush):
-                self._give_text(live, live.feeder.flush(), final=False)
-            elif isinstance(cmd, End):
-                self._give_text(live, live.feeder.flush(), final=True)
-            elif isinstance(cmd, Cancel):
+            if isinstance(cmd, Cancel):
                 self._release(live)
+            else:
+                take_text(self.model, live, cmd, self.config.max_buffered_text_chars)
         except StreamError as err:
             self._fail(live, err)
         except ModelError as err:
@@ -344,48 +287,15 @@ class Engine:
                 self._handle(cmd)
 
     def _expire_queued(self) -> None:
-        for q in self._queued.expired(time.perf_counter()):
+        for q in self._admission.expired(time.perf_counter()):
             self.stats.queue_timeouts += 1
-            self._finish_count()
-            err = StreamError(
-                "server_busy",
-                f"engine is at its limit of {self.stream_limit} streams; none ended within "
-                f"{self.config.queue_wait_s:g} s",
-            )
-            with contextlib.suppress(RuntimeError):  # its caller's loop is gone: nobody to tell
-                q.open.stream.loop.call_soon_threadsafe(q.open.stream.fail, err)
-
-    def _give_text(self, live: Live, pieces: list[str], final: bool) -> None:
-        if pieces or final:
-            self.model.add_text(live.request.slot, pieces, final)
-        if live.request.t_first_emit is None and pieces:
-            live.request.t_arrival = min(live.request.t_arrival, time.perf_counter())
+            msg = f"engine is at its limit of {self.stream_limit} streams; none ended within {self.config.queue_wait_s:g} s"
+            tell(q.open, StreamError("server_busy", msg))
 
     def _open(self, stream: Stream, params: StreamParams) -> None:
         model = self.model
         slot = self._slots.take()
-        request = Request(
-            stream_id=stream.id,
-            slot=slot,
-            t_arrival=time.perf_counter(),
-            tenant=params.tenant,
-            first_chunk_frames=params.first_chunk_frames,
-            sample_rate_hz=model.info.sample_rate_hz,
-        )
-        lvl = self.config.level
-        live = Live(
-            stream=stream,
-            loop=stream.loop,
-            request=request,
-            feeder=(
-                ClauseFeeder(self.config.text)
-                if model.info.text_granularity is TextGranularity.CLAUSE
-                else WordFeeder(self.config.text)
-            ),
-            trimmer=LeadInTrimmer(
-                model.info.sample_rate_hz, lvl.onset_threshold_dbfs, lvl.first_preroll_ms, lvl.max_trim_ms
-            ),
-        )
+        live = new_live(stream, params, slot, model, self.config)
         try:
             model.open_slot(slot, params)
         except Exception as err:  # a bad request must not take the worker down
@@ -394,22 +304,22 @@ class Engine:
             self._to_loop(live, stream.fail, StreamError("bad_request", str(err)))
             return
         self._live[stream.id] = live
-        self._scheduler.add(request)
+        self._scheduler.add(live.request)
         self.stats.streams_opened += 1
 
     def _step(self, ready: set[int]) -> None:
         t0 = time.perf_counter()
         model = self.model
-        plan = self._scheduler.plan_generate(ready) if len(self._stepping) < self._steps_ahead else None
-        begun = plan is not None and self._begin_step(plan)
+        plan = self._scheduler.plan_generate(ready) if self._stepping.has_room() else None
+        begun = plan is not None and self._stepping.begin(model, self._slots, plan)
         rows = len(plan.generate_slots) if plan is not None and begun else 0
         if not (self.config.overlap_decode and model.decode_overlaps):
             # stage 2 on the worker's own queue: the step's frames, then the chunks they complete
             while self._stepping:
-                self._finish_step()
+                self._stepping.finish(self._slots)
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
-            self._begin_decode(due)
+            self._codec.begin(model, due)
             taken = self._decoding.take(wait=True)
         else:
             # the pipeline (module docstring): while the device runs the begun steps, the commands
@@ -417,57 +327,24 @@ class Engine:
             # are taken once another is queued behind it (or none will be)
             self._drain(block=False)
             taken = self._decoding.take(wait=False)
-            if self._stepping and (len(self._stepping) >= self._steps_ahead or not begun):
-                self._finish_step()
+            if self._stepping and (not self._stepping.has_room() or not begun):
+                self._stepping.finish(self._slots)
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
-            self._begin_decode(due)
+            self._codec.begin(model, due)
             taken += self._decoding.take(wait=not (self._stepping or begun))  # nothing else to wait for
         if not (rows or due or taken):
             return  # nothing was begun or handed out: not a step
         t2 = time.perf_counter()
         waited = model.device_wait_s() - self._device_wait_base + self._decoding.polled_s
         self.stats.record_step(t1 - t0, t2 - t1, rows, waited)
-        gc_pauses = heap.PAUSES
-        self.stats.gc_collections = sum(gc_pauses.count) - self._gc_base[0]
-        self.stats.gc_pause_s = sum(gc_pauses.seconds) - self._gc_base[1]
-        self.stats.gc_pause_max_s = gc_pauses.max_s
+        self._heap.record(self.stats)
 
-    def _begin_step(self, plan: StepPlan) -> bool:
-        """The stage-1 step begun; False when there is nothing to run, or it failed (its streams are
-        failed). Until ``_finish_step`` takes its results its slots stay taken."""
-        if plan.empty:
-            return False
-        try:
-            results = self.model.generate_start(plan.generate_slots)
-        except Exception as err:
-            self._generate_failed(plan, err)
-            return False
-        self._slots.step_started(plan.generate_slots)
-        self._stepping.append((plan, results))
-        return True
-
-    def _finish_step(self) -> None:
-        """The oldest begun step's results recorded. Slots freed during the step are given back here."""
-        plan, results = self._stepping.popleft()
-        # urgent codec work that ends while the step runs is handed out then, not after the step:
-        # it is done within a few ms, well before a loaded step
-        while self._decoding.urgent_out() and not results.done():
-            if not self._decoding.take(wait=False):
-                self._decoding.poll()
-        try:
-            try:
-                done = results()
-            except Exception as err:
-                self._generate_failed(plan, err)
-                return
-            self._record(plan, done)
-        finally:
-            freed = self._slots.step_done()
-            for slot in freed:
-                self._free_slot(slot)
-            if freed:
-                self._admit_queued()
+    def _slots_freed(self, freed: list[int]) -> None:
+        for slot in freed:
+            self._free_slot(slot)
+        if freed:
+            self._admit_queued()
 
     def _generate_failed(self, plan: StepPlan, err: Exception) -> None:
         if isinstance(err, ModelError):
@@ -491,57 +368,14 @@ class Engine:
         self.stats.frames_generated += sum(r.n_frames for r in results)
 
     def _charge(self, live: Live, res: GenerateResult) -> None:
-        """Ends a turn whose model time outgrows the audio it makes (text a model reads slowly
-        or not at all): it would hold model capacity every other stream needs."""
-        live.compute_s += res.compute_s
-        live.frames_generated += res.n_frames
-        info, cfg = self.model.info, self.config.text
-        audio_s = live.frames_generated * info.frame_samples / info.sample_rate_hz
-        if live.compute_s > cfg.turn_budget_s + cfg.turn_budget_per_audio_s * audio_s:
-            self._fail(
-                live,
-                StreamError(
-                    "text_budget_exceeded",
-                    f"this turn's text took {live.compute_s:.1f} s of model time for {audio_s:.1f} s "
-                    "of audio; the rest of it is not spoken",
-                ),
-            )
+        err = charge(live, res, self.model.info, self.config.text)
+        if err is not None:
+            self._fail(live, err)
 
-    def _begin_decode(self, due: list[DecodeWork]) -> None:
-        """The due chunks' decode, begun (in order behind the codec work begun before). Where the
-        model has an urgent lane, the chunks of streams less than ``urgent_slack_s`` ahead go there
-        as a piece of their own, begun first."""
-        slack = self.config.urgent_slack_s
-        if self.model.urgent_decode and slack > 0:
-            urgent = [d for d in due if d.slack_s < slack]
-            if urgent:
-                self._begin_piece(urgent, urgent=True)
-            due = [d for d in due if d.slack_s >= slack]
-        if due:
-            self._begin_piece(due, urgent=False)
-
-    def _begin_piece(self, due: list[DecodeWork], urgent: bool) -> None:
-        """One piece of codec work begun; a failure fails its streams."""
-        work = [d for d in due if d.n_frames]
-        try:
-            finish = self.model.decode_start(work, urgent=urgent) if work else Queued.finished([])
-        except Exception as err:
-            self._decode_failed(due, err)
-            return
-        self._decoding.add(Piece(due, finish, urgent))
-
-    def _hand_out(self, piece: Piece) -> None:
-        try:
-            decoded = iter(piece.finish())
-        except Exception as err:
-            self._decode_failed(piece.due, err)
-            return
-        for d in piece.due:
-            live = self._live.get(d.stream_id)
-            chunk = next(decoded) if d.n_frames else Decoded(np.zeros(0, np.float32))
-            if live is None:
-                continue  # failed or cancelled meanwhile
-            self._emit(live, chunk, d.final, d.text)
+    def _emit_work(self, d: DecodeWork, decoded: Decoded) -> None:
+        live = self._live.get(d.stream_id)
+        if live is not None:  # else failed or cancelled meanwhile
+            self._emit(live, decoded, d.final, d.text)
 
     def _decode_failed(self, due: list[DecodeWork], err: Exception) -> None:
         log.error("decode failed", exc_info=err)
@@ -593,5 +427,4 @@ class Engine:
             self._slots.put(slot)
 
     def _finish_count(self) -> None:
-        with self._open_lock:
-            self._open_count -= 1
+        self._admission.finish()
