@@ -1,5 +1,5 @@
 """``voicewire`` command line: ``serve`` the gateway, ``say`` a sentence to a WAV file, ``probe`` a
-running server's latency."""
+running server's latency; across hosts, ``engine`` cores on Ray and ``gateway`` in front of them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from voicewire.engine.core import EngineGroup
 
 from .audio import pcm16_bytes
 from .auth import AuthConfig
+from .cli_ray import add_ray_commands, add_ray_serve_args, ray_cores, run_ray_command
 from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
 from .engine_flags import UsageError, add_model_args, engine_group, to_engine_config, unmet_requirements
 from .limits import ClientQuotas
@@ -134,96 +135,92 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="voicewire", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser(
-        "serve", help="run the gateway (WebSocket, HTTP, WebRTC, demo page)", formatter_class=_DefaultsFormatter
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    serve.add_argument("--port", type=int, default=8080, help="TCP port to listen on")
-    serve.add_argument(
+def add_gateway_args(p: argparse.ArgumentParser) -> None:
+    """The gateway's flags (``serve`` and ``gateway``): listening, logs, auth, limits, deployment."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port to listen on")
+    p.add_argument(
         "--log-level",
         default="info",
         type=str.lower,
         choices=("debug", "info", "warning", "error"),
         help="the log's threshold",
     )
-    serve.add_argument(
+    p.add_argument(
         "--log-format", choices=("text", "json"), default="text", help="json: one object per line"
     )
-    serve.add_argument(
+    p.add_argument(
         "--api-key",
         action="append",
         default=[],
         help="turn auth on: this key (repeatable; also VOICEWIRE_API_KEYS, comma-separated)",
     )
-    serve.add_argument(
+    p.add_argument(
         "--allow-origin",
         action="append",
         default=[],
         help="exact browser Origin allowed (repeatable), e.g. https://app.example.com",
     )
-    serve.add_argument(
+    p.add_argument(
         "--public-metrics",
         action="store_true",
         help="serve GET /metrics without the API key (for a scraper on a private network)",
     )
-    serve.add_argument(
+    p.add_argument(
         "--max-sessions",
         type=int,
         default=GatewayConfig.max_sessions,
         help=f"sessions per process (default: as many as the engine has streams, at least {MIN_SESSIONS})",
     )
-    serve.add_argument(
+    p.add_argument(
         "--max-sessions-per-client",
         type=int,
         default=ClientQuotas.max_sessions,
         help="sessions one client (an API key, else an address) may hold at once; 0: no limit "
         "(default: a quarter of the session limit)",
     )
-    serve.add_argument(
+    p.add_argument(
         "--max-speech-per-client",
         type=int,
         default=ClientQuotas.max_speech_requests,
         help="speech requests one client may stream at once; 0: no limit (default: a quarter of 64)",
     )
-    serve.add_argument(
+    p.add_argument(
         "--max-voices-per-client",
         type=int,
         default=ReferenceLimits.max_voices_per_client,
         help="cloned voices one client may store; 0: no per-client limit",
     )
-    serve.add_argument(
+    p.add_argument(
         "--max-voices",
         type=int,
         default=ReferenceLimits.max_voices,
         help="cloned voices the server stores in all",
     )
-    serve.add_argument(
+    p.add_argument(
         "--no-fair-share",
         action="store_true",
         help="let one client open engine streams past its fair share while other clients are active",
     )
-    serve.add_argument(
+    p.add_argument(
         "--write-stall-timeout",
         type=float,
         default=GatewayConfig.write_stall_timeout_s,
         help="seconds a client may stop reading before it is closed with 4008",
     )
-    serve.add_argument(
+    p.add_argument(
         "--drain-timeout",
         type=float,
         default=GatewayConfig.drain_timeout_s,
         help="on SIGTERM, seconds current turns may take to finish",
     )
-    serve.add_argument(
+    p.add_argument(
         "--voices-dir",
         default=str(default_voices_dir()),
         help="where cloned voices (POST /v1/audio/voices) are kept, and loaded from at start "
         "(default: %(default)s)",
     )
-    deploy = serve.add_argument_group("deployment (README: Deploying)")
+    deploy = p.add_argument_group("deployment (README: Deploying)")
     deploy.add_argument(
         "--base-path",
         type=_base_path,
@@ -264,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECRET",
         help="the TURN credential (prefer VOICEWIRE_ICE_CREDENTIAL: arguments are visible to every user)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voicewire", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve", help="run the gateway (WebSocket, HTTP, WebRTC, demo page)", formatter_class=_DefaultsFormatter
+    )
+    add_gateway_args(serve)
     add_model_args(serve)
     serve.add_argument(
         "--replicas",
@@ -279,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated devices for the engine cores, round-robin (cuda:0,cuda:1; a device "
         "may repeat; default: --device)",
     )
+    add_ray_serve_args(serve)
+    add_ray_commands(sub, _DefaultsFormatter, add_gateway_args)
     say = sub.add_parser("say", help="synthesize text to a WAV file")
     say.add_argument("text")
     say.add_argument("-o", "--output", default="out.wav")
@@ -304,10 +312,14 @@ def main(argv: list[str] | None = None) -> int:
         return probe_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command in ("engine", "gateway"):
+        return run_ray_command(args, argv if argv is not None else sys.argv[1:])
 
     try:
         engine_config = to_engine_config(args)
         group = engine_group(args, engine_config) if args.command == "serve" else None
+        if args.command == "serve" and args.ray is not None:
+            group = ray_cores(args, engine_config)
         if args.command == "serve":
             _ice_servers(args)  # a bad --ice-server: a usage error before anything starts
             if (args.tls_cert is None) != (args.tls_key is None):
@@ -361,7 +373,9 @@ def gateway_config(args: argparse.Namespace, engine: EngineConfig) -> GatewayCon
     )
 
 
-def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | None) -> int:
+def _serve(
+    args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | None, *, reuse_port: bool = False
+) -> int:
     _setup_logging(args.log_level, args.log_format)
     from .server import EngineStartFailed, tls_context
     from .server import serve as run_server
@@ -381,7 +395,7 @@ def _serve(args: argparse.Namespace, engine: EngineConfig, group: EngineGroup | 
         print(f"voicewire serve: cannot load --tls-cert / --tls-key: {err}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(run_server(config, group))
+        asyncio.run(run_server(config, group, reuse_port=reuse_port))
     except KeyboardInterrupt:
         pass
     except EngineStartFailed as err:

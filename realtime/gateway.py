@@ -58,7 +58,8 @@ class Gateway:
 
     @classmethod
     def create(cls, config: GatewayConfig, engine: Engine | EngineGroup) -> Gateway:
-        engines: list[Replica] = list(engine.replicas) if isinstance(engine, EngineGroup) else [engine]
+        # A group's own list: Ray's cores come and go (engine/core/ray_group.py)
+        engines: list[Replica] = engine.replicas if isinstance(engine, EngineGroup) else [engine]  # type: ignore[assignment]
         group = engine if isinstance(engine, EngineGroup) else None
         voices = VoiceStore(config.voices_dir)
         voices.load()  # small files (a few KB a voice): read before the port opens
@@ -73,8 +74,9 @@ class Gateway:
 
     @property
     def ready(self) -> bool:
-        """Every replica is warm and stepping (what /readyz says)."""
-        return all(e.ready for e in self.engines)
+        """Every replica is warm and stepping (what /readyz says); with cores found through Ray,
+        some core is (the others' states are in /readyz)."""
+        return self.group.ready if self.group is not None else all(e.ready for e in self.engines)
 
     def pick_engine(self) -> Engine:
         """The replica a new session or speech request goes to: ready first, then the most free
@@ -191,6 +193,9 @@ def _stream_capacity(engine: Replica) -> int:
 
 
 def _free_streams(engine: Replica) -> int:
+    """As the core reports it where other gateways share it (CoreClient.free_streams)."""
+    if isinstance(engine, CoreClient):
+        return engine.free_streams()
     return _stream_capacity(engine) - engine.active_streams() if engine.ready else 0
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import ssl
 from pathlib import Path
@@ -129,7 +130,8 @@ async def readyz_handler(request: web.Request) -> web.Response:
     draining. With engine cores, ``replicas`` says each one's state (a restarting replica makes
     the gateway not ready until it is back)."""
     gw = request.app[GATEWAY]
-    extra = {"replicas": gw.group.describe()} if gw.group is not None else {}
+    # the gateway's pid too: behind one port (--workers, a balancer) it says which process answered
+    extra = {"replicas": gw.group.describe(), "gateway_pid": os.getpid()} if gw.group is not None else {}
     if gw.draining:
         return web.json_response({"status": "draining", **extra}, status=503)
     start = gw.engine_start
@@ -230,9 +232,11 @@ def tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
     return context
 
 
-async def serve(config: GatewayConfig, group: EngineGroup | None = None) -> None:
+async def serve(config: GatewayConfig, group: EngineGroup | None = None, *, reuse_port: bool = False) -> None:
     """Run until SIGTERM or SIGINT; then drain (no new sessions, current turns finish) and exit.
     ``group``: serve from these engine cores; None: an in-process engine of ``config.engine``.
+    ``reuse_port``: share the port with other gateway processes (SO_REUSEPORT: the kernel spreads
+    connections over them; ``voicewire gateway --workers N``).
 
     Raises EngineStartFailed if the model cannot load or warm up (after the port was opened);
     ssl.SSLError / OSError if the TLS certificate or key cannot be loaded (before)."""
@@ -243,7 +247,7 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None) -> None
     await runner.setup()
     frozen = False
     try:
-        site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=tls, reuse_port=reuse_port or None)
         await site.start()
         url = f"{'https' if tls else 'http'}://{config.host}:{config.port}{config.base_path}/"
         log.info("voicewire listening on %s (model %s)", url, config.engine.model)

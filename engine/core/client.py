@@ -13,6 +13,10 @@ while the core is starting or down and ``EngineBusy`` at the limit.
 
 A core that dies (crash, OOM, SIGKILL) ends every stream it held with ``model_error``; the client
 stays usable and ``start()`` runs a fresh core on the same sockets (``EngineGroup`` does that).
+
+A *shared* core (``ray_client.RemoteCoreClient``: one that several gateways front) also holds
+other gateways' streams: then admission and ``free_streams()`` count what the core reports in its
+heartbeat (``Stats.active_streams``, twice a second) plus what this side opened since.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ class CoreStartFailed(RuntimeError):
 
 
 class CoreClient:
+    shared = False  # other gateways open streams on this core too (RemoteCoreClient)
+
     def __init__(self, config: EngineConfig | None = None, *, name: str = "core-0", device: str = "") -> None:
         self.config = config or EngineConfig()
         self.name = name
@@ -99,6 +105,8 @@ class CoreClient:
         self._max_streams = 0
         self._ids = itertools.count(1)
         self._streams: dict[int, Stream] = {}  # open on the core (its slot is not known free yet)
+        self._core_active = 0  # streams the core said it held in its last heartbeat (every gateway's)
+        self._opened_since_stats = 0  # streams this side opened since that heartbeat
         self._reported: dict[int, int] = {}  # consumption last sent per stream
         self._clones: dict[int, asyncio.Future[ClonedVoice]] = {}  # clone requests the core has not answered
         self._ctx: zmq.asyncio.Context | None = None
@@ -139,7 +147,19 @@ class CoreClient:
         return self._process.pid if self._process is not None else None
 
     def active_streams(self) -> int:
+        """Streams this side has open on the core."""
         return len(self._streams)
+
+    def load(self) -> int:
+        """Streams the core holds as far as this side knows: its own, and for a shared core what the
+        core last reported plus what this side opened since (an overestimate for at most 0.5 s)."""
+        if not self.shared:
+            return len(self._streams)
+        return max(len(self._streams), self._core_active + self._opened_since_stats)
+
+    def free_streams(self) -> int:
+        """Streams the core can take now (0 unless ready): what the gateway routes new sessions by."""
+        return max(0, self._max_streams - self.load()) if self.ready else 0
 
     def silent_s(self) -> float:
         """Seconds since the core last sent anything (it reports its stats every 0.5 s)."""
@@ -153,7 +173,7 @@ class CoreClient:
         params = params or StreamParams(**kwargs)
         params.check(self.info)
         # the core's engine queues opens past its limit (EngineConfig.max_queued_streams): counted here too
-        if len(self._streams) >= self._max_streams + self.config.max_queued_streams:
+        if self.load() >= self._max_streams + self.config.max_queued_streams:
             queued = self.config.max_queued_streams
             raise EngineBusy(
                 f"engine is at its limit of {self._max_streams} streams"
@@ -164,6 +184,7 @@ class CoreClient:
         stream = Stream(sid, asyncio.get_running_loop(), self._post)
         self._streams[sid] = stream
         self._reported[sid] = 0
+        self._opened_since_stats += 1
         return stream
 
     async def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str = "") -> ClonedVoice:
@@ -349,6 +370,7 @@ class CoreClient:
                     future.set_exception(_clone_error(msg))
         elif isinstance(msg, Stats):
             self.stats = msg.stats
+            self._core_active, self._opened_since_stats = msg.active_streams, 0
         elif isinstance(msg, Ready):
             self._t_heard = time.monotonic()
             self._info, self._max_streams = msg.info, msg.max_streams
@@ -365,8 +387,13 @@ class CoreClient:
     async def _watch(self, process: asyncio.subprocess.Process) -> None:
         """Until the process ends; then end what it held."""
         code = await process.wait()
+        self._ended(code, f"signal {-code}" if code < 0 else f"exit code {code}")
+
+    def _ended(self, code: int, how: str) -> None:
+        """The core is gone (``how``: for the log and /readyz): end every stream and clone it held."""
         was_ready = self.state is CoreState.READY
-        self.last_exit = f"signal {-code}" if code < 0 else f"exit code {code}"
+        self.last_exit = how
+        self._core_active = self._opened_since_stats = 0
         self.state = CoreState.STOPPED if self._closing else CoreState.DOWN
         streams = list(self._streams.values())
         self._streams.clear()

@@ -50,6 +50,7 @@ class Kind(enum.IntEnum):
     CONSUMED = 6
     SHUTDOWN = 7
     CLONE = 8
+    ATTACH = 9  # gateway -> the relay of a shared core (ray_relay.py); never reaches the core
     # core -> gateway
     READY = 16
     START_FAILED = 17
@@ -157,6 +158,34 @@ class Stats:
 
     stats: EngineStats
     active_streams: int
+
+
+@dataclass(frozen=True)
+class Attach:
+    """A gateway in front of a shared core (one reached over TCP through its relay, ray_relay.py),
+    about once a second: the relay answers the first with the core's ``Ready``, sends the gateway
+    every message about the streams whose ids carry its ``tag`` (``tagged_id``) and the core's
+    ``Stats``, and cancels its streams when it falls silent. The relay keeps it from the core."""
+
+    tag: int
+
+
+TAG_SHIFT = 32  # a shared core's stream and request ids: tag << TAG_SHIFT | n, unique across gateways
+
+
+def id_tag(message_id: int) -> int:
+    return message_id >> TAG_SHIFT
+
+
+def encode_attach(msg: Attach) -> list[bytes]:
+    return [_pack(Kind.ATTACH, msg.tag)]
+
+
+def peek(frame0: bytes) -> tuple[Kind, list[Any]]:
+    """A message's kind and its header's fields (the first is the stream or request id of those
+    that have one), leaving any PCM frame alone: what the relay routes by."""
+    kind, *rest = _unpack(frame0)
+    return Kind(kind), rest
 
 
 ToCore: TypeAlias = OpenStream | PushText | Flush | End | Cancel | Consumed | CloneVoice | Shutdown

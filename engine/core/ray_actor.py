@@ -1,0 +1,156 @@
+"""An engine core as a Ray actor: Ray places it (the resources it needs, on any node of the
+cluster), restarts it when it dies (``max_restarts``) and names it in a namespace, so that any
+gateway finds it; audio and commands keep flowing over the core protocol on ZeroMQ, through the
+actor's relay (ray_relay.py). Ray is the control plane, never the per-chunk data path.
+
+The actor runs the core as the one-host path does (process.py in a fresh interpreter, started by
+the relay, which inherits the actor's ``CUDA_VISIBLE_DEVICES``), so its GIL is not the relay's.
+A core that dies after it was ready takes its actor with it (``os._exit``): Ray restarts both,
+and the new incarnation reports new ports (``CoreEndpoint``). A core whose model cannot start
+stays down with its reason (``wait_ready``), rather than looping through restarts.
+
+Ray is imported inside these functions: ``voicewire.engine`` imports and runs without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from voicewire.engine import EngineConfig
+
+from .ray_relay import CoreEndpoint, Relay
+
+log = logging.getLogger("voicewire.engine.core")
+
+NAMESPACE = "voicewire"  # the Ray namespace cores are named in, and gateways look in
+NAME_PREFIX = "core-"  # core-0, core-1, ...
+DEFAULT_MAX_RESTARTS = -1  # Ray restarts a dead core for as long as the cluster has room for it
+ACTOR_THREADS = 4  # endpoint() answers while wait_ready() waits
+
+
+class CoreActor:
+    """The actor's body (``core_actor_class()`` is it as a Ray actor class)."""
+
+    def __init__(self, engine: EngineConfig, name: str) -> None:
+        import ray
+
+        logging.basicConfig(level=logging.INFO)
+        self._node = ray.util.get_node_ip_address()
+        self._relay = Relay(engine, self._node, name, self._core_exited)
+        self._relay.start()
+
+    def endpoint(self) -> CoreEndpoint:
+        return self._relay.endpoint(self._node)
+
+    def wait_ready(self, timeout_s: float) -> str | None:
+        """None once the core is ready; its start failure; TimeoutError after ``timeout_s``."""
+        if not self._relay.ready.wait(timeout_s):
+            if self._relay.failure is not None:
+                return self._relay.failure
+            raise TimeoutError(f"the engine core was not ready within {timeout_s} s")
+        return None
+
+    def shutdown(self) -> None:
+        """Stop the core: its streams end with ``engine_closed`` (the actor stays until killed)."""
+        self._relay.stop()
+
+    def _core_exited(self, code: int, was_ready: bool) -> None:
+        if was_ready:
+            # The actor's process goes with its core: Ray sees it die and restarts it (and so a
+            # fresh core), as it would after a node or an OOM took both.
+            os._exit(1)
+        if self._relay.failure is None:
+            self._relay.failure = f"the engine core exited before it was ready (exit code {code})"
+        self._relay.ready.set()
+
+
+@functools.cache
+def core_actor_class() -> Any:
+    import ray
+
+    return ray.remote(CoreActor)
+
+
+def actor_options(
+    engine: EngineConfig,
+    name: str,
+    *,
+    resources: Mapping[str, float] | None = None,
+    detached: bool = False,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    gpus: float = 1.0,
+) -> dict[str, Any]:
+    """What Ray places a core by: one GPU (``gpus``: a share, for several cores per GPU) for a
+    model on CUDA, a CPU for one on the CPU (the embedded voice), and ``resources`` (a node's
+    custom resources: ``{"node2": 1}`` pins it to the node started with them)."""
+    cuda = str(engine.model_options.get("device", "")).startswith("cuda")
+    options: dict[str, Any] = {
+        "name": name,
+        "namespace": NAMESPACE,
+        "num_cpus": 1,
+        "num_gpus": gpus if cuda else 0,
+        "max_restarts": max_restarts,
+        "max_concurrency": ACTOR_THREADS,
+    }
+    if resources:
+        options["resources"] = dict(resources)
+    if detached:
+        options["lifetime"] = "detached"
+    return options
+
+
+def core_names() -> list[str]:
+    """The cores named in the namespace (alive, starting or restarting), in index order."""
+    import ray
+
+    names = [n for n in ray.util.list_named_actors(all_namespaces=False) if n.startswith(NAME_PREFIX)]
+    return sorted(names, key=lambda n: (len(n), n))
+
+
+def start_cores(
+    engine: EngineConfig,
+    replicas: int,
+    *,
+    resources: Mapping[str, float] | None = None,
+    detached: bool = False,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    gpus: float = 1.0,
+) -> list[tuple[str, Any]]:
+    """Create ``replicas`` core actors under the first free names; (name, handle) each. Returns at
+    once: Ray places and starts them (``wait_ready`` says when each is warm)."""
+    cls = core_actor_class()
+    taken = set(core_names())
+    made: list[tuple[str, Any]] = []
+    index = 0
+    while len(made) < replicas:
+        name = f"{NAME_PREFIX}{index}"
+        index += 1
+        if name in taken:
+            continue
+        options = actor_options(
+            engine, name, resources=resources, detached=detached, max_restarts=max_restarts, gpus=gpus
+        )
+        try:
+            made.append((name, cls.options(**options).remote(engine, name)))
+        except ValueError:  # another process took the name meanwhile
+            continue
+    return made
+
+
+def stop_cores(names: list[str] | None = None, timeout_s: float = 15.0) -> list[str]:
+    """Shut down and remove the named cores (all of the namespace's by default); their names."""
+    import ray
+
+    names = core_names() if names is None else names
+    handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+    try:
+        ray.get([h.shutdown.remote() for h in handles], timeout=timeout_s)
+    except Exception as err:  # a core that cannot shut down cleanly is killed all the same
+        log.warning("not every core shut down cleanly: %s", err)
+    for handle in handles:
+        ray.kill(handle, no_restart=True)
+    return names
