@@ -40,6 +40,12 @@ def test_the_readme_is_short() -> None:
     assert lines <= README_MAX_LINES, f"README.md is {lines} lines (at most {README_MAX_LINES}): move reference into docs/"
 
 
+def test_the_readme_starts_with_the_two_commands() -> None:
+    blocks = re.findall(r"^```bash\n(.*?)^```", README.read_text(), re.S | re.M)
+    first = blocks[0].splitlines() if blocks else []
+    assert [line.split()[0] for line in first] == ["./scripts/serve", "./scripts/test"], first
+
+
 def test_the_readme_links_resolve() -> None:
     text = _without_code_blocks(README.read_text())
     targets = [t for t in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
