@@ -121,7 +121,9 @@ def gpu_ms(fn: Callable[[], Any], dev: torch.device, iters: int, reps: int = 3) 
     return float(statistics.median(out))
 
 
-def kernels_by_name(fn: Callable[[], Any], dev: torch.device, calls: int = 5, top: int = 30) -> dict[str, Any]:
+def kernels_by_name(
+    fn: Callable[[], Any], dev: torch.device, calls: int = 5, top: int = 30
+) -> dict[str, Any]:
     """torch.profiler over ``calls`` runs of ``fn`` (CUPTI sees the kernels inside graph replays):
     kernel time and launches per call, and the ``top`` kernel names by time."""
     from torch.profiler import ProfilerActivity, profile
@@ -505,10 +507,18 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="serve with torch.compile'd elementwise ops")
     ap.add_argument("--no-fused", action="store_true", help="serve on the unfused layers (no fused kernels)")
     ap.add_argument(
-        "--codec-torch-ops", action="store_true", help="the codec's SnakeBeta, norms and SwiGLU on torch ops, not kernels"
+        "--codec-torch-ops",
+        action="store_true",
+        help="the codec's SnakeBeta, norms and SwiGLU on torch ops, not kernels",
     )
     ap.add_argument(
         "--cudnn-heuristics", action="store_true", help="codec graphs on cuDNN's heuristic conv algorithms"
+    )
+    ap.add_argument(
+        "--cudnn-benchmark-limit",
+        type=int,
+        default=None,
+        help="conv algorithms cuDNN times per shape (torch's default 10)",
     )
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, short sweeps")
     ap.add_argument("--out", required=True)
@@ -568,6 +578,8 @@ def main() -> None:
     if "step" in args.sections:
         run("step", lambda: section_step(args, dev))
     if {"codec", "single", "serve"} & set(args.sections):
+        if args.cudnn_benchmark_limit is not None:
+            torch.backends.cudnn.benchmark_limit = args.cudnn_benchmark_limit
         t0 = time.perf_counter()
         model = build(
             args,
@@ -586,6 +598,9 @@ def main() -> None:
             "codec_cudnn_benchmark": not args.cudnn_heuristics,
             "build_and_capture_s": round(time.perf_counter() - t0, 1),
             "capture_s": round(model.graphs.capture_s, 1),
+            "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
+            "capture_by_kind_s": model.graphs.phase_s,
+            "slowest_warmups_s": dict(list(model.graphs.eager_seconds().items())[:12]),
             "graphs": len(model.graphs),
             "decode_buckets": model.decode_buckets,
             "codec_buckets": model.codec_runner.buckets,

@@ -48,6 +48,7 @@ class _Entry:
     pool: str = "main"
     priority: int = 0  # of the pool's capture stream
     kind: str = ""  # the key's first part ("decode", "prefill", a codec lane): start-up timing by kind
+    eager_s: float = 0.0  # its warm-up runs at capture (Triton JIT, torch.compile, cuDNN timing)
 
 
 def _kind(key: Hashable) -> str:
@@ -146,7 +147,14 @@ class CudaGraphs:
             ),
         )
 
+    def eager_seconds(self) -> dict[str, float]:
+        """Each graph's warm-up seconds at capture, slowest first (where start-up time goes)."""
+        ranked = sorted(self._entries.items(), key=lambda kv: -kv[1].eager_s)
+        return {str(k): round(e.eager_s, 2) for k, e in ranked}
+
     def _time(self, e: _Entry, phase: str, seconds: float) -> None:
+        if phase == "eager":
+            e.eager_s += seconds
         self.phase_s.setdefault(e.kind, {"eager": 0.0, "capture": 0.0})[phase] += seconds
 
     def capture_stream(self, pool: str) -> torch.cuda.Stream | None:
