@@ -44,6 +44,9 @@ class Pauses:
         self.count = [0] * GENERATIONS
         self.seconds = [0.0] * GENERATIONS
         self.max_s = 0.0
+        # the longest since ``mark()`` (an engine turning ready): start-up's own collections, the
+        # freeze's included, are not what a listener waits on
+        self.max_since_mark_s = 0.0
         self.recent: deque[Pause] = deque(maxlen=keep)  # the latest of KEPT_PAUSE_S or more
         self._t_start: float | None = None
         self._installed = False
@@ -65,8 +68,12 @@ class Pauses:
         self.count[g] += 1
         self.seconds[g] += s
         self.max_s = max(self.max_s, s)
+        self.max_since_mark_s = max(self.max_since_mark_s, s)
         if s >= KEPT_PAUSE_S:
             self.recent.append(Pause(g, t, s))
+
+    def mark(self) -> None:
+        self.max_since_mark_s = 0.0
 
     def between(self, t0: float, t1: float) -> list[Pause]:
         """The kept pauses that overlapped ``t0 .. t1`` (perf_counter)."""

@@ -29,10 +29,12 @@ class EngineStats:
     commands_s: float = 0.0  # ...and the worker's time in them, between steps
     # the garbage collector's pauses in the engine's process (heap.py), copied each step: every
     # thread of the process stops for them. Collections of every generation since the engine
-    # started, their time, and the longest pause the process has had
+    # started, their time, the longest pause the process has had, and the longest since the
+    # engine turned ready (start-up's collections are no listener's wait)
     gc_collections: int = 0
     gc_pause_s: float = 0.0
     gc_pause_max_s: float = 0.0
+    gc_pause_max_since_ready_s: float = 0.0
 
     def record_step(self, generate_s: float, decode_s: float, batch: int, device_wait_s: float) -> None:
         """One step: its frame-step time, its decode time (overlapped: only the wait for the codec

@@ -61,6 +61,13 @@ class _EngineCollector(Collector):
                 gauge("voicewire_engine_gc_pause_max_seconds", "The longest garbage collection in the engine's process"),
                 lambda e: e.stats.gc_pause_max_s,
             ),
+            (
+                gauge(
+                    "voicewire_engine_gc_pause_max_since_ready_seconds",
+                    "The longest garbage collection in the engine's process since it turned ready",
+                ),
+                lambda e: e.stats.gc_pause_max_since_ready_s,
+            ),
             (counter("voicewire_engine_voices_cloned", "Voices cloned from reference audio"), lambda e: e.stats.voices_cloned),
             (gauge("voicewire_engine_last_step_seconds", "Duration of the last step"), lambda e: e.stats.last_step_s),
             (gauge("voicewire_engine_ready", "1 while the replica is warm and stepping"), lambda e: float(e.ready)),
