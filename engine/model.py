@@ -74,6 +74,20 @@ class ModelInfo:
     # what derives this model's cloned voices ("" = it cannot clone); a ClonedVoice fits only the
     # encoder that made it (cloned_voice.py)
     voice_encoder: str = ""
+    # streams the engine runs through itself before it says ready (warm_load.py): a GPU model's
+    # batch, so every bucket and path serving takes has run; 0 = none (a CPU voice warms in warmup)
+    warm_load_streams: int = 0
+
+
+@dataclass(frozen=True)
+class KVRoom:
+    """A model's KV memory in blocks, for admission (``Model.kv_room``): a stream holds blocks as it
+    speaks, so what is free now decides whether one more can get going."""
+
+    free_blocks: int  # blocks no stream holds now
+    total_blocks: int  # blocks streams can hold at all
+    block_positions: int  # positions (frames, prompt tokens) one block holds
+    new_stream_blocks: int  # blocks a new stream takes to get going: its prompt and ~4 s of frames
 
 
 @dataclass(frozen=True)
@@ -216,6 +230,12 @@ class Model(ABC):
     def close_slot(self, slot: int) -> None:
         """Free everything the slot holds (finished or cancelled)."""
 
+    def kv_room(self) -> KVRoom | None:
+        """The KV block pool now (KVRoom); None for a model without one (all its memory is
+        reserved per slot, so a free slot is all a new stream needs). A stream that finds no block
+        for its next position ends with an error (GenerateResult.error), the others go on."""
+        return None
+
     def warmup(self) -> None:  # noqa: B027 - optional hook
         """Run once at start so the first request pays no lazy-init cost."""
 
@@ -229,7 +249,9 @@ class Model(ABC):
         raise CloningNotSupported(f"{self.info.name} cannot clone voices")
 
 
-def with_frame_words(work: Sequence[DecodeWork], pcms: Sequence[np.ndarray], frame_samples: int) -> list[Decoded]:
+def with_frame_words(
+    work: Sequence[DecodeWork], pcms: Sequence[np.ndarray], frame_samples: int
+) -> list[Decoded]:
     """Each chunk's PCM with its frame-unit words in samples (a decoder of exactly ``frame_samples``
     samples per frame)."""
     return [

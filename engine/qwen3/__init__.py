@@ -24,9 +24,11 @@ from .options import (
     AUTO_SLOTS_CPU,
     ExperimentalOptions,
     FusedSettings,
+    PoolSize,
     ServeOptions,
+    block_bytes,
+    pool_from_memory,
     slot_bytes,
-    slots_from_memory,
 )
 from .presets import SIZES, preset
 from .tokenizer import Qwen2Tokenizer, StandInTokenizer
@@ -100,12 +102,13 @@ def load_qwen3(
     ``model_type`` ("custom_voice" | "base"), seeded by ``seed``; random models stop after a forced
     frame count (``StreamParams.forced_frames``, else 3 frames per text token) instead of EOS.
     ``codec_dtype`` defaults to ``dtype``. ``max_slots="auto"``: as many as fit in this process's
-    ``memory_share`` of the GPU at ``max_seq_len`` (options.py ``slots_from_memory``; 16 off CUDA);
-    ``max_batch_size`` is then at most the slots. ``options`` (all serving knobs, CUDA graphs
+    ``memory_share`` of the GPU, and the KV block pool fills the rest (options.py
+    ``pool_from_memory``; 16 slots off CUDA); ``max_batch_size`` is then at most the slots.
+    ``max_seq_len`` caps one stream's positions. ``options`` (all serving knobs, CUDA graphs
     included) replaces the individual ``max_*`` / ``codec_*`` arguments. ``warmup`` captures the
     CUDA graphs. ``cache_dir``: where compiled kernels are kept across starts on CUDA
-    (compile_cache.py; None: the default). Raises :class:`CheckpointError` for a bad checkpoint, RuntimeError for a device
-    that is not there.
+    (compile_cache.py; None: the default). Raises :class:`CheckpointError` for a bad checkpoint,
+    RuntimeError for a device that is not there.
     """
     t0 = time.perf_counter()
     dev = torch.device(device)
@@ -133,12 +136,16 @@ def load_qwen3(
         mods = build_modules(cfg, dev, dt, cdt)
         randomize(mods, seed)
     if options is None:
-        slots = (
-            _auto_slots(cfg, mods, dev, max_seq_len, memory_share) if max_slots == "auto" else int(max_slots)
+        pool = (
+            _auto_pool(cfg, mods, dev, max_seq_len, memory_share)
+            if max_slots == "auto"
+            else PoolSize(int(max_slots), 0)
         )
+        slots = pool.slots
         batch = min(max_batch_size, slots)
         options = ServeOptions(
             max_slots=slots,
+            kv_blocks=pool.blocks,
             max_batch_size=batch,
             max_seq_len=max_seq_len,
             codec_mode=codec_mode,
@@ -190,41 +197,46 @@ def _cloner(
     return VoiceCloner.from_checkpoint(os.path.expanduser(checkpoint), speaker_weights, dev, dt)
 
 
-def _auto_slots(cfg: Qwen3TTSConfig, mods: Modules, dev: torch.device, max_seq_len: int, share: float) -> int:
-    """``max_slots="auto"``: the slots that fit next to the loaded weights (weights first: what
-    they take is then known, not estimated)."""
+def _auto_pool(
+    cfg: Qwen3TTSConfig, mods: Modules, dev: torch.device, max_seq_len: int, share: float
+) -> PoolSize:
+    """``max_slots="auto"``: the slots and KV blocks that fit next to the loaded weights (weights
+    first: what they take is then known, not estimated). Off CUDA: 16 slots, full rows of blocks."""
     if dev.type != "cuda":
-        return AUTO_SLOTS_CPU
+        return PoolSize(AUTO_SLOTS_CPU, 0)
     mods.codec.prepare()  # measures the decoder's state row; the model prepares it again, the same way
     t = cfg.talker
-    codec_param = next(mods.codec.parameters())
     per_slot = slot_bytes(
+        max_seq_len=max_seq_len,
+        codec_state_width=mods.codec.state_width,
+        codec_elem_bytes=next(mods.codec.parameters()).element_size(),
+        talker_vocab=t.vocab_size,
+    )
+    per_block = block_bytes(
         num_layers=t.num_layers,
         kv_heads=t.num_kv_heads,
         head_dim=t.head_dim,
-        max_seq_len=max_seq_len,
         elem_bytes=next(mods.talker.parameters()).element_size(),
-        codec_state_width=mods.codec.state_width,
-        codec_elem_bytes=codec_param.element_size(),
-        talker_vocab=t.vocab_size,
     )
     free, total = torch.cuda.mem_get_info(dev)
     own = torch.cuda.memory_reserved(dev)
-    slots = slots_from_memory(free, total, per_slot, own_bytes=own, share=share)
+    pool = pool_from_memory(free, total, per_slot, per_block, own_bytes=own, share=share)
     gib = 1 << 30
     log.info(
-        "max_slots auto on %s: %d (%.1f of %.1f GiB free, %.1f GiB held by this process, %.0f MiB per slot, share %.2f)",
+        "max_slots auto on %s: %d slots (%.1f MiB each), %d KV blocks (%.1f MiB each) from %.1f of %.1f GiB "
+        "free, %.1f GiB held by this process, share %.2f",
         dev,
-        slots,
+        pool.slots,
+        per_slot.total / (1 << 20),
+        pool.blocks,
+        per_block / (1 << 20),
         free / gib,
         total / gib,
         own / gib,
-        per_slot.total / (1 << 20),
         share,
     )
-    if slots < 1:
+    if pool.slots < 1:
         raise RuntimeError(
-            f"not enough free memory on {dev} for one stream of {max_seq_len} positions "
-            f"({free / gib:.1f} GiB free): lower --max-seq-len or free the GPU"
+            f"not enough free memory on {dev} for one stream ({free / gib:.1f} GiB free): free the GPU"
         )
-    return slots
+    return pool

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .code_predictor import CodePredictor
 from .config import Qwen3TTSConfig
-from .kv_cache import SlotKVCache
+from .kv_cache import PagedKVCache
 from .options import FusedSettings
 from .sampler import RowParams, apply_repetition_penalty, sample
 from .slot_state import SlotState
@@ -60,7 +60,7 @@ class FrameStep:
         cfg: Qwen3TTSConfig,
         talker: Talker,
         code_predictor: CodePredictor,
-        kv: SlotKVCache,
+        kv: PagedKVCache,
         state: SlotState,
         use_attention_kernel: bool,
         fused: FusedSettings | None = None,

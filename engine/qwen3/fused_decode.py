@@ -2,15 +2,16 @@
 against ~20 for the unfused layers even after torch.compile.
 
     qkv  = rms_norm(x) @ Wqkv^T                       fused_linear (norm prologue)
-    q    = rope(norm(q)); cache <- rope(norm(k)), v   qk_norm_rope_store
-    a    = attention(q, cache[slot, :, :pos + 1])      decode_attention (+ a combine launch when split)
+    q    = rope(norm(q)); cache <- rope(norm(k)), v   qk_norm_rope_store (through the block table)
+    a    = attention(q, cache[slot][:pos + 1])         decode_attention (+ a combine launch when split)
     x    = x + a @ Wo^T                               fused_linear (residual epilogue)
     g    = silu(n @ Wg^T) * (n @ Wu^T), n = norm(x)   fused_linear (norm prologue, SwiGLU epilogue)
     x    = x + g @ Wd^T                               fused_linear (residual epilogue)
 
-The talker runs it over the slot KV cache (one row per stream); the code predictor over a 16-position
-cache made per frame, its first pass with two rows per stream (the talker's hidden state and codebook 0
-at positions 0 and 1: each row is a query with its own length, so the same decode kernel serves it).
+The talker runs it over the paged KV cache (kv_cache.py: a block-table row per stream); the code
+predictor over a 16-position cache made per frame, one page per stream (a trivial block table), its
+first pass with two rows per stream (the talker's hidden state and codebook 0 at positions 0 and 1:
+each row is a query with its own length, so the same decode kernel serves it).
 Sampling is one kernel per codebook (kernels/sampling.py), reading the slot tables directly.
 
 Above ``cublas_rows`` rows (8) the wide projections (q|k|v, gate|up, the heads) go to cuBLAS after a
@@ -46,14 +47,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from voicewire.kernels.decode_attention import DecodeAttentionPlan, decode_attention, plan_decode_attention
+from voicewire.kernels.decode_attention import (
+    DecodeAttentionPlan,
+    contiguous_block_table,
+    decode_attention,
+    plan_decode_attention,
+)
 from voicewire.kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows
 from voicewire.kernels.qk_norm_rope import qk_norm_rope_store
 from voicewire.kernels.sampling import sample_rows
 
 from .code_predictor import CodePredictor
 from .config import Qwen3TTSConfig
-from .kv_cache import SlotKVCache
+from .kv_cache import PagedKVCache
 from .layers import DecoderLayer
 from .options import FusedSettings
 from .slot_state import SlotState
@@ -107,6 +113,7 @@ class _Rows:
     pair_lengths: Tensor  # (2B,) 1, 2, 1, 2, ...
     pass_positions: list[Tensor]  # [p] (B,) all p: the predictor's pass at position p
     pass_lengths: list[Tensor]  # [p] (B,) all p + 1
+    predictor_table: Tensor  # (B, 1) the predictor cache's trivial block table: row r is block r
     talker_plan: DecodeAttentionPlan
     predictor_plan: DecodeAttentionPlan
     predictor_pair_plan: DecodeAttentionPlan
@@ -118,7 +125,7 @@ class FusedDecode:
         cfg: Qwen3TTSConfig,
         talker: Talker,
         code_predictor: CodePredictor,
-        kv: SlotKVCache,
+        kv: PagedKVCache,
         suppress: Tensor,
         settings: FusedSettings,
     ) -> None:
@@ -160,7 +167,18 @@ class FusedDecode:
         plan = self.rows(x.shape[0]).talker_plan
         lengths = pos32 + 1
         for i, w in enumerate(self.talker_layers):
-            x = self._layer(w, x, slots32, pos32, lengths, self.kv.k[i], self.kv.v[i], self.talker_freqs, plan)
+            x = self._layer(
+                w,
+                x,
+                slots32,
+                pos32,
+                lengths,
+                self.kv.k[i],
+                self.kv.v[i],
+                self.kv.block_table,
+                self.talker_freqs,
+                plan,
+            )
         return x
 
     def talker_logits(self, hidden: Tensor) -> Tensor:
@@ -235,6 +253,7 @@ class FusedDecode:
                 rows.pair_lengths,
                 k[i],
                 v[i],
+                rows.predictor_table,
                 self.cp_freqs,
                 rows.predictor_pair_plan,
             )
@@ -251,7 +270,16 @@ class FusedDecode:
             h = self._embed_project(cast(nn.Embedding, self.cp.codec_embedding[j]).weight, code)
             for i, w in enumerate(self.cp_layers):
                 h = self._layer(
-                    w, h, rows.index, pos, lengths, k[i], v[i], self.cp_freqs, rows.predictor_plan
+                    w,
+                    h,
+                    rows.index,
+                    pos,
+                    lengths,
+                    k[i],
+                    v[i],
+                    rows.predictor_table,
+                    self.cp_freqs,
+                    rows.predictor_plan,
                 )
             last = h
         return torch.stack(codes, dim=1)
@@ -277,6 +305,7 @@ class FusedDecode:
         lengths: Tensor,
         k_cache: Tensor,
         v_cache: Tensor,
+        block_table: Tensor,
         freqs: Tensor,
         plan: DecodeAttentionPlan,
     ) -> Tensor:
@@ -293,9 +322,20 @@ class FusedDecode:
             positions,
             q_heads=w.q_heads,
             eps=w.eps,
+            block_table=block_table,
             pdl=self.pdl,
         )
-        a = decode_attention(q, k_cache, v_cache, slots, lengths, scale=w.scale, plan=plan, pdl=self.pdl)
+        a = decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            slots,
+            lengths,
+            block_table=block_table,
+            scale=w.scale,
+            plan=plan,
+            pdl=self.pdl,
+        )
         x = self._residual(a.view(m, -1), w.o, x)
         g = self._linear(x, w.gate_up, w.ln2, w.eps, ACT_SILU_MUL)
         return self._residual(g, w.down, x)
@@ -306,7 +346,7 @@ class FusedDecode:
         if r is None:
             dev, n = self.kv.k.device, self.cp_positions
             index = torch.arange(b, dtype=torch.int32, device=dev)
-            kv_heads = self.kv.k.shape[2]
+            kv_heads = self.kv.k.shape[2]  # (layers, num_blocks, Hkv, PAGE, D)
             pair_positions = torch.arange(2, dtype=torch.int32, device=dev).repeat(b)
             passes = [torch.full((b,), p, dtype=torch.int32, device=dev) for p in range(n + 1)]
             r = _Rows(
@@ -316,6 +356,7 @@ class FusedDecode:
                 pair_lengths=pair_positions + 1,
                 pass_positions=passes[:n],
                 pass_lengths=passes[1:],
+                predictor_table=contiguous_block_table(b, dev),
                 talker_plan=plan_decode_attention(b, kv_heads, self.kv.max_len, dev, self.kv.k.dtype),
                 predictor_plan=plan_decode_attention(b, self.cp.cfg.num_kv_heads, n, dev, self.kv.k.dtype),
                 predictor_pair_plan=plan_decode_attention(

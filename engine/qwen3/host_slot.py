@@ -1,12 +1,14 @@
 """A Qwen3-TTS slot's host side: its text, voice and limits, and what each frame made means for it.
 
-The device side of a slot is rows of tensors (slot_state.py, kv_cache.py); this is what the host
-keeps per stream to decide readiness, stopping and word timings from the one copy of sampled codes
-a step makes (model.py). Plain Python and numpy: no torch.
+The device side of a slot is rows of tensors and KV blocks (slot_state.py, kv_cache.py); this is what
+the host keeps per stream to decide readiness, stopping and word timings from the one copy of
+sampled codes a step makes (model.py). Plain Python and numpy: no torch.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,8 +16,22 @@ import numpy as np
 from ..model import GenerateResult
 from ..word_timing import TokenWords, WordTiming
 from .clone_prefill import SlotVoice
+from .config import Qwen3TTSConfig
 from .guards import GuardLimits
+from .prompt import Prompt, build_prompt
 from .tokenizer import TextStream
+
+log = logging.getLogger("voicewire.qwen3")
+
+
+def invalid_rows(host: np.ndarray, codebook_size: int, eos_id: int) -> np.ndarray:
+    """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
+    stream). Never expected; checked on the host copy the step makes anyway, so a device-side
+    fault fails one stream with an error instead of asserting inside the codec for all."""
+    code0 = host[:, 0]
+    ok0 = ((code0 >= 0) & (code0 < codebook_size)) | (code0 == eos_id)
+    ok_rest = ((host[:, 1:] >= 0) & (host[:, 1:] < codebook_size)).all(axis=1)
+    return ~(ok0 & ok_rest)
 
 
 @dataclass(frozen=True)
@@ -48,6 +64,20 @@ class HostSlot:
     begun: int = 0  # frames of begun steps whose codes are not recorded yet (Model.steps_in_flight)
     done: bool = False
 
+    def prompt(self, cfg: Qwen3TTSConfig, role_ids: Sequence[int]) -> Prompt:
+        """The talker prompt of the text so far (prompt.py; a cloned voice's own, clone_prefill.py)."""
+        if self.voice is not None:
+            return self.voice.prompt(cfg, role_ids, self.text.ids, self.language_id, self.whole_text)
+        return build_prompt(
+            cfg,
+            role_ids,
+            self.text.ids,
+            self.language_id,
+            self.speaker_id,
+            self.instruct_ids,
+            whole_text=self.whole_text,
+        )
+
     def fed_ids(self) -> list[int]:
         """The slot's device text queue: entry k is fed with frame k (an in-context voice shifts it)."""
         return self.text.ids if self.voice is None else self.voice.fed_ids(self.text.ids)
@@ -76,10 +106,17 @@ class HostSlot:
             return max(1, round(limits.random_frames_per_token * len(self.text.ids)))
         return None
 
-    def record(self, slot: int, codes: np.ndarray, looped: bool, limits: FrameLimits) -> GenerateResult:
-        """One frame of this slot, (16,) codes; ``looped``: its codebook 0 repeats (guards.py). A frame
-        of a step begun before an earlier one ended the stream is dropped."""
+    def record(
+        self, slot: int, codes: np.ndarray, looped: bool, limits: FrameLimits, invalid: bool = False
+    ) -> GenerateResult:
+        """One frame of this slot, (16,) codes; ``looped``: its codebook 0 repeats (guards.py);
+        ``invalid``: a code the codec cannot decode (``invalid_rows``), which ends the stream with an
+        error. A frame of a step begun before an earlier one ended the stream is dropped."""
         self.begun -= 1
+        if invalid:
+            log.error("slot %d: invalid codes %s (frame %d)", slot, codes.tolist(), self.frames)
+            self.done = True
+            return GenerateResult(slot, None, 0, True, error="the model produced invalid codes")
         if self.done:
             return GenerateResult(slot, None, 0, True)
         if int(codes[0]) == limits.eos_id:

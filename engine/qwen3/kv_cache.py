@@ -1,34 +1,49 @@
-"""The talker's KV cache: one preallocated region per slot, indexed by slot on the device.
+"""The talker's KV cache: a pool of fixed-size blocks, addressed per slot through a block table.
 
-Layout (layers, max_slots, kv_heads, max_len, head_dim) for K and V. A slot owns row ``slot`` of
-every layer from ``open`` to ``close``; nothing is allocated per request, so opening and closing
-streams cannot leak, and a reused slot needs no clearing: the attention mask only admits positions
-a stream has written itself (``key <= position``), and every position is written before it is read.
+    k, v         (layers, num_blocks, kv_heads, PAGE, head_dim)   PAGE = 64 positions (kv_pool.py)
+    block_table  (max_slots + 1, max_blocks) int32 on the device  position p of slot s lives at block
+                                                                  block_table[s, p // PAGE], offset p % PAGE
 
-Memory: 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 114 KiB per position in bf16 (either
-size: both talkers have 8x128 KV heads); 1,536 positions (about 2 minutes of audio) x 16 slots
-= 2.8 GiB; 512 positions (30 s of audio) x 257 slots = 14.7 GiB. A paged cache can replace this when
-slots x max_len no longer fits.
+Which blocks a slot owns is decided on the host (``KVPool``, kv_pool.py: a free list, blocks taken as
+a stream grows, all returned when it closes); the host mirror's changes reach the device table in one
+copy per step (``flush``). Nothing is allocated per request, so opening and closing streams cannot
+leak, and a reused block needs no clearing: the attention mask only admits positions a stream has
+written itself (``key <= position``), and every position is written before it is read. Entries no
+block is assigned to point at the scratch block 0: the graphs' padding slot (whose whole row is
+scratch) and right-padded prefill positions write there, and nothing reads it.
 
-Decode (``decode_in_place``) attends over the cache where it lies: with the Triton decode-attention
-kernel on CUDA (kernels/decode_attention.py: lengths read on the device, a plan made once per step
-for all layers, so it can be captured in a CUDA graph), and elsewhere with SDPA over all ``max_len``
-positions under a per-row mask (static shapes: the same graph-shaped code on the CPU).
+Memory: 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 112 KiB per position in bf16 (either
+size: both talkers have 8x128 KV heads), 7 MiB per 64-position block; a stream holds what it has
+spoken, ceil(positions / 64) blocks, instead of a 1,536-position row (168 MiB) from the start.
+
+Decode (``decode_in_place``) attends over the blocks where they lie: with the Triton decode-attention
+kernel on CUDA (kernels/decode_attention.py: lengths and the table read on the device, a plan made once
+per step for all layers, so it can be captured in a CUDA graph), and elsewhere with SDPA over each
+slot's ``max_blocks x PAGE`` positions gathered through the table under a per-row mask (static shapes:
+the same graph-shaped code on the CPU).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..model import KVRoom
+from .kv_pool import NEW_STREAM_POSITIONS, PAGE, KVPool, blocks_for
 from .layers import SelfAttendingKV
+from .slot_state import to_device
+
+log = logging.getLogger("voicewire.qwen3")
 
 
-class SlotKVCache:
+class PagedKVCache:
     def __init__(
         self,
         num_layers: int,
+        num_blocks: int,
         max_slots: int,
         kv_heads: int,
         max_len: int,
@@ -36,11 +51,59 @@ class SlotKVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (num_layers, max_slots, kv_heads, max_len, head_dim)
+        """``max_slots`` stream rows (the padding slot's row comes on top); ``max_len`` positions per
+        stream at most; ``num_blocks`` blocks of PAGE positions, the scratch block included."""
+        self.pool = KVPool(num_blocks, max_slots, max_len)
+        shape = (num_layers, num_blocks, kv_heads, PAGE, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_len = max_len
+        self.block_table = torch.from_numpy(self.pool.table.copy()).to(device)  # all scratch
+        self.max_blocks = self.pool.max_blocks_per_slot
+        self.max_len = self.max_blocks * PAGE  # positions a table row addresses (>= the stream cap)
         self._kv_heads = torch.arange(kv_heads, device=device)
+        log.info(
+            "KV pool: %d blocks of %d positions (%.2f GiB, %d positions) for %d slots of up to %d",
+            num_blocks - 1,
+            PAGE,
+            num_blocks * self.block_bytes / (1 << 30),
+            (num_blocks - 1) * PAGE,
+            max_slots,
+            max_len,
+        )
+
+    @property
+    def block_bytes(self) -> int:
+        """Device bytes of one block, K and V of every layer."""
+        return 2 * self.k[:, 0].numel() * self.k.element_size()
+
+    def flush(self) -> None:
+        """The pool's table changes since the last flush onto the device: one pinned host block, one
+        non-blocking copy and one scatter, however many slots grew or closed (queued in stream order,
+        so steps begun before read the table they were begun with)."""
+        writes = self.pool.take_writes()
+        if writes is None:
+            return
+        at, blocks = writes
+        packed = to_device([*at.tolist(), *blocks.tolist()], torch.int32, self.block_table.device)
+        n = len(at)
+        self.block_table.view(-1).index_copy_(0, packed[:n].long(), packed[n:])
+
+    def grow(self, positions: dict[int, int]) -> dict[int, str]:
+        """Blocks for each slot's first ``positions[slot]`` positions (what a step is about to write),
+        then one flush. Returns the slots the pool could not grow, each with its error: the caller
+        ends those streams (their blocks stay theirs until close) and steps the others."""
+        full = {
+            s: f"KV cache full: no free block for position {n - 1} ({self.pool.usable_blocks} blocks of "
+            f"{PAGE} positions, all held by open streams)"
+            for s, n in positions.items()
+            if not self.pool.ensure(s, n)
+        }
+        self.flush()
+        return full
+
+    def room(self) -> KVRoom:
+        pool = self.pool
+        return KVRoom(pool.free_blocks, pool.usable_blocks, PAGE, blocks_for(NEW_STREAM_POSITIONS))
 
     def prefill(self, slots: Tensor, length: int) -> _PrefillView:
         """Write positions [0, length) of these slots; attention sees only the new entries."""
@@ -48,35 +111,53 @@ class SlotKVCache:
 
     def decode_in_place(self, slots: Tensor, positions: Tensor, use_kernel: bool) -> InPlaceDecodeView:
         """Write one entry per slot at ``positions`` (B,) and attend over each slot's [0, position]
-        without gathering: no host-known lengths, static shapes (CUDA-graph safe)."""
+        without host-known lengths: static shapes (CUDA-graph safe)."""
         return InPlaceDecodeView(self, slots, positions, use_kernel)
+
+    def _where(self, slots: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Index of (slot, position) pairs into a layer's (num_blocks, Hkv, PAGE, D): slots (B,),
+        positions (B, T) -> (blocks, heads, offsets) broadcasting to (B, Hkv, T)."""
+        blocks = self.block_table[slots[:, None], positions // PAGE]  # (B, T)
+        return blocks[:, None, :], self._kv_heads[None, :, None], (positions % PAGE)[:, None, :]
+
+    def gather(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """K and V of these slots' whole table rows, (B, Hkv, max_blocks x PAGE, D), in position order."""
+        table = self.block_table[slots]  # (B, max_blocks)
+
+        def rows(cache: Tensor) -> Tensor:
+            pages = cache[layer][table]  # (B, max_blocks, Hkv, PAGE, D)
+            return pages.transpose(1, 2).flatten(2, 3)
+
+        return rows(self.k), rows(self.v)
 
 
 class _PrefillView:
-    def __init__(self, cache: SlotKVCache, slots: Tensor, length: int) -> None:
-        self.cache, self.slots, self.length = cache, slots, length
+    def __init__(self, cache: PagedKVCache, slots: Tensor, length: int) -> None:
+        positions = torch.arange(length, device=slots.device).expand(slots.shape[0], length)
+        self.cache, self.idx = cache, cache._where(slots, positions)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         # k, v: (B, Hkv, T, hd); right-padded rows write garbage past a slot's prompt, which its own
-        # next step overwrites before any query can see it (mask: key <= position).
-        self.cache.k[layer, :, :, : self.length].index_copy_(0, self.slots, k)
-        self.cache.v[layer, :, :, : self.length].index_copy_(0, self.slots, v)
+        # next step overwrites before any query can see it (mask: key <= position), or into the
+        # scratch block past the slot's blocks.
+        self.cache.k[layer].index_put_(self.idx, k)
+        self.cache.v[layer].index_put_(self.idx, v)
         return k, v
 
 
 class InPlaceDecodeView(SelfAttendingKV):
     """One query token per row; the attention metadata is planned once here and reused by every layer."""
 
-    def __init__(self, cache: SlotKVCache, slots: Tensor, positions: Tensor, use_kernel: bool) -> None:
+    def __init__(self, cache: PagedKVCache, slots: Tensor, positions: Tensor, use_kernel: bool) -> None:
         self.cache, self.slots, self.positions = cache, slots, positions
-        self.idx = (slots[:, None], cache._kv_heads[None, :], positions[:, None])
+        self.idx = cache._where(slots, positions[:, None])
         self.use_kernel = use_kernel
         if use_kernel:
             from voicewire.kernels.decode_attention import plan_decode_attention
 
             kv_heads = cache.k.shape[2]
-            # the bound is the cache length, so one captured plan serves every step of a bucket; splits
-            # past a row's length read nothing (kernels/decode_attention.py)
+            # the bound is a table row's length, so one captured plan serves every step of a bucket;
+            # splits past a row's length read nothing (kernels/decode_attention.py)
             self.plan = plan_decode_attention(
                 slots.shape[0], kv_heads, cache.max_len, cache.k.device, cache.k.dtype
             )
@@ -87,21 +168,28 @@ class InPlaceDecodeView(SelfAttendingKV):
             self.mask = (keys[None, :] <= positions[:, None])[:, None, None]  # (B, 1, 1, max_len)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.cache.k[layer].index_put_(self.idx, k[:, :, 0])
-        self.cache.v[layer].index_put_(self.idx, v[:, :, 0])
+        self.cache.k[layer].index_put_(self.idx, k)  # k (B, Hkv, 1, hd)
+        self.cache.v[layer].index_put_(self.idx, v)
         return k, v
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         self.update(layer, k, v)
-        kc, vc = self.cache.k[layer], self.cache.v[layer]
         if self.use_kernel:
             from voicewire.kernels.decode_attention import decode_attention
 
+            kc, vc = self.cache.k[layer], self.cache.v[layer]
             out = decode_attention(
-                q[:, :, 0], kc, vc, self.slots32, self.lengths32, scale=q.shape[-1] ** -0.5, plan=self.plan
+                q[:, :, 0],
+                kc,
+                vc,
+                self.slots32,
+                self.lengths32,
+                block_table=self.cache.block_table,
+                scale=q.shape[-1] ** -0.5,
+                plan=self.plan,
             )
             return out[:, :, None]  # (B, H, 1, hd)
-        k_all, v_all = kc.index_select(0, self.slots), vc.index_select(0, self.slots)
+        k_all, v_all = self.cache.gather(layer, self.slots)
         return F.scaled_dot_product_attention(
             q, k_all, v_all, attn_mask=self.mask, enable_gqa=q.shape[1] != k_all.shape[1]
         )

@@ -22,7 +22,10 @@ Life of a slot (host side: ``HostSlot``, host_slot.py; device side: rows of tens
     decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
                 tick in as few calls as pay off, each padded to a common frame count, each row
                 advancing by its own count (codec_runner.py)
-    close_slot  forget the host state; device rows are overwritten by the next owner
+    close_slot  forget the host state, give the KV blocks back; device rows go to the next owner
+
+Before each step the slots it writes get the KV blocks for their next positions (kv_cache.py
+``grow``: one table copy per step); a slot the pool cannot grow ends with a "KV cache full" error.
 
 One generate() call produces at most one frame per slot, a new slot's first frame included: its
 prefill and its first feed run in the same call. The sampling tail runs once per call for all its
@@ -33,7 +36,6 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from typing import cast
@@ -47,6 +49,7 @@ from ..model import (
     Decoded,
     DecodeWork,
     GenerateResult,
+    KVRoom,
     Model,
     ModelError,
     ModelInfo,
@@ -62,19 +65,16 @@ from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
 from .guards import GuardLimits, RepetitionDetector
-from .host_slot import FrameLimits, HostSlot
-from .kv_cache import SlotKVCache
+from .host_slot import FrameLimits, HostSlot, invalid_rows
+from .kv_cache import PagedKVCache
 from .layers import DecoderLayer
-from .options import ServeOptions
-from .prompt import Prompt, build_prompt
+from .options import ServeOptions, default_decode_buckets
+from .prompt import Prompt
 from .slot_request import parse_request
 from .slot_state import SlotState
 from .tokenizer import TextStream, TextTokenizer
 from .voice_clone import VoiceCloner
 from .weights import Modules
-
-log = logging.getLogger("voicewire.qwen3")
-
 
 # (seconds of playback slack, frames): chunks of 24 and 48 frames for streams seconds ahead of their
 # listener, where the codec has graphs of them (ModelInfo.slack_chunk_frames)
@@ -112,6 +112,7 @@ class Qwen3TTSModel(Model):
             text_granularity=TextGranularity.WORD,
             max_batch_size=options.max_batch_size,
             max_slots=options.max_slots,
+            warm_load_streams=options.max_batch_size if self.device.type == "cuda" else 0,
             voices=voices,
             random_weights=random_weights,
             voice_encoder=cloner.encoder_id if cloner is not None else "",
@@ -126,9 +127,8 @@ class Qwen3TTSModel(Model):
         n, dev = options.max_slots, self.device
         # one extra row everywhere: the padding slot of the graph buckets (slot_state.py)
         self.pad_slot = n
-        self.kv = SlotKVCache(
-            t.num_layers, n + 1, t.num_kv_heads, options.max_seq_len, t.head_dim, self.dtype, dev
-        )
+        blocks, layers = options.pool_blocks, t.num_layers
+        self.kv = PagedKVCache(layers, blocks, n, t.num_kv_heads, options.max_seq_len, t.head_dim, self.dtype, dev)
         self.state = SlotState(
             n, t.num_code_groups, t.vocab_size, options.max_seq_len, t.hidden_size, self.dtype, dev
         )
@@ -170,7 +170,7 @@ class Qwen3TTSModel(Model):
             options.random_frames_per_token,
         )
         self.repetition = RepetitionDetector(options.max_slots)
-        self.invalid_code_rows = 0  # rows of sampled codes rejected by _invalid_rows (expected: 0)
+        self.invalid_code_rows = 0  # rows of sampled codes rejected by invalid_rows (expected: 0)
         self._codes_wait_s = 0.0  # the worker blocked in _to_host (device_wait_s)
 
     # --- slot life ---------------------------------------------------------------------------------
@@ -235,10 +235,14 @@ class Qwen3TTSModel(Model):
         return st is not None and st.ready(self.limits)
 
     def close_slot(self, slot: int) -> None:
-        # KV rows need no clearing (see kv_cache.py); decoder state and sampling rows are reset by
+        # KV blocks need no clearing (see kv_cache.py); decoder state and sampling rows are reset by
         # the next open_slot.
         self._slots.pop(slot, None)
+        self.kv.pool.release(slot)
         self.codec_runner.close(slot)
+
+    def kv_room(self) -> KVRoom:
+        return self.kv.room()
 
     # --- generation --------------------------------------------------------------------------------
     def generate(self, slots: Sequence[int]) -> list[GenerateResult]:
@@ -268,7 +272,12 @@ class Qwen3TTSModel(Model):
                 raise ModelError(s, f"prompt longer than max_seq_len {self.options.max_seq_len}")
             else:
                 prompts[s] = prompt
-        new = list(prompts)
+        grow = {s: self._slots[s].position + 1 for s in running} | {s: len(p) for s, p in prompts.items()}
+        for s, error in self.kv.grow(grow).items():  # no block for its next position: this one ends
+            self._slots[s].done = True
+            results[s] = GenerateResult(s, None, 0, True, error=error)
+        running = [s for s in running if s not in results]
+        new = [s for s in prompts if s not in results]
         self.state.flush_text()  # the text the step's feeds read (add_text queues it)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
         per_call = self.prefill_batches[-1]
@@ -284,37 +293,14 @@ class Qwen3TTSModel(Model):
         def finish() -> list[GenerateResult]:
             host = codes()
             staged.clear()
-            bad = self._invalid_rows(host)
+            bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
+            self.invalid_code_rows += int(bad.sum())
             looped = self.repetition.push(np.asarray(batch), host[:, 0])
             for i, s in enumerate(batch):
-                if bad[i]:
-                    self.invalid_code_rows += 1
-                    log.error(
-                        "slot %d: invalid codes %s (step with %d new + %d running, frame %d)",
-                        s,
-                        host[i].tolist(),
-                        len(new),
-                        len(running),
-                        self._slots[s].frames,
-                    )
-                    self._slots[s].done = True
-                    self._slots[s].begun -= 1
-                    results[s] = GenerateResult(s, None, 0, True, error="the model produced invalid codes")
-                else:
-                    results[s] = self._slots[s].record(s, host[i], bool(looped[i]), self.limits)
+                results[s] = self._slots[s].record(s, host[i], bool(looped[i]), self.limits, bool(bad[i]))
             return [results[s] for s in slots]
 
         return Queued(finish, codes.done)
-
-    def _invalid_rows(self, host: np.ndarray) -> np.ndarray:
-        """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
-        stream). Never expected; checked on the host copy the step makes anyway, so a device-side
-        fault fails one stream with an error instead of asserting inside the codec for all."""
-        codebook = self.cfg.codec.codebook_size
-        code0 = host[:, 0]
-        ok0 = ((code0 >= 0) & (code0 < codebook)) | (code0 == self.cfg.talker.codec_eos_id)
-        ok_rest = ((host[:, 1:] >= 0) & (host[:, 1:] < codebook)).all(axis=1)
-        return ~(ok0 & ok_rest)
 
     def _run_decode(self, group: list[int], staged: list[Tensor]) -> Tensor:
         b = bucket_for(len(group), self.decode_buckets)
@@ -393,19 +379,7 @@ class Qwen3TTSModel(Model):
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: HostSlot) -> Prompt:
-        if st.voice is not None:
-            return st.voice.prompt(
-                self.cfg, self.tokenizer.role_ids, st.text.ids, st.language_id, st.whole_text
-            )
-        return build_prompt(
-            self.cfg,
-            self.tokenizer.role_ids,
-            st.text.ids,
-            st.language_id,
-            st.speaker_id,
-            st.instruct_ids,
-            whole_text=st.whole_text,
-        )
+        return st.prompt(self.cfg, self.tokenizer.role_ids)
 
     # --- decode --------------------------------------------------------------------------------------
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:
@@ -466,15 +440,3 @@ class Qwen3TTSModel(Model):
         if st is None:
             raise ModelError(slot, f"slot {slot} is not open")
         return st
-
-
-def default_decode_buckets(limit: int) -> tuple[int, ...]:
-    """1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96 ...: a padded bucket runs at most 1/3 empty rows."""
-    out = [b for b in (1, 2, 4, 8) if b < limit]
-    b = 8
-    while b < limit:
-        b += max(4, 1 << (b.bit_length() - 2))
-        out.append(min(b, limit))
-    if not out or out[-1] != limit:
-        out.append(limit)
-    return tuple(sorted(set(out)))

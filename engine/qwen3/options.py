@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .kv_pool import NEW_STREAM_POSITIONS, PAGE, blocks_for
+
 CODEC_MODES = ("stateful", "windowed")
 GEMV_MAX_ROWS = 2  # kernels/gemv.py's GEMV_MAX_ROWS: the most rows its one-/two-row kernel takes
 
@@ -65,7 +67,10 @@ class ServeOptions:
 
     max_slots: int = 16  # streams held at once (KV + codec state rows)
     max_batch_size: int = 16  # slots per generate() call
-    max_seq_len: int = 1536  # talker positions per slot: prompt (~10) + one per frame (~2 min of audio)
+    max_seq_len: int = 1536  # talker positions per stream at most: prompt (~10) + one per frame (~2 min)
+    # KV blocks of kv_pool.PAGE positions in the pool, the scratch block included; 0 = enough for
+    # every slot at max_seq_len (never full). load_qwen3(max_slots="auto") sizes it from free memory.
+    kv_blocks: int = 0
     codec_mode: str = "stateful"  # "stateful" | "windowed" (stateless re-decode, the reference path)
     windowed_left_context: int = 72  # frames re-decoded before each chunk in windowed mode
     random_frames_per_token: float = 3.0  # random weights: frames per text token when not forced
@@ -91,10 +96,33 @@ class ServeOptions:
             raise ValueError("max_seq_len must be >= 16 (a prompt is about 12 positions)")
         if self.max_seq_len < 32:
             raise ValueError("max_seq_len must be >= 32")
+        if self.kv_blocks and self.kv_blocks < 2:
+            raise ValueError("kv_blocks must be 0 (one full row per slot) or >= 2 (scratch + one)")
+
+    @property
+    def pool_blocks(self) -> int:
+        """The KV pool's blocks, the scratch block included (``kv_blocks``, or one full row per slot)."""
+        return self.kv_blocks or 1 + self.max_slots * blocks_for(self.max_seq_len)
 
 
-# --- slots sized from free GPU memory (``max_slots="auto"``) ---------------------------------------
-AUTO_MAX_SLOTS = 512  # the most slots "auto" gives: past this one worker's frame step is the limit
+def default_decode_buckets(limit: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96 ...: a padded bucket runs at most 1/3 empty rows
+    (``ServeOptions.decode_buckets`` when it is ())."""
+    out = [b for b in (1, 2, 4, 8) if b < limit]
+    b = 8
+    while b < limit:
+        b += max(4, 1 << (b.bit_length() - 2))
+        out.append(min(b, limit))
+    if not out or out[-1] != limit:
+        out.append(limit)
+    return tuple(sorted(set(out)))
+
+
+# --- slots and KV blocks sized from free GPU memory (``max_slots="auto"``) ---------------------------
+# The most slots "auto" gives. A slot's own state is small (the codec's state row, ~0.8 MB on the 1.7B,
+# and its text / sampling rows; its KV comes from the block pool as it speaks), so the bound is the
+# worker's frame step rather than memory: 2,048 streams at 12.5 frames/s are 256-row steps every 10 ms.
+AUTO_MAX_SLOTS = 2048
 AUTO_SLOTS_CPU = 16  # "auto" off CUDA: a CPU runs a few real-time streams, not hundreds
 # Free memory "auto" leaves unclaimed for what does not scale with slots: activations of a
 # max_batch_size step, the CUDA-graph pools (one per bucket), cuDNN's conv workspaces, the codec's
@@ -105,57 +133,69 @@ MIN_HEADROOM_BYTES = 6 << 30
 
 @dataclass(frozen=True)
 class SlotBytes:
-    """Device bytes one slot holds for its whole life (kv_cache.py, codec_state.py, slot_state.py)."""
+    """Device bytes one slot holds for its whole life, its KV aside (codec_state.py, slot_state.py)."""
 
-    kv: int  # K and V rows of every talker layer: 2 x layers x kv_heads x max_seq_len x head_dim x elem
     codec_state: int  # the decoder's flat state row (state_width x elem) + its int64 frame position
     slot_state: int  # text queue (max_seq_len int64), repetition history (vocab bools), sampling rows
 
     @property
     def total(self) -> int:
-        return self.kv + self.codec_state + self.slot_state
+        return self.codec_state + self.slot_state
 
 
 def slot_bytes(
-    *,
-    num_layers: int,
-    kv_heads: int,
-    head_dim: int,
-    max_seq_len: int,
-    elem_bytes: int,
-    codec_state_width: int,
-    codec_elem_bytes: int,
-    talker_vocab: int,
+    *, max_seq_len: int, codec_state_width: int, codec_elem_bytes: int, talker_vocab: int
 ) -> SlotBytes:
     return SlotBytes(
-        kv=2 * num_layers * kv_heads * max_seq_len * head_dim * elem_bytes,
         codec_state=codec_state_width * codec_elem_bytes + 8,
         # text + seen + (last codes, positions, seed ... : 32 int64 or float32 words at most)
         slot_state=8 * max_seq_len + talker_vocab + 32 * 8,
     )
 
 
-def slots_from_memory(
+def block_bytes(*, num_layers: int, kv_heads: int, head_dim: int, elem_bytes: int) -> int:
+    """K and V of one PAGE-position block in every talker layer (kv_cache.py)."""
+    return 2 * num_layers * kv_heads * PAGE * head_dim * elem_bytes
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    """What ``pool_from_memory`` fits: stream slots and KV blocks (the scratch block included)."""
+
+    slots: int
+    blocks: int
+
+
+def pool_from_memory(
     free_bytes: int,
     total_bytes: int,
     per_slot: SlotBytes,
+    per_block: int,
     *,
     own_bytes: int = 0,
     share: float = 1.0,
     cap: int = AUTO_MAX_SLOTS,
-) -> int:
-    """Slots that fit on a device of ``total_bytes`` with ``free_bytes`` free now, at most ``cap``;
-    0 when not even one fits.
+) -> PoolSize:
+    """Slots and KV blocks that fit on a device of ``total_bytes`` with ``free_bytes`` free now; 0 slots
+    when not even one stream fits.
+
+    Each slot must be able to get going (its own state and ``blocks_for(NEW_STREAM_POSITIONS)`` blocks):
+    that bounds the slots, at most ``cap``. Everything left after the slots' state becomes blocks.
 
     ``share``: this process's part of the device (1/2 for one of two engine cores on one GPU).
     Cores on one device start together, so what one sees free depends on whether the other has
     allocated yet; the budget is therefore ``share`` of the device less what this process holds
     already (``own_bytes``: its weights), never more than is free, less its share of the headroom.
-    One row more than the slots is allocated (the graphs' padding slot), so it is paid for here.
+    One slot row more than the slots is allocated (the graphs' padding slot), and one block more
+    (the scratch block), so both are paid for here.
     """
     if not 0.0 < share <= 1.0:
         raise ValueError(f"share must be within (0, 1], got {share}")
     headroom = share * max(MIN_HEADROOM_BYTES, HEADROOM_FRACTION * total_bytes)
-    budget = min(free_bytes, share * total_bytes - own_bytes) - headroom
-    fit = int(budget // per_slot.total) - 1
-    return max(0, min(cap, fit))
+    budget = int(min(free_bytes, share * total_bytes - own_bytes) - headroom) - per_block
+    start = per_slot.total + blocks_for(NEW_STREAM_POSITIONS) * per_block
+    slots = max(0, min(cap, budget // start - 1))
+    if slots == 0:
+        return PoolSize(0, 0)
+    blocks = (budget - (slots + 1) * per_slot.total) // per_block
+    return PoolSize(slots, 1 + blocks)
