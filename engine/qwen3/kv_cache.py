@@ -50,23 +50,25 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        page: int = PAGE,
     ) -> None:
         """``max_slots`` stream rows (the padding slot's row comes on top); ``max_len`` positions per
-        stream at most; ``num_blocks`` blocks of PAGE positions, the scratch block included."""
-        self.pool = KVPool(num_blocks, max_slots, max_len)
-        shape = (num_layers, num_blocks, kv_heads, PAGE, head_dim)
+        stream at most; ``num_blocks`` blocks of ``page`` positions, the scratch block included."""
+        self.pool = KVPool(num_blocks, max_slots, max_len, page)
+        self.page = page
+        shape = (num_layers, num_blocks, kv_heads, page, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_table = torch.from_numpy(self.pool.table.copy()).to(device)  # all scratch
         self.max_blocks = self.pool.max_blocks_per_slot
-        self.max_len = self.max_blocks * PAGE  # positions a table row addresses (>= the stream cap)
+        self.max_len = self.max_blocks * page  # positions a table row addresses (>= the stream cap)
         self._kv_heads = torch.arange(kv_heads, device=device)
         log.info(
             "KV pool: %d blocks of %d positions (%.2f GiB, %d positions) for %d slots of up to %d",
             num_blocks - 1,
-            PAGE,
+            page,
             num_blocks * self.block_bytes / (1 << 30),
-            (num_blocks - 1) * PAGE,
+            (num_blocks - 1) * page,
             max_slots,
             max_len,
         )
@@ -94,16 +96,24 @@ class PagedKVCache:
         ends those streams (their blocks stay theirs until close) and steps the others."""
         full = {
             s: f"KV cache full: no free block for position {n - 1} ({self.pool.usable_blocks} blocks of "
-            f"{PAGE} positions, all held by open streams)"
+            f"{self.page} positions, all held by open streams)"
             for s, n in positions.items()
             if not self.pool.ensure(s, n)
         }
         self.flush()
         return full
 
+    def open(self, slot: int) -> None:
+        """A new stream's first blocks, taken at its open (flushed with the next step's): admission
+        counted them free (``room``), so streams opened in one pass of the worker cannot each count
+        the same blocks. Nothing is taken when the pool is short; the stream's growth then decides."""
+        self.pool.ensure(slot, min(NEW_STREAM_POSITIONS, self.pool.max_blocks_per_slot * self.page))
+
     def room(self) -> KVRoom:
         pool = self.pool
-        return KVRoom(pool.free_blocks, pool.usable_blocks, PAGE, blocks_for(NEW_STREAM_POSITIONS))
+        return KVRoom(
+            pool.free_blocks, pool.usable_blocks, self.page, blocks_for(NEW_STREAM_POSITIONS, self.page)
+        )
 
     def prefill(self, slots: Tensor, length: int) -> _PrefillView:
         """Write positions [0, length) of these slots; attention sees only the new entries."""
@@ -117,8 +127,8 @@ class PagedKVCache:
     def _where(self, slots: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Index of (slot, position) pairs into a layer's (num_blocks, Hkv, PAGE, D): slots (B,),
         positions (B, T) -> (blocks, heads, offsets) broadcasting to (B, Hkv, T)."""
-        blocks = self.block_table[slots[:, None], positions // PAGE]  # (B, T)
-        return blocks[:, None, :], self._kv_heads[None, :, None], (positions % PAGE)[:, None, :]
+        blocks = self.block_table[slots[:, None], positions // self.page]  # (B, T)
+        return blocks[:, None, :], self._kv_heads[None, :, None], (positions % self.page)[:, None, :]
 
     def gather(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
         """K and V of these slots' whole table rows, (B, Hkv, max_blocks x PAGE, D), in position order."""

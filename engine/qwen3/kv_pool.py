@@ -29,19 +29,20 @@ SCRATCH_BLOCK = 0  # never owned: the target of every unassigned table entry
 NEW_STREAM_POSITIONS = 16 + 50
 
 
-def blocks_for(positions: int) -> int:
-    """Blocks that hold ``positions`` positions."""
-    return -(-positions // PAGE)
+def blocks_for(positions: int, page: int = PAGE) -> int:
+    """Blocks of ``page`` positions that hold ``positions`` positions."""
+    return -(-positions // page)
 
 
 class KVPool:
-    """Blocks 1 .. num_blocks - 1 for rows 0 .. max_slots - 1; row max_slots is the padding slot."""
+    """Blocks 1 .. num_blocks - 1 for rows 0 .. max_slots - 1; row max_slots is the padding slot.
+    ``page``: positions per block (PAGE; a page of max_positions is the slot-contiguous layout)."""
 
-    def __init__(self, num_blocks: int, max_slots: int, max_positions: int) -> None:
+    def __init__(self, num_blocks: int, max_slots: int, max_positions: int, page: int = PAGE) -> None:
         if num_blocks < 2:
             raise ValueError(f"a pool needs the scratch block and one more, got {num_blocks} blocks")
-        self.num_blocks = num_blocks
-        self.max_blocks_per_slot = blocks_for(max_positions)
+        self.num_blocks, self.page = num_blocks, page
+        self.max_blocks_per_slot = blocks_for(max_positions, page)
         # host mirror of the device table: (max_slots + 1, max_blocks_per_slot) int32, all scratch
         self.table = np.full((max_slots + 1, self.max_blocks_per_slot), SCRATCH_BLOCK, np.int32)
         # a stack: the most recently freed block is handed out first (still warm in L2, for what it's worth)
@@ -64,7 +65,7 @@ class KVPool:
     def ensure(self, slot: int, positions: int) -> bool:
         """Give ``slot`` the blocks for its first ``positions`` positions. False (and nothing taken)
         when the pool has too few free blocks; a slot past max_positions is the caller's bug."""
-        need = blocks_for(positions) - len(self._owned[slot])
+        need = blocks_for(positions, self.page) - len(self._owned[slot])
         if need <= 0:
             return True
         if need > len(self._free):

@@ -127,8 +127,8 @@ class Qwen3TTSModel(Model):
         n, dev = options.max_slots, self.device
         # one extra row everywhere: the padding slot of the graph buckets (slot_state.py)
         self.pad_slot = n
-        blocks, layers = options.pool_blocks, t.num_layers
-        self.kv = PagedKVCache(layers, blocks, n, t.num_kv_heads, options.max_seq_len, t.head_dim, self.dtype, dev)
+        shape = (t.num_layers, options.pool_blocks, n, t.num_kv_heads, options.max_seq_len, t.head_dim)
+        self.kv = PagedKVCache(*shape, self.dtype, dev, page=options.kv_page)
         self.state = SlotState(
             n, t.num_code_groups, t.vocab_size, options.max_seq_len, t.hidden_size, self.dtype, dev
         )
@@ -194,6 +194,7 @@ class Qwen3TTSModel(Model):
                 raise ModelError(slot, str(err)) from None
         self.state.open(slot, req.sampling, req.whole_text)
         self.repetition.open(slot, guard.repeat_frames if guard is not None else 0)
+        self.kv.open(slot)
         self.codec_runner.open(slot)
         if req.profile is not None and req.profile.ref_codes is not None:
             self.codec_runner.prime(slot, req.profile.ref_codes.cpu().numpy().astype(np.int64))

@@ -59,6 +59,9 @@ class ExperimentalOptions:
     # the codec's SnakeBeta activations, RMS norms and SwiGLU activations on their Triton kernels
     # (kernels/snake.py, kernels/fused_linear.py's row kernels): None = on CUDA; False = torch ops
     codec_kernels: bool | None = None
+    # positions per KV block; 0 = kv_pool.PAGE. ServeOptions.max_seq_len is the slot-contiguous layout
+    # (one page per stream), the reference the paged cache is tested against
+    kv_page: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,11 +101,17 @@ class ServeOptions:
             raise ValueError("max_seq_len must be >= 32")
         if self.kv_blocks and self.kv_blocks < 2:
             raise ValueError("kv_blocks must be 0 (one full row per slot) or >= 2 (scratch + one)")
+        if self.kv_page % PAGE and self.kv_page < self.max_seq_len:  # a key tile must lie in one page
+            raise ValueError(f"kv_page must be a multiple of {PAGE} or >= max_seq_len, got {self.kv_page}")
+
+    @property
+    def kv_page(self) -> int:
+        return self.experimental.kv_page or PAGE
 
     @property
     def pool_blocks(self) -> int:
         """The KV pool's blocks, the scratch block included (``kv_blocks``, or one full row per slot)."""
-        return self.kv_blocks or 1 + self.max_slots * blocks_for(self.max_seq_len)
+        return self.kv_blocks or 1 + self.max_slots * blocks_for(self.max_seq_len, self.kv_page)
 
 
 def default_decode_buckets(limit: int) -> tuple[int, ...]:
