@@ -5,27 +5,23 @@ later turn's audio is generated while an earlier one plays), but audio leaves st
 order through one pump task. Transports (WebSocket, WebRTC data channel + audio track) are thin
 ``SessionSink`` adapters: they send JSON, turn PCM into their wire format, and report how much of
 a turn the client has been given.
+
+Below it: a turn's stream options (turn_params.py), its account of the audio sent and the
+``turn.done`` / ``turn.truncated`` reports (turn_report.py), and what is kept of finished turns
+(finished_turns.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
 from typing import Any
 
-from voicewire.engine import (
-    Engine,
-    EngineBusy,
-    EngineNotReady,
-    Playout,
-    StreamError,
-    StreamParams,
-    first_audible_sample,
-)
+from voicewire.engine import Engine, EngineBusy, EngineNotReady, Playout, StreamError
 
+from .finished_turns import MAX_REMEMBERED_TURNS, FinishedTurns
 from .limits import SessionLimits, TokenBucket
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
@@ -45,18 +41,14 @@ from .protocol import (
     parse_client_message,
 )
 from .quotas import StreamShare
-from .truncation import SpokenRecord, SpokenWord, TextSpan
+from .truncation import SpokenWord
 from .turn import AudioSettings, SessionSink, SinkStalled, Turn
-from .voice_names import UnknownVoice, resolve_voice
+from .turn_params import engine_voice, turn_params
+from .turn_report import done_message, note_chunk, spoken_record, truncated_message
 from .voices import VoiceStore
 
 log = logging.getLogger("voicewire.session")
 _log_limiter = LogLimiter()  # process-wide: client errors are logged at a bounded rate per code
-
-MAX_REMEMBERED_TURNS = 256  # finished turn ids kept to reject late text for them
-# Finished turns whose words are kept for a late ``turn.cancel`` with ``played_ms``: the listener
-# still hears the last one or two while the LLM's next replies queue behind them.
-MAX_TRUNCATABLE_TURNS = 4
 
 
 class Session:
@@ -87,9 +79,7 @@ class Session:
         self._error_bucket = TokenBucket(self.limits.errors_per_s, self.limits.error_burst)
         self._turns: dict[TurnId, Turn] = {}
         self._order: deque[Turn] = deque()
-        self._finished: deque[TurnId] = deque()
-        self._finished_set: set[TurnId] = set()
-        self._spoken: dict[TurnId, SpokenRecord] = {}  # the last finished turns, oldest first
+        self._finished = FinishedTurns()
         # Turns refused at their first delta (busy, not ready, too many): the client was told once;
         # the rest of the LLM's deltas and the text.end for them are dropped without more errors.
         self._refused: deque[TurnId] = deque(maxlen=MAX_REMEMBERED_TURNS)
@@ -234,29 +224,17 @@ class Session:
             turn.ended = True
             turn.stream.end()
         elif isinstance(msg, TurnCancel):
-            if msg.played_ms is not None and msg.turn_id in self._spoken:
-                return self._truncated(msg.turn_id, msg.played_ms)
+            record = self._finished.spoken(msg.turn_id)
+            if msg.played_ms is not None and record is not None:
+                return truncated_message(msg.turn_id, record, msg.played_ms, self.engine.info.sample_rate_hz)
             cut = self._turns.get(msg.turn_id)
             if cut is not None and msg.played_ms is not None:
                 cut.played_report_ms = msg.played_ms
             self._cancel(msg.turn_id)
         return None
 
-    def _cloned(self, voice: str) -> StreamParams | None:
-        """A stored cloned voice's stream options, or None when ``voice`` names none."""
-        if not voice or self.voices is None or voice in self.engine.info.voices:
-            return None
-        return self.voices.stream_params(voice, self.engine.info)
-
     def _voice(self, voice: str | None, turn_id: TurnId | None = None) -> str | None:
-        """A client's voice name as the engine knows it: the rule /v1/audio/speech follows
-        (voice_names.py: "alloy" is the default voice), a cloned voice's name kept for _cloned."""
-        if voice and self._cloned(voice) is None:
-            try:
-                return resolve_voice(voice, self.engine.info.voices)
-            except UnknownVoice as err:
-                raise ProtocolError("invalid_voice", err.message, turn_id) from None
-        return voice
+        return engine_voice(voice, self.voices, self.engine.info, turn_id)  # turn_params.py
 
     def _update(self, msg: SessionUpdate) -> None:
         voice = self._voice(msg.voice)
@@ -273,7 +251,7 @@ class Session:
             if turn.finished_input:
                 raise ProtocolError("turn_ended", "this turn has ended; start a new turn_id", turn_id)
             return turn
-        if turn_id in self._finished_set:
+        if turn_id in self._finished:
             raise ProtocolError("turn_ended", "this turn has ended; start a new turn_id", turn_id)
         try:
             if len(self._turns) >= self.limits.max_open_turns:
@@ -291,17 +269,8 @@ class Session:
                 )
             voice = self.audio.voice if options.voice is None else self._voice(options.voice, turn_id) or ""
             try:
-                params = self._cloned(voice) or StreamParams(voice=voice)
-                extra = dict(params.extra)
-                if options.instructions:
-                    extra["instruct"] = options.instructions  # Qwen3-TTS 1.7B; other models ignore it
-                params = dataclasses.replace(
-                    params,
-                    speed=options.speed if options.speed is not None else params.speed,
-                    language=options.language if options.language is not None else params.language,
-                    extra=extra,
-                    tenant=self.share.tenant if self.share is not None else params.tenant,
-                )
+                tenant = self.share.tenant if self.share is not None else None
+                params = turn_params(voice, options, self.voices, self.engine.info, tenant)
                 stream = self.engine.open_stream(params)
             except EngineBusy as err:
                 raise ProtocolError("server_busy", str(err), turn_id) from None
@@ -328,7 +297,7 @@ class Session:
     def _open_turn(self, turn_id: TurnId) -> Turn:
         turn = self._turns.get(turn_id)
         if turn is None:
-            if turn_id in self._finished_set:
+            if turn_id in self._finished:
                 raise ProtocolError("turn_ended", "this turn has ended", turn_id)
             raise ProtocolError("unknown_turn", "no text was sent for this turn_id", turn_id)
         if turn.finished_input:
@@ -338,7 +307,7 @@ class Session:
     def _cancel(self, turn_id: TurnId) -> None:
         turn = self._turns.get(turn_id)
         if turn is None:
-            if turn_id in self._finished_set:
+            if turn_id in self._finished:
                 return  # a cancel racing the turn's natural end: nothing left to stop
             raise ProtocolError("unknown_turn", "no text was sent for this turn_id", turn_id)
         turn.cancelled = True
@@ -393,28 +362,7 @@ class Session:
                     if turn.cancelled:
                         break
                     if chunk.pcm.size:
-                        now = time.perf_counter()
-                        if turn.t_first_audio_sent is None:
-                            turn.t_first_audio_sent = now
-                        listener.arrive(now, chunk.pcm.size / chunk.sample_rate_hz)
-                        turn.underruns = listener.underruns
-                        if turn.first_audible_sample is None:
-                            onset = first_audible_sample(chunk.pcm, chunk.sample_rate_hz, threshold_dbfs)
-                            if onset is not None:
-                                turn.first_audible_sample = turn.samples_sent + onset
-                        if chunk.text:
-                            turn.text_sent.append(chunk.text)
-                            turn.text_spans.append(
-                                TextSpan.of_chunk(
-                                    chunk.text,
-                                    chunk.pcm,
-                                    turn.samples_sent,
-                                    chunk.sample_rate_hz,
-                                    threshold_dbfs,
-                                )
-                            )
-                        turn.samples_sent += chunk.pcm.size
-                        turn.t_last_activity = time.monotonic()
+                        note_chunk(turn, chunk, listener, threshold_dbfs)  # turn_report.py
                     if chunk.words:
                         words = [
                             SpokenWord(w.word, w.start, w.end, *turn.text_in.locate(w.word)) for w in chunk.words
@@ -440,10 +388,10 @@ class Session:
         if reason == "completed" and turn.stream.stop_reason == "length":
             reason = "length"  # a length cap or a runaway guard of the model ended it (all of it was sent)
         self.turns_completed += 1
-        done = self._done_message(turn, reason, played_ms, source)
+        done = done_message(turn, reason, played_ms, source, self.engine.info.sample_rate_hz)
         # From here a cancel's position can no longer go into this turn.done: it is answered with
         # turn.truncated (even while the turn.done is on its way).
-        self._remember(turn)
+        self._finished.keep_spoken(turn.turn_id, spoken_record(turn))
         if self.metrics is not None:
             self.metrics.turns.labels(self.transport, reason).inc()
             if "ttfp_ms" in done["metrics"]:
@@ -460,70 +408,7 @@ class Session:
         )
         await self.sink.send_json(done)
 
-    def _done_message(self, turn: Turn, reason: str, played_ms: float, played_source: str) -> dict[str, Any]:
-        m = turn.stream.metrics
-        rate = self.engine.info.sample_rate_hz
-        # A cut turn reports the words its played audio spoke (from the word timings, or an estimate
-        # inside the last chunk without them: realtime/truncation.py), so the agent can truncate its
-        # context to what was heard.
-        if reason in ("completed", "length"):
-            text = " ".join(turn.text_sent)
-        else:
-            text = self._record(turn).text_spoken(round(played_ms * rate / 1000))
-        metrics: dict[str, Any] = {
-            "trimmed_ms": round(m.trimmed_samples * 1000 / rate, 1),
-            "underruns": turn.underruns,
-        }
-        if turn.t_first_audio_sent is not None:
-            metrics["ttfp_ms"] = round((turn.t_first_audio_sent - turn.t_first_text) * 1000, 2)
-            if turn.first_audible_sample is not None:
-                # Audible TTFA at the gateway: the first audible sample's place in the audio, for a
-                # listener who plays from the first packet (the engine keeps 10 ms before it).
-                ttfa_s = turn.t_first_audio_sent - turn.t_first_text + turn.first_audible_sample / rate
-                metrics["ttfa_ms"] = round(ttfa_s * 1000, 2)
-        if m.ttfp_s is not None:
-            metrics["engine_ttfp_ms"] = round(m.ttfp_s * 1000, 2)
-        return {
-            "type": "turn.done",
-            "turn_id": turn.turn_id,
-            "reason": reason,
-            "audio_ms": round(turn.samples_sent * 1000 / rate, 1),
-            "played_ms": round(played_ms, 1),
-            "played_source": played_source,
-            "text_spoken": text,
-            "metrics": metrics,
-        }
-
-    @staticmethod
-    def _record(turn: Turn) -> SpokenRecord:
-        return SpokenRecord(turn.text_in.text, tuple(turn.words), tuple(turn.text_spans), turn.samples_sent)
-
-    def _truncated(self, turn_id: TurnId, played_ms: float) -> dict[str, Any]:
-        """``turn.truncated``: a finished turn's account at the position the client played it to
-        (its ``turn.done`` told what was sent, which over the WebSocket is all of a reply long
-        before it has played)."""
-        record = self._spoken[turn_id]
-        rate = self.engine.info.sample_rate_hz
-        audio_ms = record.samples * 1000 / rate
-        played_ms = min(played_ms, audio_ms)  # never more than the client got
-        return {
-            "type": "turn.truncated",
-            "turn_id": turn_id,
-            "audio_ms": round(audio_ms, 1),
-            "played_ms": round(played_ms, 1),
-            "played_source": "client",
-            "text_spoken": record.text_spoken(round(played_ms * rate / 1000)),
-        }
-
-    def _remember(self, turn: Turn) -> None:
-        self._spoken[turn.turn_id] = self._record(turn)
-        if len(self._spoken) > MAX_TRUNCATABLE_TURNS:
-            del self._spoken[next(iter(self._spoken))]
-
     def _forget(self, turn: Turn) -> None:
         self._turns.pop(turn.turn_id, None)
         turn.stream.cancel()  # no-op when finished; frees the engine slot otherwise
-        self._finished.append(turn.turn_id)
-        self._finished_set.add(turn.turn_id)
-        if len(self._finished) > MAX_REMEMBERED_TURNS:
-            self._finished_set.discard(self._finished.popleft())
+        self._finished.add(turn.turn_id)
