@@ -16,280 +16,42 @@ Lifecycle of one peer:
    ``failed``/``closed`` (DTLS close_notify, ICE consent lost), no channel within
    ``CONNECT_TIMEOUT_S``, or server shutdown. Ending closes the session first (its engine streams
    are freed at once), then the peer connection.
+
+Below it: the offer's checks (webrtc_offer.py), ICE knobs and candidates (ice.py), and the session
+sink that paces a turn's audio out (webrtc_sink.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
-import re
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
-import aioice.ice
 from aiohttp import web
-from aiortc import (
-    RTCConfiguration,
-    RTCIceServer,
-    RTCPeerConnection,
-    RTCRtpSender,
-    RTCSessionDescription,
-)
+from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.rtcdatachannel import RTCDataChannel
-from aiortc.sdp import SessionDescription
 
-from voicewire.engine import AudioChunk
-
-from .audio import FrameCutter, Resampler
-from .config import GatewayConfig
 from .gateway import GATEWAY, RequestError, error_response
-from .http_api import read_json_body
-from .pacer import FRAME_SAMPLES, SAMPLE_RATE_HZ, PacedAudioTrack, Playback
-from .protocol import MAX_ECHO_CHARS, dumps
+from .ice import filter_candidates, install_ice_knobs, rtc_configuration
+from .pacer import SAMPLE_RATE_HZ, PacedAudioTrack
+from .protocol import MAX_ECHO_CHARS
 from .quotas import Client
 from .session import Session
-from .truncation import SpokenWord
-from .turn import AudioSettings, Turn
+from .turn import AudioSettings
+from .webrtc_offer import CONTROL_LABEL, read_offer
+from .webrtc_sink import WebRtcSink
+
+__all__ = ["WebRtcPeer", "WebRtcSink", "filter_candidates", "offer_handler", "rtc_configuration", "setup_webrtc"]
 
 log = logging.getLogger("voicewire.webrtc")
 
-CONTROL_LABEL = "control"
 NEGOTIATION_TIMEOUT_S = 10.0  # setRemote + gather + setLocal: ~20 ms on loopback with no STUN/TURN
 WATCHDOG_INTERVAL_S = 1.0
 CONNECT_TIMEOUT_S = 15.0  # answer sent -> control channel open; a peer that never connects is freed
-# end_turn waits for the turn's queued audio to be paced out; a track nobody pulls (RTP never
-# started) would hold the session forever, so the wait is bounded by the queue plus this slack.
-DRAIN_SLACK_S = 2.0
 ENDED_STATES = ("failed", "closed")
 OPUS_ONLY = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
-
-_STOCK_GET_HOST_ADDRESSES = aioice.ice.get_host_addresses
-
-
-# --- ICE knobs --------------------------------------------------------------------------------------
-def install_ice_knobs(config: GatewayConfig) -> None:
-    """Set aioice's host addresses and consent timing (process-wide: aioice has no per-connection
-    option for either).
-
-    Stock aioice skips 127.0.0.1, so a gateway bound to loopback inside a container with no LAN
-    offers no candidate at all and ICE never starts (chromium-webrtc.md T1). aioice calls the
-    function with keyword arguments, so the replacement keeps its parameter names. The consent
-    constants are read by aioice on every check, so setting them here takes effect for new calls.
-    """
-    fixed = config.ice_host_addresses
-    add_loopback = fixed is None and _is_loopback(config.host)
-
-    def get_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-        if fixed is not None:
-            return list(fixed)
-        found = _STOCK_GET_HOST_ADDRESSES(use_ipv4=use_ipv4, use_ipv6=use_ipv6)
-        return ["127.0.0.1", *found] if add_loopback and use_ipv4 else found
-
-    aioice.ice.get_host_addresses = get_host_addresses
-    aioice.ice.CONSENT_INTERVAL = config.ice_consent_interval_s  # type: ignore[assignment]
-    aioice.ice.CONSENT_FAILURES = config.ice_consent_failures
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _gathered_families() -> set[int]:
-    """IP versions of the server's own host candidates (what ``install_ice_knobs`` set)."""
-    hosts = aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=True)
-    return {ipaddress.ip_address(h).version for h in hosts}
-
-
-def filter_candidates(sdp: str, families: set[int]) -> str:
-    """Keep only the offer's candidates the server should send connectivity checks to: IP
-    literals of a family it gathers itself, unicast.
-
-    ``<uuid>.local`` mDNS names (and any other host name) go: aioice would resolve each with a
-    multicast query and wait its 1 s timeout before answering (chromium-webrtc.md T2). The call
-    still connects without them: the browser reaches the server's own candidate and ICE learns
-    the peer-reflexive address. Candidates of another family or a multicast/unspecified address
-    could only make the server send checks where no peer of this call listens.
-    """
-    lines = sdp.splitlines(keepends=True)
-    return "".join(line for line in lines if not _unusable_candidate(line, families))
-
-
-def _unusable_candidate(line: str, families: set[int]) -> bool:
-    if not line.startswith("a=candidate:"):
-        return False
-    fields = line.split()
-    if len(fields) < 8:
-        return True
-    try:
-        address = ipaddress.ip_address(fields[4])
-    except ValueError:
-        return True  # a host name: mDNS or anything else that needs a lookup
-    return address.version not in families or address.is_multicast or address.is_unspecified
-
-
-# RFC 8839's candidate-attribute as aiortc's parser reads it (it asserts there are 8 fields and
-# int()s the component, priority, port, rport and generation): foundation component transport
-# priority address port "typ" type, then name-value pairs.
-_CANDIDATE_INTEGERS = ((1, "component", 1, 256), (3, "priority", 0, 2**32 - 1), (5, "port", 0, 65_535))
-_INTEGER_EXTENSIONS = ("rport", "generation")
-_DIGITS = re.compile(r"[0-9]{1,10}")  # ASCII digits only: int() also takes "\u0661" and "1_0"
-
-
-def _candidate_problem(line: str) -> str | None:
-    """What makes an ``a=candidate:`` line unreadable, or None for one aiortc can parse."""
-    fields = line.removeprefix("a=candidate:").split()
-    if len(fields) < 8 or fields[6] != "typ":
-        return "needs foundation, component, transport, priority, address, port, typ and a type"
-    for at, name, low, high in _CANDIDATE_INTEGERS:
-        if not (_DIGITS.fullmatch(fields[at]) and low <= int(fields[at]) <= high):
-            return f"has a {name} that is not an integer within {low}..{high}"
-    for name, value in zip(fields[8::2], fields[9::2], strict=False):
-        if name in _INTEGER_EXTENSIONS and not _DIGITS.fullmatch(value):
-            return f"has a {name} that is not an integer"
-    return None
-
-
-def rtc_configuration(config: GatewayConfig) -> RTCConfiguration:
-    # iceServers=[] and not None: aiortc's default for None is a public Google STUN server.
-    servers = [RTCIceServer(list(s.urls), s.username, s.credential) for s in config.ice_servers]
-    return RTCConfiguration(iceServers=servers)
-
-
-# --- offer validation ---------------------------------------------------------------------------------
-async def read_offer(request: web.Request) -> str:
-    """The offer's SDP, with only the ICE candidates the server may check; RequestError
-    with a 4xx status."""
-    config = request.app[GATEWAY].config
-    body = await read_json_body(request, config.http_body_timeout_s)  # RequestError: 4xx as it is
-    if not isinstance(body, dict):
-        raise RequestError(400, "invalid_request", 'the body must be {"sdp": ..., "type": "offer"}')
-    if body.get("type") != "offer":
-        raise RequestError(400, "invalid_type", 'type must be "offer"')
-    sdp = body.get("sdp")
-    if not isinstance(sdp, str) or not sdp.startswith("v=0"):
-        raise RequestError(400, "invalid_sdp", "sdp must be a session description string starting with v=0")
-    for number, line in enumerate(sdp.splitlines(), 1):
-        problem = _candidate_problem(line) if line.startswith("a=candidate:") else None
-        if problem is not None:  # one code for any SDP the server cannot read; the line says where
-            raise RequestError(400, "invalid_sdp", f"the ICE candidate on line {number} {problem}")
-    try:
-        media = SessionDescription.parse(sdp).media
-    except Exception:  # aiortc's parser raises AssertionError, ValueError, IndexError... on bad SDP
-        raise RequestError(400, "invalid_sdp", "the SDP could not be parsed: a line is malformed") from None
-    if not any(
-        m.kind == "audio" and any(c.mimeType.lower() == "audio/opus" for c in m.rtp.codecs) for m in media
-    ):
-        raise RequestError(
-            400, "no_audio", "the offer needs an audio section with Opus (a recvonly transceiver)"
-        )
-    if not any(m.kind == "application" for m in media):
-        raise RequestError(400, "no_data_channel", f"the offer needs a data channel labelled {CONTROL_LABEL!r}")
-    # aiortc checks ICE credentials but not fingerprints: without one, DTLS fails later, silently.
-    if not all(
-        m.ice and m.ice.usernameFragment and m.ice.password and m.dtls and m.dtls.fingerprints for m in media
-    ):
-        raise RequestError(
-            400, "invalid_sdp", "every media section needs ice-ufrag, ice-pwd and a DTLS fingerprint"
-        )
-    candidates = sum(line.startswith("a=candidate:") for line in sdp.splitlines())
-    if candidates > config.max_offer_candidates:
-        raise RequestError(
-            400,
-            "too_many_candidates",
-            f"an offer may carry at most {config.max_offer_candidates} ICE candidates, not {candidates}",
-        )
-    return filter_candidates(sdp, _gathered_families())
-
-
-# --- the session sink ---------------------------------------------------------------------------------
-@dataclass
-class _TurnOut:
-    resampler: Resampler  # engine rate -> 48 kHz, once, stateful over the turn
-    cutter: FrameCutter  # exact 960-sample frames
-    playback: Playback
-    words: deque[SpokenWord] = field(default_factory=deque)  # timed words not sent yet, in order
-
-
-class WebRtcSink:
-    """Session output over WebRTC: JSON on the ``control`` channel, audio on the paced track.
-
-    The track always carries 48 kHz Opus, whatever ``session.update`` asked for (that only shapes
-    WebSocket audio). ``end_turn`` returns once the turn's last frame has left the pacer, so
-    ``turn.done`` follows the audio, and ``played_ms`` is what was paced out, not what was queued.
-    """
-
-    played_source = "paced"
-
-    def __init__(self, channel: RTCDataChannel, track: PacedAudioTrack, engine_rate_hz: int) -> None:
-        self._channel = channel
-        self._track = track
-        self._rate = engine_rate_hz
-        self._turns: dict[int, _TurnOut] = {}
-
-    async def send_json(self, msg: dict[str, Any]) -> None:
-        if self._channel.readyState == "open":
-            self._channel.send(dumps(msg))
-
-    async def start_turn(self, turn: Turn) -> None:
-        playback = Playback(is_cancelled=lambda: turn.cancelled)
-        out = _TurnOut(Resampler(self._rate, SAMPLE_RATE_HZ), FrameCutter(FRAME_SAMPLES), playback)
-        playback.on_frame = lambda: self._pace_words(turn, out)
-        self._turns[id(turn)] = out
-
-    async def send_words(self, turn: Turn, words: list[SpokenWord]) -> None:
-        # Held until the pacer sends the frame holding each word's first sample (_pace_words).
-        out = self._turns.get(id(turn))
-        if out is not None:
-            out.words.extend(words)
-
-    def _pace_words(self, turn: Turn, out: _TurnOut) -> None:
-        """The pacer is sending a frame of this turn: the words starting up to its end go now."""
-        played = out.playback.played_samples * self._rate // SAMPLE_RATE_HZ  # at the engine's rate
-        due = []
-        while out.words and out.words[0].start_sample < played:
-            due.append(out.words.popleft().describe(self._rate))
-        if due and self._channel.readyState == "open":
-            self._channel.send(dumps({"type": "turn.words", "turn_id": turn.turn_id, "words": due}))
-
-    async def send_audio(self, turn: Turn, chunk: AudioChunk) -> None:
-        out = self._turns[id(turn)]
-        if chunk.pcm.size:
-            for frame in out.cutter.push(out.resampler.push(chunk.pcm)):
-                self._track.enqueue(out.playback, frame)
-
-    async def end_turn(self, turn: Turn, cancelled: bool) -> float:
-        out = self._turns.pop(id(turn), None)
-        if out is None:
-            return 0.0
-        pb = out.playback
-        if cancelled:
-            self._track.drop(pb)
-            return pb.played_ms
-        for frame in out.cutter.push(out.resampler.flush()):
-            self._track.enqueue(pb, frame)
-        tail_samples = out.cutter.buffered_samples
-        for frame in out.cutter.flush():
-            self._track.enqueue(pb, frame, real_samples=tail_samples)
-        self._track.finish(pb)
-        try:
-            await asyncio.wait_for(pb.drained.wait(), pb.pending_s + DRAIN_SLACK_S)
-        except TimeoutError:
-            log.warning("turn %r: audio was not pulled by the track; dropping it", turn.turn_id)
-            self._track.drop(pb)
-        if out.words and not pb.dropped:  # words timed at the very end of the audio (none is left unsaid)
-            out.playback.played_samples += FRAME_SAMPLES
-            self._pace_words(turn, out)
-            out.playback.played_samples -= FRAME_SAMPLES
-        return pb.played_ms
 
 
 # --- one peer -------------------------------------------------------------------------------------------
