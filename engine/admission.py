@@ -3,7 +3,8 @@
 ``Engine.open_stream`` runs on the callers' loops and counts the streams opened and not yet
 finished, under a lock: past ``limit + max_queued`` it refuses at once (``EngineBusy``). The worker
 opens a stream when one of the ``limit`` is free and so is a model slot (one released during a frame
-step comes back after it, slots.py); until then the open waits in the queue, oldest first, with the
+step comes back after it, slots.py) and, for a model with a KV block pool, the blocks it needs to get
+going (``kv_admits``); until then the open waits in the queue, oldest first, with the
 commands its caller posts meanwhile, and fails with ``server_busy`` at its deadline.
 """
 
@@ -13,11 +14,19 @@ import contextlib
 import threading
 
 from .live import OpenQueue, OpenStream, WaitingOpen
+from .model import KVRoom
 from .stream import StreamError
 
 
 class EngineBusy(Exception):
     """No capacity for another stream (``max_streams`` or model slots)."""
+
+
+def kv_admits(room: KVRoom | None, live_streams: int) -> bool:
+    """A new stream gets going while the pool keeps its first blocks and one more for each live
+    stream's next growth: a stream that finds no block ends with an error, so admission, not the
+    pool running dry, is where a full engine says no."""
+    return room is None or room.free_blocks >= room.new_stream_blocks + live_streams
 
 
 class Admission:

@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .admission import Admission, EngineBusy, tell
+from . import warm_load
+from .admission import Admission, EngineBusy, kv_admits, tell
 from .cloned_voice import ClonedVoice
 from .cloner import Cloner
 from .codec_stage import CodecStage
@@ -86,6 +87,7 @@ class Engine:
         # Set once warm-up is done and the worker starts; cleared when it exits. Readiness probes
         # read it: an engine whose model exists but is still capturing graphs is not ready.
         self._worker_running = threading.Event()
+        self._warm = False  # the warm load (warm_load.py) is done: only then is the engine ready
         self.stats = EngineStats()
         # begun work whose results are not taken yet, oldest first (the pipeline in the module docstring)
         cfg = self.config
@@ -116,7 +118,7 @@ class Engine:
     @property
     def ready(self) -> bool:
         """Warmed up and the worker is stepping: streams can open."""
-        return self._worker_running.is_set()
+        return self._warm and self._worker_running.is_set()
 
     def start(self) -> Engine:
         if self._thread is not None:
@@ -126,8 +128,6 @@ class Engine:
 
             self._model = load_model(self.config.model, self.config.model_options)
         self._model.warmup()
-        self._device_wait_base = self._model.device_wait_s()  # warm-up's waits are not a step's
-        self._heap.start(freeze=self.config.freeze_heap)
         self._slots = SlotPool(self._model.info.max_slots)
         chunks = self.config.chunks
         if chunks.slack_frames is None:
@@ -141,6 +141,13 @@ class Engine:
         # the worker clears it when it exits (stop, or an error it cannot outlive).
         self._worker_running.set()
         self._thread.start()
+        warm_load.run(self._open_stream, min(self._model.info.warm_load_streams, self.stream_limit))
+        self._device_wait_base = self._model.device_wait_s()  # warm-up's waits are not a step's
+        self.stats = EngineStats()  # nor are the warm load's streams
+        # what warm-up and the warm load made goes into the frozen heap (heap.py), and the GC's
+        # pauses since ready count from here
+        self._heap.start(freeze=self.config.freeze_heap)
+        self._warm = True
         return self
 
     def close(self) -> None:
@@ -164,7 +171,9 @@ class Engine:
         """A new stream on the running loop. Raises ValueError for bad params, EngineBusy when full."""
         if not self.ready:
             raise EngineNotReady("the engine is starting (loading or warming up); try again shortly")
-        params = params or StreamParams(**kwargs)
+        return self._open_stream(params or StreamParams(**kwargs))
+
+    def _open_stream(self, params: StreamParams) -> Stream:
         params.check(self.model.info)
         self._admission.reserve(self.stream_limit, self.config.max_queued_streams)
         stream = Stream(next(self._ids), asyncio.get_running_loop(), self._commands.put)
@@ -276,7 +285,11 @@ class Engine:
 
     def _can_open(self) -> bool:
         # a slot freed during a frame step comes back after it: until then the stream waits
-        return len(self._live) < self.stream_limit and bool(self._slots)
+        return (
+            len(self._live) < self.stream_limit
+            and bool(self._slots)
+            and kv_admits(self.model.kv_room(), len(self._live))
+        )
 
     def _admit_queued(self) -> None:
         """Waiting opens, oldest first, into the streams that are free now."""

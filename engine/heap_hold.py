@@ -18,6 +18,7 @@ class HeapHold:
             heap.freeze()
             self._frozen = True
         self._base = (sum(heap.PAUSES.count), sum(heap.PAUSES.seconds))
+        heap.PAUSES.mark()  # the pauses a listener can meet count from here, after the freeze's collect
 
     def release(self) -> None:
         if self._frozen:
@@ -29,3 +30,4 @@ class HeapHold:
         stats.gc_collections = sum(pauses.count) - self._base[0]
         stats.gc_pause_s = sum(pauses.seconds) - self._base[1]
         stats.gc_pause_max_s = pauses.max_s
+        stats.gc_pause_max_since_ready_s = pauses.max_since_mark_s

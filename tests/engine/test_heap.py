@@ -62,3 +62,17 @@ def test_every_collection_is_timed() -> None:
         assert 0 < PAUSES.seconds[2] - full_s < t1 - t0
     finally:
         engine.close()
+
+
+def test_the_pauses_since_ready_leave_out_the_ones_before() -> None:
+    big = [[i] for i in range(300_000)]  # a start-up heap: its full collection takes a while
+    gc.collect()
+    assert PAUSES.max_s >= PAUSES.seconds[2] / max(1, PAUSES.count[2]) > 0
+    engine = Engine(EngineConfig(freeze_heap=False)).start()
+    try:
+        assert PAUSES.max_since_mark_s < PAUSES.max_s  # the start's collections are not counted
+        del big
+        gc.collect(0)
+        assert 0 < PAUSES.max_since_mark_s <= PAUSES.max_s
+    finally:
+        engine.close()

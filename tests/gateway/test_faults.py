@@ -113,6 +113,8 @@ async def test_metrics_and_readyz(gateway: str) -> None:
     collections = re.search(r'^voicewire_engine_gc_collections_total\{replica="0"\} (\S+)$', text, re.M)
     longest = re.search(r'^voicewire_engine_gc_pause_max_seconds\{replica="0"\} (\S+)$', text, re.M)
     assert collections and float(collections[1]) >= 1 and longest and float(longest[1]) > 0
+    since_ready = re.search(r'^voicewire_engine_gc_pause_max_since_ready_seconds\{replica="0"\} (\S+)$', text, re.M)
+    assert since_ready and 0 < float(since_ready[1]) <= float(longest[1])
     await client.close()
 
 
