@@ -88,6 +88,9 @@ class ServeOptions:
     # cuDNN times its conv algorithms while the codec graphs are captured (CUDA graphs only): 1.5-1.9x
     # faster codec calls, for ~30-40 s more start-up on the H200 (docs/performance-history.md)
     codec_cudnn_benchmark: bool = True
+    # threads that warm and capture the codec graphs beside the talker's (cuda_graphs.py): cuDNN's
+    # timing of their convs, seconds a shape, was ~150 s of a 190-s start on the H200 in one thread
+    codec_capture_threads: int = 1
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
 
     def __post_init__(self) -> None:
