@@ -25,7 +25,7 @@ CPU_MAX_STREAMS = 16  # and the CPU's batch: a CPU runs a few real-time Qwen3 st
 DEFAULT_MAX_SEQ_LEN = 1536  # talker positions per stream: ~2 minutes of audio
 # engine/qwen3/options.py AUTO_MAX_SLOTS (that package imports torch, the gateway need not): with
 # --max-streams auto the model's slots decide, so the engine-wide limit must not be below them.
-AUTO_MAX_STREAMS = 512
+AUTO_MAX_STREAMS = 2048
 
 
 def _positive(value: str) -> int:
