@@ -1,8 +1,9 @@
 """The host side of the paged KV cache: which blocks of the pool each slot owns, and a mirror of the
 block table the kernels read on the device (kv_cache.py). Plain Python and numpy: no torch.
 
-A slot owns nothing when it opens; ``ensure(slot, positions)`` takes blocks from the free list as
-its stream grows (one per PAGE positions), ``release(slot)`` gives them all back when it closes.
+``ensure(slot, positions)`` takes blocks from the free list for a slot's first positions (at its
+open: those of a new stream, NEW_STREAM_POSITIONS) and as its stream grows (one per PAGE positions);
+``release(slot)`` gives them all back when it closes.
 Block ``SCRATCH_BLOCK`` is never handed out: every table entry no block is assigned to points at
 it, so the rows of a graph bucket that no stream uses (the padding slot, whose whole row is
 scratch), and a right-padded prefill's positions past a slot's blocks, write there harmlessly and
