@@ -106,3 +106,39 @@ def test_flush_is_one_copy_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
     room = cache.room()
     assert (room.free_blocks, room.total_blocks, room.block_positions) == (0, 7, PAGE)
     assert room.new_stream_blocks == 2
+
+
+# --- the pool sized from free memory (options.py) ------------------------------------------------------
+GIB = 1 << 30
+
+
+def test_pool_from_memory_on_fake_devices() -> None:
+    from voicewire.engine.qwen3.options import (
+        AUTO_MAX_SLOTS,
+        HEADROOM_FRACTION,
+        block_bytes,
+        pool_from_memory,
+        slot_bytes,
+    )
+
+    per_slot = slot_bytes(max_seq_len=1536, codec_state_width=400_000, codec_elem_bytes=2, talker_vocab=3072)
+    per_block = block_bytes(num_layers=28, kv_heads=8, head_dim=128, elem_bytes=2)
+    assert per_block == 7 << 20  # the 1.7B talker in bf16: 7 MiB a block
+    assert per_slot.total < 1 << 20  # the codec's state row and the text / sampling rows, no KV
+    # an H200 with the 1.7B's 4.5 GiB of weights held: the slots hit the cap, the blocks take the rest
+    pool = pool_from_memory(134 * GIB, 139 * GIB, per_slot, per_block, own_bytes=int(4.5 * GIB))
+    budget = int(134 * GIB - HEADROOM_FRACTION * 139 * GIB)
+    used = (pool.slots + 1) * per_slot.total + pool.blocks * per_block
+    assert pool.slots == AUTO_MAX_SLOTS == 2048
+    assert used <= budget < used + per_block
+    assert pool.blocks * PAGE > 1_000_000  # a million positions: ~500 streams of 2 minutes, or 2048 of 40 s
+    # two cores on one H200: each budgets half of it, whichever loaded first
+    half = pool_from_memory(134 * GIB, 139 * GIB, per_slot, per_block, own_bytes=int(4.5 * GIB), share=0.5)
+    later = pool_from_memory(100 * GIB, 139 * GIB, per_slot, per_block, own_bytes=int(4.5 * GIB), share=0.5)
+    assert half == later and half.blocks < pool.blocks // 2
+    # a small card: every slot can still get going (its state and two blocks)
+    small = pool_from_memory(6 * GIB + 100 * per_block, 8 * GIB, per_slot, per_block, cap=10**6)
+    assert small.slots > 0 and small.blocks >= 2 * small.slots
+    assert pool_from_memory(5 * GIB, 8 * GIB, per_slot, per_block).slots == 0  # not one: load_qwen3 says so
+    with pytest.raises(ValueError):
+        pool_from_memory(GIB, GIB, per_slot, per_block, share=0.0)
