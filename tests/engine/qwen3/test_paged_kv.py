@@ -52,7 +52,9 @@ def test_a_stream_on_reused_blocks_speaks_as_on_fresh_memory(device: str) -> Non
     want_codes, want_pcm = speak(fresh(device), 1, SENTENCE, b_params)
 
     model = fresh(device)
-    speak(model, 0, LONG, StreamParams(voice="ryan", greedy=True, forced_frames=60, extra={"whole_text": True}))
+    speak(
+        model, 0, LONG, StreamParams(voice="ryan", greedy=True, forced_frames=60, extra={"whole_text": True})
+    )
     a_blocks = owned(model, 0)
     assert len(a_blocks) == 3  # 80 + 60 positions
     model.close_slot(0)
