@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command in ("engine", "gateway"):
-        return run_ray_command(args, argv if argv is not None else sys.argv[1:])
+        return run_ray_command(args, argv if argv is not None else sys.argv[1:], _serve)
 
     try:
         engine_config = to_engine_config(args)

@@ -107,14 +107,13 @@ def ray_cores(args: argparse.Namespace, engine: EngineConfig) -> RayCores:
     return RayCores(address, OwnCores(engine, replicas, args.resources))
 
 
-def run_ray_command(args: argparse.Namespace, argv: list[str]) -> int:
+def run_ray_command(args: argparse.Namespace, argv: list[str], serve: Callable[..., int]) -> int:
+    """``engine`` or ``gateway``; ``serve`` runs one gateway (``cli._serve``)."""
     if args.command == "engine":
         return _engine(args)
     if args.workers > 1:
         return _workers(args.workers, argv)
-    from .cli import _serve
-
-    return _serve(args, EngineConfig(), RayCores(args.ray), reuse_port=args.reuse_port)
+    return serve(args, EngineConfig(), RayCores(args.ray), reuse_port=args.reuse_port)
 
 
 def _engine(args: argparse.Namespace) -> int:

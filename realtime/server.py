@@ -81,6 +81,8 @@ def create_app(
     async def on_cleanup(app: web.Application) -> None:
         if owns_engine:
             if gw.engine_start is not None and not gw.engine_start.done():
+                if gw.group is not None and gw.group.start_cancellable:
+                    gw.engine_start.cancel()  # cores found through Ray: it may wait for them forever
                 await asyncio.gather(gw.engine_start, return_exceptions=True)  # close after start
             if gw.group is not None:
                 await gw.group.close()

@@ -44,6 +44,8 @@ class GroupConfig:
 
 
 class EngineGroup:
+    start_cancellable = False  # a gateway that stops while start() runs waits for it (then closes the cores)
+
     def __init__(self, config: EngineConfig, group: GroupConfig | None = None) -> None:
         self.config = config
         self.group = group or GroupConfig()

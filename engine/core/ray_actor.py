@@ -40,11 +40,12 @@ class CoreActor:
 
         logging.basicConfig(level=logging.INFO)
         self._node = ray.util.get_node_ip_address()
+        self._node_id = ray.get_runtime_context().get_node_id()
         self._relay = Relay(engine, self._node, name, self._core_exited)
         self._relay.start()
 
     def endpoint(self) -> CoreEndpoint:
-        return self._relay.endpoint(self._node)
+        return self._relay.endpoint(self._node, self._node_id)
 
     def wait_ready(self, timeout_s: float) -> str | None:
         """None once the core is ready; its start failure; TimeoutError after ``timeout_s``."""
@@ -141,16 +142,14 @@ def start_cores(
     return made
 
 
-def stop_cores(names: list[str] | None = None, timeout_s: float = 15.0) -> list[str]:
+def stop_cores(names: list[str] | None = None, timeout_s: float = 10.0) -> list[str]:
     """Shut down and remove the named cores (all of the namespace's by default); their names."""
     import ray
 
     names = core_names() if names is None else names
     handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
-    try:
-        ray.get([h.shutdown.remote() for h in handles], timeout=timeout_s)
-    except Exception as err:  # a core that cannot shut down cleanly is killed all the same
-        log.warning("not every core shut down cleanly: %s", err)
+    # a core that does not answer in time (its node is gone, Ray is restarting it) is killed all the same
+    ray.wait([h.shutdown.remote() for h in handles], num_returns=len(handles), timeout=timeout_s)
     for handle in handles:
         ray.kill(handle, no_restart=True)
     return names

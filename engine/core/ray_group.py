@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,8 @@ class _Actor:
 
 
 class RayCores(EngineGroup):
+    start_cancellable = True  # start() waits until a core is ready: as long as it takes
+
     def __init__(self, address: str | None, cores: OwnCores | None = None) -> None:
         # Not EngineGroup's cores: the config is the first core's, once it is known.
         engine = cores.engine if cores is not None else EngineConfig()
@@ -94,9 +97,12 @@ class RayCores(EngineGroup):
         rows = super().describe()
         for row, core in zip(rows, self.replicas, strict=True):
             row["name"] = core.name
-            row["node"] = core.node if isinstance(core, RemoteCoreClient) else None
+            endpoint = core.endpoint if isinstance(core, RemoteCoreClient) else None
+            row["node"] = endpoint.node if endpoint is not None else None
+            row["node_id"] = endpoint.node_id if endpoint is not None else None
             row["device"] = str(core.config.model_options.get("device", "cpu"))
             row["core_streams"] = core.load()  # every gateway's, as the core reports it
+            row["streams_opened"] = core.stats.streams_opened  # the core's count, every gateway's
         return rows
 
     async def start(self) -> RayCores:
@@ -105,7 +111,7 @@ class RayCores(EngineGroup):
         Raises CoreStartFailed."""
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, self._join)
+            await _in_daemon_thread(self._join)
         except Exception as err:
             raise CoreStartFailed(f"cannot join the Ray cluster at {self.address or 'a new local one'}: {err}") from err
         if self.own is not None:
@@ -209,6 +215,28 @@ class RayCores(EngineGroup):
             if not self._closing:
                 log.warning("%s is down after %.0f s (%s); reconnecting once Ray restarts it",
                             core.name, time.monotonic() - t_up, core.last_exit)
+
+
+async def _in_daemon_thread(work: Callable[[], None]) -> None:
+    """``work`` on a thread of its own that does not hold the process up: ``ray.init`` retries an
+    unreachable cluster for a long time, and a gateway stopped meanwhile must still exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(err: BaseException | None) -> None:
+        if not done.done():
+            done.set_result(None) if err is None else done.set_exception(err)
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:
+            loop.call_soon_threadsafe(settle, err)
+        else:
+            loop.call_soon_threadsafe(settle, None)
+
+    threading.Thread(target=run, name="ray-join", daemon=True).start()
+    await done
 
 
 def _leave() -> None:

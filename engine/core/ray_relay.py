@@ -63,6 +63,7 @@ class CoreEndpoint:
     events: str  # tcp://host:port: the gateway's DEALER connects here
     incarnation: str  # changes whenever the core (re)starts
     node: str  # the node's address
+    node_id: str  # Ray's id of the node
     pid: int  # the core process
     engine: EngineConfig  # the core's configuration (a gateway admits by its limits)
 
@@ -109,11 +110,11 @@ class Relay:
         sock.bind(address)
         return sock
 
-    def endpoint(self, node: str) -> CoreEndpoint:
+    def endpoint(self, node: str, node_id: str) -> CoreEndpoint:
         pid = self._process.pid if self._process is not None else 0
         commands = self._commands.getsockopt_string(zmq.LAST_ENDPOINT)
         events = self._events.getsockopt_string(zmq.LAST_ENDPOINT)
-        return CoreEndpoint(commands, events, self.incarnation, node, pid, self.engine)
+        return CoreEndpoint(commands, events, self.incarnation, node, node_id, pid, self.engine)
 
     def start(self) -> None:
         """Start the core process (a fresh interpreter, as ``CoreClient`` does) and the relay."""
