@@ -514,7 +514,6 @@ def main() -> None:
     ap.add_argument(
         "--cudnn-heuristics", action="store_true", help="codec graphs on cuDNN's heuristic conv algorithms"
     )
-    ap.add_argument("--codec-capture-threads", type=int, default=ServeOptions.codec_capture_threads)
     ap.add_argument(
         "--cudnn-benchmark-limit",
         type=int,
@@ -591,7 +590,6 @@ def main() -> None:
             ),
             codec_cudnn_benchmark=not args.cudnn_heuristics,
             codec_graph_frames=args.codec_frames,
-            codec_capture_threads=args.codec_capture_threads,
         )
         res["serve_model"] = {
             "compile_elementwise": args.compile,
@@ -601,7 +599,6 @@ def main() -> None:
             "build_and_capture_s": round(time.perf_counter() - t0, 1),
             "capture_s": round(model.graphs.capture_s, 1),
             "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
-            "codec_capture_threads": args.codec_capture_threads,
             "capture_by_kind_s": model.graphs.phase_s,
             "slowest_warmups_s": dict(list(model.graphs.eager_seconds().items())[:12]),
             "graphs": len(model.graphs),

@@ -21,7 +21,6 @@ from voicewire.realtime import cli, engine_flags
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE = [sys.executable, "-m", "voicewire.realtime.cli", "serve"]
-GIB = 1 << 30
 MIB = 1 << 20
 
 
@@ -85,44 +84,6 @@ def test_auto_streams_cap_matches_the_model_side() -> None:
     from voicewire.engine.qwen3.options import AUTO_MAX_SLOTS
 
     assert engine_flags.AUTO_MAX_STREAMS == AUTO_MAX_SLOTS
-
-
-# --- slots from free memory ------------------------------------------------------------------------
-def _per_slot_1_7b(max_seq_len: int = 1536):  # type: ignore[no-untyped-def]
-    from voicewire.engine.qwen3.options import slot_bytes
-
-    return slot_bytes(
-        num_layers=28, kv_heads=8, head_dim=128, max_seq_len=max_seq_len, elem_bytes=2,
-        codec_state_width=400_000, codec_elem_bytes=2, talker_vocab=3072,
-    )  # fmt: skip
-
-
-def test_slot_bytes_are_the_kv_cache_and_the_state_rows() -> None:
-    per = _per_slot_1_7b()
-    assert per.kv == 1536 * 112 * 1024  # 112 KiB a position in bf16: 28 x 8 x 128 x 2 (K, V) x 2
-    assert per.codec_state == 800_008 and per.total == per.kv + per.codec_state + per.slot_state
-
-
-def test_slots_from_memory_on_fake_devices() -> None:
-    from voicewire.engine.qwen3.options import MIN_HEADROOM_BYTES, slots_from_memory
-
-    per = _per_slot_1_7b()
-    # an H200: 139 GiB, 4.5 GiB of weights held already; 115 GiB after the 15% headroom fit 680
-    # slots of 173 MiB: capped at 512
-    assert slots_from_memory(134 * GIB, 139 * GIB, per, own_bytes=int(4.5 * GIB)) == 512
-    # a 24 GiB card with 19 GiB free: 19 - 6 (headroom) = 13 GiB = 76 slots of 173 MiB, less the
-    # graphs' padding row
-    budget = 19 * GIB - MIN_HEADROOM_BYTES
-    assert slots_from_memory(19 * GIB, 24 * GIB, per, own_bytes=4 * GIB) == budget // per.total - 1
-    # two cores on the H200: each budgets half of it, whichever loaded first
-    half = slots_from_memory(134 * GIB, 139 * GIB, _per_slot_1_7b(4096), own_bytes=int(4.5 * GIB), share=0.5)
-    later = slots_from_memory(100 * GIB, 139 * GIB, _per_slot_1_7b(4096), own_bytes=int(4.5 * GIB), share=0.5)
-    assert half == later and 0 < half < 512
-    expect = int((139 * GIB / 2 - 4.5 * GIB - 0.15 * 139 * GIB / 2) // _per_slot_1_7b(4096).total) - 1
-    assert half == expect
-    assert slots_from_memory(5 * GIB, 8 * GIB, per) == 0  # not one slot: load_qwen3 says so
-    with pytest.raises(ValueError):
-        slots_from_memory(GIB, GIB, per, share=0.0)
 
 
 def test_auto_slots_on_the_cpu_and_random_weights_in_model_info() -> None:

@@ -142,12 +142,7 @@ class CodecRunner:
                     example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
                     example[:, -1] = lane.pad_slot
                     self.graphs.add(
-                        (lane.kind, b, t),
-                        self.body,
-                        example,
-                        pool=lane.kind,
-                        priority=lane.priority,
-                        parallel=True,
+                        (lane.kind, b, t), self.body, example, pool=lane.kind, priority=lane.priority
                     )
 
     def body(self, packed: Tensor) -> Tensor:

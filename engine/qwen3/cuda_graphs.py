@@ -25,10 +25,8 @@ run exactly the code that is captured on the GPU.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +49,6 @@ class _Entry:
     priority: int = 0  # of the pool's capture stream
     kind: str = ""  # the key's first part ("decode", "prefill", a codec lane): start-up timing by kind
     eager_s: float = 0.0  # its warm-up runs at capture (Triton JIT, torch.compile, cuDNN timing)
-    parallel: bool = False  # may be warmed and captured on a thread of its own (``capture``)
 
 
 def _kind(key: Hashable) -> str:
@@ -87,105 +84,68 @@ def powers_of_two(limit: int) -> tuple[int, ...]:
 
 
 class CudaGraphs:
-    def __init__(self, device: torch.device, enabled: bool, threads: int = 1) -> None:
+    def __init__(self, device: torch.device, enabled: bool) -> None:
         self.device = device
-        self.threads = threads  # warm-up threads for the bodies added ``parallel`` (``capture``)
         self.enabled = enabled and device.type == "cuda"
         self._entries: dict[Hashable, _Entry] = {}
         self._pools: dict[str, Any] = {}  # pool name -> torch's graph pool handle
         self._capture_streams: dict[str, torch.cuda.Stream] = {}  # pool name -> the stream it is captured on
         self.capture_s = 0.0
         self.phase_s: dict[str, dict[str, float]] = {}  # kind -> eager / capture seconds (start-up log)
-        self._phase_lock = threading.Lock()
 
-    def add(
-        self,
-        key: Hashable,
-        body: Body,
-        example: Tensor,
-        pool: str = "main",
-        priority: int = 0,
-        parallel: bool = False,
-    ) -> None:
+    def add(self, key: Hashable, body: Body, example: Tensor, pool: str = "main", priority: int = 0) -> None:
         """Register a body for inputs shaped like ``example`` (int64; its rows must be harmless to run:
         padding slots), in memory pool ``pool``, captured by ``capture`` on a stream of ``priority``
-        (the pool's graphs are replayed on a stream of that priority). ``parallel``: the body is safe
-        to warm on another thread beside the others (no torch.compile'd code: dynamo is not)."""
+        (the pool's graphs are replayed on a stream of that priority)."""
         if key in self._entries:
             raise ValueError(f"graph {key!r} registered twice")
         if example.dtype != torch.int64:
             raise TypeError(f"graph inputs are int64, got {example.dtype} for {key!r}")
         self._entries[key] = _Entry(
-            body,
-            example.to(self.device).clone(),
-            pool=pool,
-            priority=priority,
-            kind=_kind(key),
-            parallel=parallel,
+            body, example.to(self.device).clone(), pool=pool, priority=priority, kind=_kind(key)
         )
 
     def capture(self) -> None:
-        """Warm and capture every registered body, largest input first; logs where the time went.
-
-        With ``threads`` > 1 the bodies registered ``parallel`` are warmed by that many threads
-        beside the others (the calling thread's): their warm-up is where cuDNN times its conv
-        algorithms, seconds a shape, and torch keeps those timings per thread, so each thread also
-        captures what it warmed. Captures take turns under a lock ("thread_local" mode: a warm-up
-        on another thread's stream does not break one); warm-ups overlap."""
+        """Warm and capture every registered body, largest input first; logs where the time went."""
         if not self.enabled or all(e.graph is not None for e in self._entries.values()):
             return
         t0 = time.perf_counter()
         order = sorted(self._entries.values(), key=lambda e: e.input.numel(), reverse=True)
-        lanes = [[e for e in order if not (e.parallel and self.threads > 1)]]
-        spread = [e for e in order if e.parallel and self.threads > 1]
-        lanes += [spread[i :: self.threads] for i in range(self.threads)] if spread else []
-        lock = threading.Lock()
-        current = torch.cuda.current_stream(self.device)
-        with ThreadPoolExecutor(max(1, len(lanes) - 1)) as pool:
-            others = [pool.submit(self._warm_and_capture, lane, current, lock) for lane in lanes[1:]]
-            self._warm_and_capture(lanes[0], current, lock)
-            for f in others:
-                f.result()
-        torch.cuda.synchronize(self.device)
-        self.capture_s = time.perf_counter() - t0
-        log.info(
-            "%d graphs in %.1f s (%d warm-up threads): %s",
-            len(order),
-            self.capture_s,
-            len(lanes),
-            ", ".join(
-                f"{kind} x{sum(e.kind == kind for e in order)} eager {t['eager']:.1f} s capture {t['capture']:.1f} s"
-                for kind, t in self.phase_s.items()
-            ),
-        )
-
-    def _warm_and_capture(
-        self, entries: list[_Entry], after: torch.cuda.Stream, lock: threading.Lock
-    ) -> None:
         side = torch.cuda.Stream(self.device)
-        side.wait_stream(after)
+        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for e in entries:
+            for e in order:
                 t = time.perf_counter()
                 for _ in range(WARMUP_RUNS):
                     e.body(e.input)
                 side.synchronize()  # the eager runs' time is the host's (JIT, compile, cuDNN timing)
                 self._time(e, "eager", time.perf_counter() - t)
-        for e in entries:
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        for e in order:
             if e.graph is not None:
                 continue
-            with lock:
-                t = time.perf_counter()
-                g = torch.cuda.CUDAGraph()
-                pool = self._pools.get(e.pool)
-                if pool is None:
-                    pool = self._pools[e.pool] = torch.cuda.graph_pool_handle()
-                    self._capture_streams[e.pool] = torch.cuda.Stream(self.device, priority=e.priority)
-                stream = self._capture_streams[e.pool]
-                with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                    e.output = e.body(e.input)
-                e.graph = g
-                self._time(e, "capture", time.perf_counter() - t)
+            t = time.perf_counter()
+            g = torch.cuda.CUDAGraph()
+            pool = self._pools.get(e.pool)
+            if pool is None:
+                pool = self._pools[e.pool] = torch.cuda.graph_pool_handle()
+                self._capture_streams[e.pool] = torch.cuda.Stream(self.device, priority=e.priority)
+            with torch.cuda.graph(g, pool=pool, stream=self._capture_streams[e.pool]):
+                e.output = e.body(e.input)
+            e.graph = g
+            self._time(e, "capture", time.perf_counter() - t)
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.perf_counter() - t0
+        log.info(
+            "%d graphs in %.1f s: %s",
+            len(order),
+            self.capture_s,
+            ", ".join(
+                f"{kind} x{sum(e.kind == kind for e in order)} eager {t['eager']:.1f} s capture {t['capture']:.1f} s"
+                for kind, t in self.phase_s.items()
+            ),
+        )
 
     def eager_seconds(self) -> dict[str, float]:
         """Each graph's warm-up seconds at capture, slowest first (where start-up time goes)."""
@@ -195,8 +155,7 @@ class CudaGraphs:
     def _time(self, e: _Entry, phase: str, seconds: float) -> None:
         if phase == "eager":
             e.eager_s += seconds
-        with self._phase_lock:
-            self.phase_s.setdefault(e.kind, {"eager": 0.0, "capture": 0.0})[phase] += seconds
+        self.phase_s.setdefault(e.kind, {"eager": 0.0, "capture": 0.0})[phase] += seconds
 
     def capture_stream(self, pool: str) -> torch.cuda.Stream | None:
         """The stream ``pool``'s graphs were captured on (None before capture or off CUDA)."""

@@ -152,7 +152,7 @@ class Qwen3TTSModel(Model):
         self.decode_buckets = options.decode_buckets or default_decode_buckets(options.max_batch_size)
         self.prefill_batches = powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
         self.prefill_lens = tuple(b for b in options.prefill_len_buckets if b <= options.max_seq_len)
-        self.graphs = CudaGraphs(dev, options.cuda_graphs, options.capture_threads)
+        self.graphs = CudaGraphs(dev, options.cuda_graphs)
         self.codec_runner = CodecRunner(
             self.codec, t.num_code_groups, options, self.graphs, self.pad_slot, dev
         )

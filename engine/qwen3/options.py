@@ -9,7 +9,6 @@ serves, and the measurements behind them are in docs/performance-history.md.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from .kv_pool import NEW_STREAM_POSITIONS, PAGE, blocks_for
@@ -65,9 +64,6 @@ class ExperimentalOptions:
     kv_page: int = 0
 
 
-MAX_CAPTURE_THREADS = 8
-
-
 @dataclass(frozen=True)
 class ServeOptions:
     """Serving knobs of one model instance."""
@@ -92,15 +88,7 @@ class ServeOptions:
     # cuDNN times its conv algorithms while the codec graphs are captured (CUDA graphs only): 1.5-1.9x
     # faster codec calls, for ~30-40 s more start-up on the H200 (docs/performance-history.md)
     codec_cudnn_benchmark: bool = True
-    # threads that warm and capture the codec graphs beside the talker's (cuda_graphs.py): cuDNN's
-    # timing of their convs, seconds a shape, was ~150 s of a 190-s start on the H200 in one thread.
-    # 0 = the CPUs, at most MAX_CAPTURE_THREADS
-    codec_capture_threads: int = 0
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
-
-    @property
-    def capture_threads(self) -> int:
-        return self.codec_capture_threads or min(MAX_CAPTURE_THREADS, os.cpu_count() or 1)
 
     def __post_init__(self) -> None:
         if self.codec_mode not in CODEC_MODES:
