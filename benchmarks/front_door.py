@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--rates", default="1,20,40,80")
     ap.add_argument("--words-rates", default="", help="rates of the sweep with streamed words ('' to skip)")
     ap.add_argument("--tokens-per-s", type=float, default=30.0, help="words a second of that sweep")
+    ap.add_argument(
+        "--barge-in", type=float, default=0.2, help="the share of that sweep's turns cut 0.3-1.5 s into their audio"
+    )
     ap.add_argument("--plot", default="", help="PNG of the sweeps ('' for none)")
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--ready-timeout-s", type=float, default=300.0)
@@ -78,7 +81,9 @@ def main() -> None:
             sweeps = [("gateway", rates, ["--whole"])]
             if args.words_rates:
                 words = [float(r) for r in args.words_rates.split(",")]
-                sweeps.append(("gateway_words", words, ["--tokens-per-s", str(args.tokens_per_s)]))
+                sweeps.append(
+                    ("gateway_words", words, ["--tokens-per-s", str(args.tokens_per_s), "--barge-in", str(args.barge_in)])
+                )
             for key, sweep_rates, text_args in sweeps:
                 out[key] = []
                 for rate in sweep_rates:

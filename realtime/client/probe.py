@@ -22,6 +22,8 @@ from the first text sent:
 - WebRTC only: ``jitter_buffer_ms``, the mean time from a packet's arrival to aiortc's receive path
   handing its frame out (aiortc holds 4 packets, ~80 ms), and ``rtp_jitter_ms``, the receiver's
   RFC 3550 interarrival jitter (aiortc's inbound-rtp stats);
+- ``cut_ms``: with ``--barge-in SHARE``, that share of turns is cut by ``turn.cancel`` a uniform
+  ``--barge-in-after`` into the listener's playout (its underruns count up to the cut);
 - ``server``: the turn's own ``turn.done`` figures (``ttfp_ms``, ``ttfa_ms``, ``played_ms``, ...).
 
 It prints percentiles under a progress bar, and writes JSON and a PNG (latency distribution and
@@ -38,7 +40,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -79,6 +81,8 @@ class ProbeConfig:
     # WebSocket sessions come from this many loopback addresses (127.0.0.1, .2, ...), round robin:
     # the server's per-client quotas see that many clients, as real traffic is many users. 1: one.
     clients: int = 1
+    barge_in: float = 0.0  # the share of turns a listener cuts with turn.cancel, as a user barging in
+    barge_in_after_s: tuple[float, float] = (0.3, 1.5)  # how far into its playout, uniform
 
     def __post_init__(self) -> None:
         if self.transport not in ("ws", "webrtc"):
@@ -95,6 +99,8 @@ class ProbeConfig:
             raise ValueError("tokens per second must be positive")
         if not self.texts:
             raise ValueError("texts must not be empty")
+        if not 0.0 <= self.barge_in <= 1.0 or not 0.0 < self.barge_in_after_s[0] <= self.barge_in_after_s[1]:
+            raise ValueError("barge-in must be a share within 0..1, after a positive range of seconds")
 
     def describe(self) -> str:
         load = (
@@ -103,9 +109,14 @@ class ProbeConfig:
             else f"concurrency {self.concurrency}"
         )
         text = f"{self.tokens_per_s:g} tokens/s" if self.tokens_per_s is not None else "whole replies"
+        cut = (
+            f", {self.barge_in:.0%} cut {self.barge_in_after_s[0]:g}-{self.barge_in_after_s[1]:g} s in"
+            if self.barge_in
+            else ""
+        )
         return (
             f"{self.transport} {self.url}, {load}, {self.duration_s:g} s, {text} after "
-            f"{self.first_token_delay_ms:g} ms, client buffer {self.buffer_ms:g} ms"
+            f"{self.first_token_delay_ms:g} ms, client buffer {self.buffer_ms:g} ms{cut}"
         )
 
 
@@ -125,6 +136,7 @@ class TurnRecord:
     underruns: int = 0
     stall_ms: float = 0.0
     max_stall_ms: float = 0.0  # the longest single stall
+    cut_ms: float | None = None  # a barge-in: turn.cancel this far into the listener's playout
     jitter_buffer_ms: float | None = None
     jitter_buffer_max_ms: float | None = None
     rtp_jitter_ms: float | None = None
@@ -135,21 +147,37 @@ class TurnRecord:
 async def run_turn(
     client: ProtocolClient, text: str, cfg: ProbeConfig, rec: TurnRecord, t0_probe: float
 ) -> TurnRecord:
+    """One turn; ``rec.cut_ms`` set: the listener barges in that far into its playout."""
     turn = await client.start_turn()
     chunks: list[ReceivedAudio] = []
+    heard = asyncio.Event()
 
     async def read() -> None:
         async for c in turn.audio():
             chunks.append(c)
+            heard.set()
+
+    async def barge_in(cut_s: float) -> None:
+        await heard.wait()
+        await asyncio.sleep(cfg.buffer_ms / 1000 + cut_s)  # playout starts a buffer after the first byte
+        sender.cancel()  # the agent stops its LLM's reply and tells the server what was heard
+        await turn.send_cancel(played_ms=cut_s * 1000)
 
     reader = asyncio.create_task(read())
     sender = asyncio.create_task(
         send_reply(turn, text, cfg.tokens_per_s, cfg.first_token_delay_ms / 1000)
     )
+    cutter = asyncio.create_task(barge_in(rec.cut_ms / 1000)) if rec.cut_ms is not None else None
     done: TurnDone | None = None
     try:
-        await sender
+        await asyncio.wait({sender})  # a barge-in may cancel it
+        if not sender.cancelled():
+            sender.result()
         done = await turn.done(cfg.turn_timeout_s)
+        if cutter is not None and heard.is_set():
+            # a reply sent in full before the cut: the server truncates its account there instead
+            await asyncio.wait_for(cutter, cfg.turn_timeout_s)
+            done = await turn.played(cfg.turn_timeout_s)
         await reader
     except TimeoutError:
         rec.reason = "timeout"
@@ -158,8 +186,9 @@ async def run_turn(
     except VoicewireError as err:
         rec.reason, rec.error = ("refused" if not turn.started else "failed"), str(err)
     finally:
-        for task in (sender, reader):
-            task.cancel()
+        for task in (sender, reader, cutter):
+            if task is not None:
+                task.cancel()
     t_done = time.perf_counter()
     t_first = turn.t_first_text_s
     if t_first is None:
@@ -170,10 +199,27 @@ async def run_turn(
         rec.done_ms = round((t_done - t_first) * 1000, 2)
         rec.server = {"audio_ms": done.audio_ms, "played_ms": done.played_ms, **done.metrics}
     if isinstance(client, VoicewireClient):
-        _measure(rec, ws_arrivals(chunks), client.sample_rate_hz, t_first, cfg)
+        arrivals = ws_arrivals(chunks)
+        if cutter is not None and cutter.done() and not cutter.cancelled():  # what was heard before the cut
+            arrivals = _before(arrivals, int(rec.cut_ms * client.sample_rate_hz / 1000))
+        _measure(rec, arrivals, client.sample_rate_hz, t_first, cfg)
     else:
         await _measure_webrtc(rec, client, t_first, t_done, cfg)
     return rec
+
+
+def _before(arrivals: list[Arrival], samples: int) -> list[Arrival]:
+    """The turn's arrivals cut at its ``samples``-th sample: what a listener who stopped there heard."""
+    out: list[Arrival] = []
+    start = 0
+    for a in arrivals:
+        if start >= samples:
+            break
+        n = min(a.samples, samples - start)
+        onset = a.onset_sample if a.onset_sample is not None and a.onset_sample < n else None
+        out.append(replace(a, samples=n, onset_sample=onset))
+        start += n
+    return out
 
 
 def _measure(rec: TurnRecord, arrivals: list[Arrival], rate: int, t_first: float, cfg: ProbeConfig) -> None:
@@ -262,6 +308,8 @@ class Probe:
     async def _turn(self, client: ProtocolClient, session: int, n: int, text: str | None = None) -> TurnRecord:
         text = text if text is not None else self._text()
         rec = TurnRecord(session, n, round(time.perf_counter() - self._t0, 3), len(text.split()))
+        if self.cfg.barge_in and self._rng.random() < self.cfg.barge_in:
+            rec.cut_ms = round(self._rng.uniform(*self.cfg.barge_in_after_s) * 1000, 1)
         self.records.append(rec)
         return await run_turn(client, text, self.cfg, rec, self._t0)
 
@@ -384,6 +432,8 @@ class Probe:
         summary: dict[str, Any] = {
             "turns": len(self.records),
             "completed": sum(1 for r in self.records if r.reason == "completed"),
+            "cancelled": sum(1 for r in self.records if r.reason == "cancelled"),
+            "cut": sum(1 for r in done if r.cut_ms is not None),
             "errors": {
                 k: sum(1 for r in self.records if r.reason == k)
                 for k in ("error", "failed", "timeout", "refused")

@@ -51,6 +51,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="open loop: each arrival opens its own session and closes it after its turn",
     )
+    p.add_argument(
+        "--barge-in",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="the share of turns the listener cuts with turn.cancel, as a user barging in",
+    )
+    p.add_argument(
+        "--barge-in-after",
+        default="0.3,1.5",
+        metavar="MIN,MAX",
+        help="how far into the turn's playout a barge-in comes, seconds (uniform)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--api-key",
@@ -77,7 +90,17 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
         seed=args.seed,
         api_key=args.api_key,
         clients=args.clients,
+        barge_in=args.barge_in,
+        barge_in_after_s=_seconds_range(args.barge_in_after),
     )
+
+
+def _seconds_range(value: str) -> tuple[float, float]:
+    low, _, high = value.partition(",")
+    try:
+        return float(low), float(high or low)
+    except ValueError:
+        raise SystemExit(f"voicewire probe: --barge-in-after takes MIN,MAX seconds, not {value!r}") from None
 
 
 def main(argv: list[str]) -> int:
@@ -104,4 +127,5 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
     print(f"wrote {args.out}" + (f" and {args.plot}" if plotted else ""))
-    return 0 if result["summary"]["completed"] else 1
+    summary = result["summary"]
+    return 0 if summary["completed"] + summary["cancelled"] else 1

@@ -137,3 +137,23 @@ async def test_probe_clients_spread_sessions_over_loopback_addresses(engine: Eng
         cfg = ProbeConfig(url=f"http://{base}", concurrency=3, duration_s=1.5, tokens_per_s=None, clients=3)
         spread = await probe(cfg, out=None)  # from one address the second session is refused (and raises)
     assert spread["summary"]["sessions"] == 3 and not spread["summary"]["errors"]["refused"]  # 3 clients, 1 each
+
+
+async def test_barge_ins_cut_their_share_of_turns_where_the_listener_was(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        cfg = ProbeConfig(
+            url=f"http://{base}", rate_per_s=3.0, duration_s=2.0, session_per_turn=True, tokens_per_s=40.0,
+            barge_in=0.5, barge_in_after_s=(0.3, 0.6), seed=3,
+        )  # fmt: skip
+        result = await probe(cfg, out=None)
+    turns = result["turns"]
+    cut = [t for t in turns if t["cut_ms"] is not None]
+    whole = [t for t in turns if t["cut_ms"] is None]
+    assert cut and whole, [t["cut_ms"] for t in turns]  # seed 3 draws both kinds
+    # cut before or after the server sent all of it: cancelled, or completed and truncated
+    assert all(300 <= t["cut_ms"] <= 600 and t["reason"] in ("cancelled", "completed") for t in cut)
+    assert all(t["reason"] == "completed" for t in whole), [(t["reason"], t["server"]) for t in whole]
+    # the server cut its account where the listener said it was, and the audio heard ends near it
+    assert all(t["server"]["played_ms"] == pytest.approx(t["cut_ms"], abs=1) for t in cut)
+    assert all(abs(t["audio_ms"] - t["cut_ms"]) <= 1 and t["cut_ms"] < t["server"]["audio_ms"] for t in cut)
+    assert result["summary"]["cut"] == len(cut) and "cut 0.3-0.6 s in" in result["probe"]["description"]
