@@ -229,7 +229,8 @@ def decode_shapes(smoke: bool) -> Iterator[tuple[int, int, str]]:
 def bench_decode(
     batch: int, context: int, lengths_kind: str, sweep: bool, smoke: bool, copy_gb_s: float
 ) -> dict[str, Any]:
-    from voicewire.kernels.decode_attention import decode_attention, plan_decode_attention
+    from voicewire.kernels.decode_attention import decode_attention
+    from voicewire.kernels.decode_attention_plan import plan_decode_attention
 
     gen = torch.Generator().manual_seed(batch * 10_000 + context)
     if lengths_kind == "uniform":

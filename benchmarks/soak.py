@@ -1,6 +1,6 @@
 """Soak: many concurrent WebSocket sessions with the embedded voice for minutes, on this machine.
 
-Each session loops: a turn of the load generator (``probe.run_turn``: word deltas from the simulated
+Each session loops: a turn of the load generator (``probe_turn.run_turn``: word deltas from the simulated
 LLM, the audio read and played by the one listener model from the first byte), then a pause, then
 the next turn. Reports errors, lost turns
 (text sent, no turn.done), underruns, TTFP/TTFA percentiles and the server's RSS at start and end.
@@ -22,7 +22,7 @@ from typing import Any
 from ws_bench import SENTENCES, start_server, summary_ms, turn_config, write_results
 
 from voicewire.realtime.client import VoicewireClient
-from voicewire.realtime.client.probe import TurnRecord, run_turn
+from voicewire.realtime.client.probe_turn import TurnRecord, run_turn
 
 STEADY_AFTER_S = 30.0
 

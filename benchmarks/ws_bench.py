@@ -1,7 +1,7 @@
 """Gateway benchmark over the WebSocket (protocol v1) with the embedded voice, on this machine.
 
 Starts `voicewire serve` in its own process and drives it with the load generator's turns
-(``voicewire.realtime.client.probe.run_turn``: the protocol-v1 client, the simulated LLM, the one
+(``voicewire.realtime.client.probe_turn.run_turn``: the protocol-v1 client, the simulated LLM, the one
 listener model):
 
 (a) TTFP given text: a whole first sentence in one delta -> first audio byte, 1 session and N
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from voicewire.realtime.client import VoicewireClient
-from voicewire.realtime.client.probe import ProbeConfig, TurnRecord, run_turn
+from voicewire.realtime.client.probe_turn import ProbeConfig, TurnRecord, run_turn
 from voicewire.realtime.client.simulated_llm import TEXTS
 
 SENTENCES = list(TEXTS[:6])

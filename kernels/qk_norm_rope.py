@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from voicewire.kernels.decode_attention import contiguous_block_table
+from voicewire.kernels.decode_attention_plan import contiguous_block_table
 from voicewire.kernels.launch_checks import SUPPORTED_DTYPES, check_index, check_same_device_unit_stride
 from voicewire.kernels.pdl import pdl_enter, pdl_launch
 

@@ -47,10 +47,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from voicewire.kernels.decode_attention import (
+from voicewire.kernels.decode_attention import decode_attention
+from voicewire.kernels.decode_attention_plan import (
     DecodeAttentionPlan,
     contiguous_block_table,
-    decode_attention,
     plan_decode_attention,
 )
 from voicewire.kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows

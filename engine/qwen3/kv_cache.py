@@ -163,7 +163,7 @@ class InPlaceDecodeView(SelfAttendingKV):
         self.idx = cache._where(slots, positions[:, None])
         self.use_kernel = use_kernel
         if use_kernel:
-            from voicewire.kernels.decode_attention import plan_decode_attention
+            from voicewire.kernels.decode_attention_plan import plan_decode_attention
 
             kv_heads = cache.k.shape[2]
             # the bound is a table row's length, so one captured plan serves every step of a bucket;

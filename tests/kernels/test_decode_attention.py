@@ -9,11 +9,11 @@ import torch
 pytest.importorskip("triton")
 
 from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
-from voicewire.kernels.decode_attention import (
+from voicewire.kernels.decode_attention import decode_attention
+from voicewire.kernels.decode_attention_plan import (
     DEFAULT_BLOCK_N,
     FP32_BLOCK_N,
     MIN_TOKENS_PER_SPLIT,
-    decode_attention,
     plan_decode_attention,
 )
 from voicewire.kernels.reference import decode_attention_ref, paged_tokens

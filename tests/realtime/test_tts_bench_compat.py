@@ -21,7 +21,7 @@ from benchmarks.tts_bench_compat import (
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
 from voicewire.realtime.client import VoicewireClient
-from voicewire.realtime.client.probe import ProbeConfig, TurnRecord, run_turn
+from voicewire.realtime.client.probe_turn import ProbeConfig, TurnRecord, run_turn
 
 TEXT = "Your appointment is confirmed for Tuesday at ten in the morning."
 PAIRS = 8  # harness requests and probe turns, alternating
