@@ -21,7 +21,14 @@ from .audio import pcm16_bytes
 from .auth import AuthConfig
 from .cli_ray import add_ray_commands, add_ray_serve_args, ray_cores, run_ray_command
 from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
-from .engine_flags import UsageError, add_model_args, engine_group, to_engine_config, unmet_requirements
+from .engine_flags import (
+    UsageError,
+    add_model_args,
+    engine_group,
+    positive_int,
+    to_engine_config,
+    unmet_requirements,
+)
 from .limits import ClientQuotas
 from .reference_audio import ReferenceLimits
 from .voices import default_voices_dir
@@ -173,6 +180,12 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
         help=f"sessions per process (default: as many as the engine has streams, at least {MIN_SESSIONS})",
     )
     p.add_argument(
+        "--max-speech-requests",
+        type=positive_int,
+        default=GatewayConfig.max_speech_requests,
+        help="speech requests streaming at once in all (default: as many as the engine runs and queues)",
+    )
+    p.add_argument(
         "--max-sessions-per-client",
         type=int,
         default=ClientQuotas.max_sessions,
@@ -183,7 +196,8 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
         "--max-speech-per-client",
         type=int,
         default=ClientQuotas.max_speech_requests,
-        help="speech requests one client may stream at once; 0: no limit (default: a quarter of 64)",
+        help="speech requests one client may stream at once; 0: no limit "
+        "(default: a quarter of the speech limit, at least 4)",
     )
     p.add_argument(
         "--max-voices-per-client",
@@ -354,6 +368,7 @@ def gateway_config(args: argparse.Namespace, engine: EngineConfig) -> GatewayCon
         engine=engine,
         auth=AuthConfig(api_keys=tuple(keys), allowed_origins=tuple(args.allow_origin)),
         max_sessions=args.max_sessions,
+        max_speech_requests=args.max_speech_requests,
         quotas=ClientQuotas(
             max_sessions=args.max_sessions_per_client,
             max_speech_requests=args.max_speech_per_client,

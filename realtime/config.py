@@ -82,8 +82,7 @@ class GatewayConfig:
     http_keepalive_s: float = 15.0
     http_body_timeout_s: float = 10.0  # a request body must arrive within this -> 408 body_timeout
     # POST /v1/audio/speech streaming at once -> 503 too_many_requests. None: as many as the engines
-    # run and queue, so a refusal means the engine is full (a fixed 64 refused a third of 240 req/s
-    # on an H200 with most of its streams free)
+    # run and queue, so a refusal means the engine is full, not that a number was reached
     max_speech_requests: int | None = None
     public_metrics: bool = False  # GET /metrics without the API key when auth is on
     max_speech_input_chars: int = 4096  # the OpenAI speech API's own limit

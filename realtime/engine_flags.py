@@ -28,7 +28,7 @@ DEFAULT_MAX_SEQ_LEN = 1536  # talker positions per stream: ~2 minutes of audio
 AUTO_MAX_STREAMS = 2048
 
 
-def _positive(value: str) -> int:
+def positive_int(value: str) -> int:
     try:
         n = int(value)
     except ValueError:
@@ -52,7 +52,7 @@ def _streams(value: str) -> int | str:
     if value == "auto":
         return value
     try:
-        return _positive(value)
+        return positive_int(value)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'auto', got {value!r}") from None
 
@@ -238,12 +238,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-batch",
-        type=_positive,
+        type=positive_int,
         help=f"qwen3-tts: streams per frame step (default {CUDA_MAX_BATCH} on cuda, {CPU_MAX_STREAMS} on cpu)",
     )
     p.add_argument(
         "--max-seq-len",
-        type=_positive,
+        type=positive_int,
         help=f"qwen3-tts: talker positions per stream, 12.5 a second of audio (default {DEFAULT_MAX_SEQ_LEN})",
     )
     p.add_argument(

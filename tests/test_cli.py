@@ -136,6 +136,9 @@ def test_serve_flags_set_the_per_client_quotas() -> None:
     assert (config.voice_limits.max_voices_per_client, config.voice_limits.max_voices) == (3, 40)
     defaults = gateway_config(build_parser().parse_args(["serve"]), EngineConfig())
     assert defaults.quotas.sessions(256) == 64 and defaults.quotas.fair_share
+    assert defaults.max_speech_requests is None  # the engine's capacity (tests/gateway/test_limits.py)
+    lowered = build_parser().parse_args(["serve", "--max-speech-requests", "12", "--max-sessions", "30"])
+    assert (gateway_config(lowered, EngineConfig()).max_speech_requests, lowered.max_sessions) == (12, 30)
 
 
 def test_serve_refuses_a_bad_flag_value_in_one_line() -> None:
