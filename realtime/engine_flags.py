@@ -220,8 +220,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-streams",
         type=_streams,
-        help="streams held at once; qwen3-tts: a number, or auto (default on cuda): as many as fit in "
-        f"free GPU memory at --max-seq-len, at most {AUTO_MAX_STREAMS}; {CPU_MAX_STREAMS} on cpu",
+        help="streams held at once; qwen3-tts: a number, or auto (default on cuda): as many as can start "
+        f"in free GPU memory (their KV comes from a shared pool of blocks), at most {AUTO_MAX_STREAMS}; "
+        f"{CPU_MAX_STREAMS} on cpu",
     )
     p.add_argument(
         "--queue-wait-ms",
