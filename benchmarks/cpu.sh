@@ -12,6 +12,8 @@
 #     queue                the same overload with the admission queue off and on (2 streams)  -> admission_queue_cpu.json
 #     core                 the engine-core boundary per chunk, engine TTFP in process and through a core,
 #                          10 WebRTC peers' packet gaps with the engine in and out of the gateway -> core_ipc_cpu.json
+#     ray                  the same gateway with its core placed by Ray on a second local node against
+#                          `voicewire serve` (its core on this host), alternating rounds -> ray_overhead_cpu.json
 #     sim                  the engine around a simulated H200 (benchmarks/host_overhead.py --device h200: the
 #                          measured graph times on the device queues), served, without a step queued ahead,
 #                          with the served model's host time a call (host), and with 2 ms more a request's
@@ -60,6 +62,11 @@ step() {
 if want ws; then
   step ws 1500 "$PY" benchmarks/ws_bench.py --out "$OUT/ws_cpu.json" --turns 60 --sweep 25,50,75,100
   stamp "$OUT/ws_cpu.json"
+fi
+
+if want ray; then
+  step ray 900 "$PY" benchmarks/ray_overhead.py --out "$OUT/ray_overhead_cpu.json"
+  stamp "$OUT/ray_overhead_cpu.json"
 fi
 
 if want words; then

@@ -1,0 +1,199 @@
+"""What Ray costs on the data path: the same gateway in front of an embedded-voice core placed by Ray
+on a second node, against `voicewire serve` as it is (its core a process on the same host), in
+alternating rounds on this machine.
+
+A local two-node cluster (a head and a second raylet with its own custom resource, as
+docs/across-hosts.md starts them), `voicewire engine --ray ADDRESS --resources '{"node2": 1}'` and
+`voicewire gateway --ray ADDRESS`; beside it `voicewire serve`. Both stay up the whole run, so the
+cluster's own processes load both arms alike; each round runs ``--turns`` one-session turns (a
+whole sentence in one delta, first text -> first audio byte) on one arm, then on the other, the
+order swapped every round.
+
+    python benchmarks/ray_overhead.py --out benchmarks/results/ray_overhead_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ws_bench import SENTENCES, pct, scenario, start_server, summary_ms, ttfp_s, write_results
+
+BIN = Path(sys.executable).parent
+ARMS = ("serve", "ray")
+P50_BUDGET_MS = 3.0  # issue 37's bounds: p50 within +3 ms, p95 within +10%
+P95_BUDGET = 1.10
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def node_ports() -> list[str]:
+    """Ports a raylet and its agents would otherwise take at fixed defaults (two nodes, one host)."""
+    flags = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+             "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")  # fmt: skip
+    return [a for f in flags for a in (f, str(free_port()))]
+
+
+def ready(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the gateway on {port} was not ready within {timeout_s:.0f} s")
+
+
+def wait_for_nodes(address: str, nodes: int, timeout_s: float = 60.0) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if not ray.is_initialized():
+                ray.init(address=address, log_to_driver=False)
+            if sum(n["Alive"] for n in ray.nodes()) >= nodes:
+                ray.shutdown()
+                return
+        except (ConnectionError, RuntimeError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the Ray cluster at {address} did not reach {nodes} nodes")
+
+
+def kill_trees(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Each process and all under it (a raylet's workers, the engine actor among them)."""
+    import psutil
+
+    tree: list[Any] = []
+    for proc in procs:
+        try:
+            tree += [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=10)
+    for proc in procs:
+        proc.wait(10)
+
+
+def run_rounds(ports: dict[str, int], rounds: int, turns: int) -> dict[str, list[list[float]]]:
+    """TTFP seconds per arm per round, the arms alternating (serve first in even rounds)."""
+    out: dict[str, list[list[float]]] = {arm: [] for arm in ARMS}
+    for r in range(rounds):
+        for arm in ARMS if r % 2 == 0 else ARMS[::-1]:
+            url = f"ws://127.0.0.1:{ports[arm]}/v1/stream"
+            out[arm].append(ttfp_s(asyncio.run(scenario(url, 1, turns, None, SENTENCES, 0.0))))
+            print(f"round {r} {arm}: p50 {pct(out[arm][-1], 50) * 1000:.1f} ms", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=40, help="turns per arm per round")
+    ap.add_argument("--out", default="benchmarks/results/ray_overhead_cpu.json")
+    args = ap.parse_args()
+
+    temp = tempfile.mkdtemp(prefix="vwray-", dir="/tmp")  # Ray's socket paths must stay short
+    address = f"127.0.0.1:{free_port()}"
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": address,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+    }
+    common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats"]
+    head = ["ray", "start", "--head", "--port", address.split(":")[1], "--resources", '{"head_node": 1}', *common,
+            "--temp-dir", temp, "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
+            *node_ports()]  # fmt: skip
+    node2 = ["ray", "start", "--address", address, "--resources", '{"node2": 1}', *common, *node_ports()]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(argv: list[str], name: str) -> None:
+        with open(Path(temp) / f"{name}.log", "ab") as log:
+            procs.append(
+                subprocess.Popen(argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+            )
+
+    ports = {arm: free_port() for arm in ARMS}
+    serve: subprocess.Popen[bytes] | None = None
+    try:
+        spawn(head, "head")
+        spawn(node2, "node2")
+        wait_for_nodes(address, 2)
+        engine = [
+            str(BIN / "voicewire"),
+            "engine",
+            "--ray",
+            address,
+            "--replicas",
+            "1",
+            "--resources",
+            '{"node2": 1}',
+        ]
+        done = subprocess.run(engine, env=env, capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"voicewire engine failed: {done.stdout}{done.stderr}")
+        spawn([str(BIN / "voicewire"), "gateway", "--ray", address, "--port", str(ports["ray"]), "--log-level", "warning"],
+              "gateway")  # fmt: skip
+        ready(ports["ray"], 60)
+        serve = start_server(ports["serve"])
+        for port in ports.values():  # warm both: the first turns of a process are not the tenth
+            asyncio.run(scenario(f"ws://127.0.0.1:{port}/v1/stream", 1, 10, None, SENTENCES, 0.0))
+        rounds = run_rounds(ports, args.rounds, args.turns)
+    finally:
+        if serve is not None:
+            serve.terminate()  # a clean stop: it stops its own core
+            serve.wait(30)
+        kill_trees(procs)
+        shutil.rmtree(temp, ignore_errors=True)
+
+    pooled = {arm: summary_ms([t for r in rounds[arm] for t in r]) for arm in ARMS}
+    per_round = {arm: [summary_ms(r) for r in rounds[arm]] for arm in ARMS}
+    p50_delta = pooled["ray"]["p50_ms"] - pooled["serve"]["p50_ms"]
+    p95_ratio = pooled["ray"]["p95_ms"] / pooled["serve"]["p95_ms"]
+    results: dict[str, Any] = {
+        "what": "TTFP (first text -> first audio byte), one session, whole sentences, embedded voice: "
+        "`voicewire serve` (its core on this host) against `voicewire gateway --ray` with the core "
+        "placed by Ray on a second node, alternating rounds",
+        "rounds": args.rounds,
+        "turns_per_round": args.turns,
+        "pooled": pooled,
+        "per_round": per_round,
+        "ray_minus_serve_p50_ms": round(p50_delta, 2),
+        "ray_over_serve_p95": round(p95_ratio, 3),
+        "within_bounds": p50_delta <= P50_BUDGET_MS and p95_ratio <= P95_BUDGET,
+    }
+    write_results(results, args.out)
+    print(
+        json.dumps(
+            {k: results[k] for k in ("pooled", "ray_minus_serve_p50_ms", "ray_over_serve_p95")}, indent=1
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
