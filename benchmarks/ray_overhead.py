@@ -32,7 +32,7 @@ from ws_bench import SENTENCES, pct, scenario, start_server, summary_ms, ttfp_s,
 
 BIN = Path(sys.executable).parent
 ARMS = ("serve", "ray")
-P50_BUDGET_MS = 3.0  # issue 37's bounds: p50 within +3 ms, p95 within +10%
+P50_BUDGET_MS = 3.0  # Ray may add at most this to p50, and 10% to p95: it is the control plane only
 P95_BUDGET = 1.10
 
 
