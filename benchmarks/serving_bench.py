@@ -515,6 +515,9 @@ def main() -> None:
         "--cudnn-heuristics", action="store_true", help="codec graphs on cuDNN's heuristic conv algorithms"
     )
     ap.add_argument(
+        "--serial-warmup", action="store_true", help="the codec's graphs warm after the talker's, not beside"
+    )
+    ap.add_argument(
         "--cudnn-benchmark-limit",
         type=int,
         default=None,
@@ -587,6 +590,7 @@ def main() -> None:
                 compile_elementwise=args.compile,
                 fused_kernels=not args.no_fused,
                 codec_kernels=False if args.codec_torch_ops else None,
+                parallel_warmup=not args.serial_warmup,
             ),
             codec_cudnn_benchmark=not args.cudnn_heuristics,
             codec_graph_frames=args.codec_frames,
@@ -596,6 +600,7 @@ def main() -> None:
             "fused_kernels": not args.no_fused,
             "codec_kernels": not args.codec_torch_ops,
             "codec_cudnn_benchmark": not args.cudnn_heuristics,
+            "parallel_warmup": not args.serial_warmup,
             "build_and_capture_s": round(time.perf_counter() - t0, 1),
             "capture_s": round(model.graphs.capture_s, 1),
             "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,

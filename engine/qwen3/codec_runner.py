@@ -136,13 +136,19 @@ class CodecRunner:
         """One body per (batch bucket, frame count), with padding-slot example rows (stateful mode)."""
         if self.options.codec_mode != "stateful":
             return
+        warm = "codec" if self.options.experimental.parallel_warmup else "main"
         for lane in (self.bulk, self.urgent) if self.urgent_stream is not None else (self.bulk,):
             for b in lane.buckets:
                 for t in lane.frames:
                     example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
                     example[:, -1] = lane.pad_slot
                     self.graphs.add(
-                        (lane.kind, b, t), self.body, example, pool=lane.kind, priority=lane.priority
+                        (lane.kind, b, t),
+                        self.body,
+                        example,
+                        pool=lane.kind,
+                        priority=lane.priority,
+                        warm_lane=warm,
                     )
 
     def body(self, packed: Tensor) -> Tensor:

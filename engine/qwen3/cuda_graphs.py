@@ -25,6 +25,7 @@ run exactly the code that is captured on the GPU.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class _Entry:
     pool: str = "main"
     priority: int = 0  # of the pool's capture stream
     kind: str = ""  # the key's first part ("decode", "prefill", a codec lane): start-up timing by kind
+    warm_lane: str = "main"  # entries of one lane warm one after another, lanes at the same time
     eager_s: float = 0.0  # its warm-up runs at capture (Triton JIT, torch.compile, cuDNN timing)
 
 
@@ -93,35 +95,60 @@ class CudaGraphs:
         self.capture_s = 0.0
         self.phase_s: dict[str, dict[str, float]] = {}  # kind -> eager / capture seconds (start-up log)
 
-    def add(self, key: Hashable, body: Body, example: Tensor, pool: str = "main", priority: int = 0) -> None:
+    def add(
+        self,
+        key: Hashable,
+        body: Body,
+        example: Tensor,
+        pool: str = "main",
+        priority: int = 0,
+        warm_lane: str = "main",
+    ) -> None:
         """Register a body for inputs shaped like ``example`` (int64; its rows must be harmless to run:
         padding slots), in memory pool ``pool``, captured by ``capture`` on a stream of ``priority``
-        (the pool's graphs are replayed on a stream of that priority)."""
+        (the pool's graphs are replayed on a stream of that priority). ``warm_lane``: bodies of
+        another lane run their warm-up runs beside this one's, on a thread of their own (``capture``)."""
         if key in self._entries:
             raise ValueError(f"graph {key!r} registered twice")
         if example.dtype != torch.int64:
             raise TypeError(f"graph inputs are int64, got {example.dtype} for {key!r}")
         self._entries[key] = _Entry(
-            body, example.to(self.device).clone(), pool=pool, priority=priority, kind=_kind(key)
+            body,
+            example.to(self.device).clone(),
+            pool=pool,
+            priority=priority,
+            kind=_kind(key),
+            warm_lane=warm_lane,
         )
 
     def capture(self) -> None:
-        """Warm and capture every registered body, largest input first; logs where the time went."""
+        """Warm and capture every registered body, largest input first; logs where the time went.
+
+        The warm-up runs are most of start-up and they wait on different things: the talker's on
+        Triton compiling its kernels (the host), the codec's on cuDNN timing its convs (the GPU, the
+        GIL released). Each warm lane runs on a thread and a stream of its own, so the two overlap;
+        the captures then run one after another (a capture must not see another thread's work)."""
         if not self.enabled or all(e.graph is not None for e in self._entries.values()):
             return
         t0 = time.perf_counter()
         order = sorted(self._entries.values(), key=lambda e: e.input.numel(), reverse=True)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for e in order:
-                t = time.perf_counter()
-                for _ in range(WARMUP_RUNS):
-                    e.body(e.input)
-                side.synchronize()  # the eager runs' time is the host's (JIT, compile, cuDNN timing)
-                self._time(e, "eager", time.perf_counter() - t)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        lanes: dict[str, list[_Entry]] = {}
+        for e in order:
+            lanes.setdefault(e.warm_lane, []).append(e)
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(target=self._warm, args=(entries, errors), name=f"warm-{lane}", daemon=True)
+            for lane, entries in lanes.items()
+        ]
+        for th in threads[1:]:
+            th.start()
+        self._warm(lanes[next(iter(lanes))], errors)  # the first lane on this thread
+        for th in threads[1:]:
+            th.join()
+        if errors:
+            raise errors[0]
         torch.cuda.synchronize(self.device)
+        warm_s = time.perf_counter() - t0
         for e in order:
             if e.graph is not None:
                 continue
@@ -138,14 +165,36 @@ class CudaGraphs:
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
         log.info(
-            "%d graphs in %.1f s: %s",
+            "%d graphs in %.1f s (warm-up runs %.1f s on %d lanes at once): %s",
             len(order),
             self.capture_s,
+            warm_s,
+            len(lanes),
             ", ".join(
                 f"{kind} x{sum(e.kind == kind for e in order)} eager {t['eager']:.1f} s capture {t['capture']:.1f} s"
                 for kind, t in self.phase_s.items()
             ),
         )
+        log.info(
+            "slowest warm-ups: %s",
+            ", ".join(f"{k} {v:.1f} s" for k, v in list(self.eager_seconds().items())[:8]),
+        )
+
+    def _warm(self, entries: list[_Entry], errors: list[BaseException]) -> None:
+        """The warm-up runs of one lane's entries, on a side stream of this thread."""
+        try:
+            torch.cuda.set_device(self.device)  # a thread starts on the default device
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for e in entries:
+                    t = time.perf_counter()
+                    for _ in range(WARMUP_RUNS):
+                        e.body(e.input)
+                    side.synchronize()  # the eager runs' time is the host's (JIT, compile, cuDNN timing)
+                    self._time(e, "eager", time.perf_counter() - t)
+        except BaseException as err:  # raised again on the capturing thread
+            errors.append(err)
 
     def eager_seconds(self) -> dict[str, float]:
         """Each graph's warm-up seconds at capture, slowest first (where start-up time goes)."""

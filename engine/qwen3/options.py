@@ -62,6 +62,9 @@ class ExperimentalOptions:
     # positions per KV block; 0 = kv_pool.PAGE. ServeOptions.max_seq_len is the slot-contiguous layout
     # (one page per stream), the reference the paged cache is tested against
     kv_page: int = 0
+    # the codec's graphs warm (cuDNN timing its convs) on a thread beside the talker's (Triton
+    # compiling): cuda_graphs.py capture; False = one after the other
+    parallel_warmup: bool = True
 
 
 @dataclass(frozen=True)
