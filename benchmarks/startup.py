@@ -59,6 +59,12 @@ def start_once(serve_args: list[str], cache_dir: str, log_path: Path, timeout_s:
     return {
         "ready_s": None if ready_s is None else round(ready_s, 1),
         "rc": server.returncode,
+        # what this start left for the next: compiled kernels by library
+        "cache_files_after": {
+            d.name: sum(1 for f in d.rglob("*") if f.is_file())
+            for d in sorted(Path(cache_dir).iterdir())
+            if d.is_dir()
+        },
         "log": lines[-40:],
     }
 
