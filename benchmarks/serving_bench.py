@@ -515,13 +515,16 @@ def main() -> None:
         "--cudnn-heuristics", action="store_true", help="codec graphs on cuDNN's heuristic conv algorithms"
     )
     ap.add_argument(
-        "--serial-warmup", action="store_true", help="the codec's graphs warm after the talker's, not beside"
+        "--warm-threads",
+        type=int,
+        default=ExperimentalOptions.warm_threads,
+        help="threads the talker's graphs warm on, the codec's on one more (0: all on one)",
     )
     ap.add_argument(
         "--cudnn-benchmark-limit",
         type=int,
-        default=None,
-        help="conv algorithms cuDNN times per shape (torch's default 10)",
+        default=ServeOptions.codec_cudnn_limit,
+        help="conv algorithms cuDNN times per shape while the codec graphs are captured",
     )
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, short sweeps")
     ap.add_argument("--out", required=True)
@@ -581,8 +584,6 @@ def main() -> None:
     if "step" in args.sections:
         run("step", lambda: section_step(args, dev))
     if {"codec", "single", "serve"} & set(args.sections):
-        if args.cudnn_benchmark_limit is not None:
-            torch.backends.cudnn.benchmark_limit = args.cudnn_benchmark_limit
         t0 = time.perf_counter()
         model = build(
             args,
@@ -590,9 +591,10 @@ def main() -> None:
                 compile_elementwise=args.compile,
                 fused_kernels=not args.no_fused,
                 codec_kernels=False if args.codec_torch_ops else None,
-                parallel_warmup=not args.serial_warmup,
+                warm_threads=args.warm_threads,
             ),
             codec_cudnn_benchmark=not args.cudnn_heuristics,
+            codec_cudnn_limit=args.cudnn_benchmark_limit,
             codec_graph_frames=args.codec_frames,
         )
         res["serve_model"] = {
@@ -600,10 +602,10 @@ def main() -> None:
             "fused_kernels": not args.no_fused,
             "codec_kernels": not args.codec_torch_ops,
             "codec_cudnn_benchmark": not args.cudnn_heuristics,
-            "parallel_warmup": not args.serial_warmup,
+            "warm_threads": args.warm_threads,
             "build_and_capture_s": round(time.perf_counter() - t0, 1),
             "capture_s": round(model.graphs.capture_s, 1),
-            "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
+            "cudnn_benchmark_limit": model.options.codec_cudnn_limit,
             "capture_by_kind_s": model.graphs.phase_s,
             "slowest_warmups_s": dict(list(model.graphs.eager_seconds().items())[:12]),
             "graphs": len(model.graphs),

@@ -39,6 +39,13 @@ from .options import ServeOptions
 URGENT_FRAMES = (1, 2, 4)
 URGENT_ROWS = 16
 URGENT_PRIORITY = -100  # torch clamps it to the device's highest stream priority
+# A graph of more frames and at least SPLIT_ROWS rows runs them as calls of LONGEST_CALL_FRAMES:
+# cuDNN timing the conv algorithms of its own shapes was the slowest part of start-up (31 s for 64
+# rows x 48 frames on the H200), and two 24-frame calls cost 3% (64 rows) to 10% (16 rows) more than
+# one 48-frame call. Fewer rows time their own shapes in seconds and gain 25-60% by it
+# (codec_cudnn_limit_h200.json)
+LONGEST_CALL_FRAMES = 24
+SPLIT_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class CodecRunner:
         self._bulk_last: dict[int, torch.cuda.Event] = {}  # slot -> its last bulk call's event
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
         self.wait_s = 0.0  # the caller blocked waiting for the codec's PCM (Model.device_wait_s)
+        self.longest_call = LONGEST_CALL_FRAMES
 
     # --- slots -----------------------------------------------------------------------------------
     def open(self, slot: int) -> None:
@@ -136,7 +144,7 @@ class CodecRunner:
         """One body per (batch bucket, frame count), with padding-slot example rows (stateful mode)."""
         if self.options.codec_mode != "stateful":
             return
-        warm = "codec" if self.options.experimental.parallel_warmup else "main"
+        warm = "codec" if self.options.experimental.warm_threads else "main"
         for lane in (self.bulk, self.urgent) if self.urgent_stream is not None else (self.bulk,):
             for b in lane.buckets:
                 for t in lane.frames:
@@ -158,10 +166,21 @@ class CodecRunner:
         padding. Padding rows carry 0 valid frames, so the padding slot's state never moves.
         """
         b, width = packed.shape
-        codes = packed[:, :-2].view(b, (width - 2) // self.q, self.q).transpose(1, 2)  # (B, 16, T)
+        t = (width - 2) // self.q
+        codes = packed[:, :-2].view(b, t, self.q).transpose(1, 2)  # (B, 16, T)
         n_valid, slots = packed[:, -2], packed[:, -1]
         state, start = self.states.gather(slots)
-        pcm, state, start = self.codec.stream(codes, state, start, n_valid)
+        if t <= self.longest_call or b < SPLIT_ROWS:
+            pcm, state, start = self.codec.stream(codes, state, start, n_valid)
+        else:  # in calls of longest_call frames: a row's valid frames are the first of each part
+            parts = []
+            for t0 in range(0, t, self.longest_call):
+                n = (n_valid - t0).clamp(0, self.longest_call)
+                part, state, start = self.codec.stream(
+                    codes[..., t0 : t0 + self.longest_call], state, start, n
+                )
+                parts.append(part)
+            pcm = torch.cat(parts, dim=1)
         self.states.scatter(slots, state, start)
         return pcm
 

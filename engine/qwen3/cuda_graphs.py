@@ -136,13 +136,16 @@ class CudaGraphs:
         for e in order:
             lanes.setdefault(e.warm_lane, []).append(e)
         errors: list[BaseException] = []
+        grad = torch.is_grad_enabled()  # thread-local: the warm threads take the caller's
         threads = [
-            threading.Thread(target=self._warm, args=(entries, errors), name=f"warm-{lane}", daemon=True)
+            threading.Thread(
+                target=self._warm, args=(entries, grad, errors), name=f"warm-{lane}", daemon=True
+            )
             for lane, entries in lanes.items()
         ]
         for th in threads[1:]:
             th.start()
-        self._warm(lanes[next(iter(lanes))], errors)  # the first lane on this thread
+        self._warm(lanes[next(iter(lanes))], grad, errors)  # the first lane on this thread
         for th in threads[1:]:
             th.join()
         if errors:
@@ -180,13 +183,13 @@ class CudaGraphs:
             ", ".join(f"{k} {v:.1f} s" for k, v in list(self.eager_seconds().items())[:8]),
         )
 
-    def _warm(self, entries: list[_Entry], errors: list[BaseException]) -> None:
+    def _warm(self, entries: list[_Entry], grad: bool, errors: list[BaseException]) -> None:
         """The warm-up runs of one lane's entries, on a side stream of this thread."""
         try:
             torch.cuda.set_device(self.device)  # a thread starts on the default device
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), torch.set_grad_enabled(grad):
                 for e in entries:
                     t = time.perf_counter()
                     for _ in range(WARMUP_RUNS):

@@ -36,6 +36,7 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from typing import cast
@@ -371,12 +372,21 @@ class Qwen3TTSModel(Model):
     def _register_graphs(self) -> None:
         """Every bucket's body with padding-slot example rows (captured in ``warmup``)."""
         pad = self.pad_slot
+        threads, bodies = self.options.experimental.warm_threads, itertools.count()
+
+        def lane() -> str:  # the talker's bodies round robin over its warm threads (cuda_graphs.py)
+            return f"talker-{next(bodies) % threads}" if threads else "main"
+
         for b in self.decode_buckets:
-            self.graphs.add(("decode", b), self.step.decode, torch.full((b,), pad, dtype=torch.int64))
+            self.graphs.add(
+                ("decode", b), self.step.decode, torch.full((b,), pad, dtype=torch.int64), warm_lane=lane()
+            )
         for b in self.prefill_batches:
             for t in self.prefill_lens:
                 row = pack_prefill_row([0], [NO_CODEC], pad, t)
-                self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
+                self.graphs.add(
+                    ("prefill", b, t), self.step.prefill, torch.tensor([row] * b), warm_lane=lane()
+                )
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: HostSlot) -> Prompt:
@@ -417,12 +427,16 @@ class Qwen3TTSModel(Model):
         # the captured codec graphs keep the conv algorithms cuDNN times for their shapes (1.5-1.9x
         # faster codec calls at 16-64 rows x 2-12 frames than its heuristics: docs/performance-history.md);
         # the flag is restored after, so a rare eager call of another length pays no timing run
-        cudnn, before = torch.backends.cudnn, torch.backends.cudnn.benchmark
-        cudnn.benchmark = before or self.options.codec_cudnn_benchmark
+        cudnn, before = (
+            torch.backends.cudnn,
+            (torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit),
+        )
+        cudnn.benchmark = before[0] or self.options.codec_cudnn_benchmark
+        cudnn.benchmark_limit = self.options.codec_cudnn_limit
         try:
             self.graphs.capture()
         finally:
-            cudnn.benchmark = before
+            cudnn.benchmark, cudnn.benchmark_limit = before
         self.open_slot(0, StreamParams(greedy=True, forced_frames=2, seed=0, voice=""))
         self.add_text(0, ["Hello."], True)
         frames = []

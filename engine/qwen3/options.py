@@ -62,9 +62,9 @@ class ExperimentalOptions:
     # positions per KV block; 0 = kv_pool.PAGE. ServeOptions.max_seq_len is the slot-contiguous layout
     # (one page per stream), the reference the paged cache is tested against
     kv_page: int = 0
-    # the codec's graphs warm (cuDNN timing its convs) on a thread beside the talker's (Triton
-    # compiling): cuda_graphs.py capture; False = one after the other
-    parallel_warmup: bool = True
+    # graph warm-up at start-up (cuda_graphs.py capture): the talker's graphs (Triton compiling) on
+    # this many threads, the codec's (cuDNN timing its convs) on one more beside them; 0 = all on one
+    warm_threads: int = 4
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,9 @@ class ServeOptions:
     # cuDNN times its conv algorithms while the codec graphs are captured (CUDA graphs only): 1.5-1.9x
     # faster codec calls, for ~30-40 s more start-up on the H200 (docs/performance-history.md)
     codec_cudnn_benchmark: bool = True
+    # the conv algorithms cuDNN times per shape, best ranked first (torch.backends.cudnn.benchmark_limit):
+    # on the H200 3 picks what 10 does at every shape (codec_cudnn_limit_h200.json) in half the time
+    codec_cudnn_limit: int = 3
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
 
     def __post_init__(self) -> None:

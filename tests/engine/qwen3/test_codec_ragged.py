@@ -18,6 +18,7 @@ from voicewire.engine.model import DecodeWork, StreamParams
 from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
 from voicewire.engine.qwen3.codec_decoder import CodecDecoder
 from voicewire.engine.qwen3.codec_plan import padded_frames, plan_codec_calls
+from voicewire.engine.qwen3.codec_runner import SPLIT_ROWS
 
 STREAM_TOL = 1e-5  # fp32
 FRAME_SAMPLES = 1920
@@ -206,3 +207,34 @@ def test_full_rows_match_the_unragged_call(tiny: Qwen3TTSModel) -> None:
     out = codec.stream(codes, state, start, full)
     for a, b in zip(out, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_long_graph_in_parts_equals_one_call(tiny: Qwen3TTSModel) -> None:
+    """A graph longer than ``longest_call`` frames runs as calls of that many (cuDNN times no longer
+    conv shapes): each row's valid PCM, next state and position equal one call's, whatever its count."""
+    runner, t = tiny.codec_runner, 12
+    n = (12, 7, 4, 1)  # all frames, a part and a bit, exactly one part, less than one
+    rows = np.zeros((SPLIT_ROWS, 16 * t + 2), np.int64)  # a graph of fewer rows is not split
+    rows[:, -1] = runner.pad_slot  # the rest are padding rows: 0 valid frames on the padding slot
+    for r, k in enumerate(n):
+        rows[r, : 16 * t] = _codes(80 + r, t).reshape(-1)
+        rows[r, -2:] = k, r
+    slots = torch.arange(len(n), device=tiny.device)
+    results, before = [], runner.longest_call
+    try:
+        for longest in (t, 4):  # one call, then three of 4 frames from the same fresh states
+            for s in range(len(n)):
+                runner.open(s)
+            runner.longest_call = longest
+            pcm = runner.body(torch.from_numpy(rows).to(tiny.device))
+            results.append((pcm, *runner.states.gather(slots)))
+    finally:
+        runner.longest_call = before
+    (pcm1, state1, start1), (pcm3, state3, start3) = results
+    for r, k in enumerate(n):
+        torch.testing.assert_close(
+            pcm3[r, : k * FRAME_SAMPLES], pcm1[r, : k * FRAME_SAMPLES], rtol=0, atol=STREAM_TOL
+        )
+    torch.testing.assert_close(state3, state1, rtol=1e-5, atol=STREAM_TOL)
+    assert start3.tolist() == start1.tolist() == list(n)
+    assert float(state1.abs().max()) > 1e-3  # states worth comparing
