@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from .model import StreamParams
 from .stream import Stream, StreamError
@@ -32,9 +33,19 @@ TIMEOUT_S = 60.0
 
 
 def run(open_stream: Callable[[StreamParams], Stream], streams: int) -> float:
-    """Drive the warm load on a loop of its own (the caller is not on one); returns its seconds."""
+    """Drive the warm load on a loop of its own; returns its seconds. An engine started from a
+    coroutine (its caller's loop is running here) runs it on a thread of its own."""
     if streams <= 0:
         return 0.0
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _run(open_stream, streams)
+    with ThreadPoolExecutor(1, thread_name_prefix="voicewire-warm-load") as pool:
+        return pool.submit(_run, open_stream, streams).result()
+
+
+def _run(open_stream: Callable[[StreamParams], Stream], streams: int) -> float:
     t0 = time.perf_counter()
     try:
         asyncio.run(asyncio.wait_for(_waves(open_stream, streams), TIMEOUT_S))

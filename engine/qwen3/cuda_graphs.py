@@ -136,16 +136,19 @@ class CudaGraphs:
         for e in order:
             lanes.setdefault(e.warm_lane, []).append(e)
         errors: list[BaseException] = []
-        grad = torch.is_grad_enabled()  # thread-local: the warm threads take the caller's
+        # thread-local, so the warm threads take the caller's: grad mode, and the device ("cuda"
+        # names the current one)
+        grad = torch.is_grad_enabled()
+        index = torch.cuda.current_device() if self.device.index is None else self.device.index
         threads = [
             threading.Thread(
-                target=self._warm, args=(entries, grad, errors), name=f"warm-{lane}", daemon=True
+                target=self._warm, args=(entries, grad, index, errors), name=f"warm-{lane}", daemon=True
             )
             for lane, entries in lanes.items()
         ]
         for th in threads[1:]:
             th.start()
-        self._warm(lanes[next(iter(lanes))], grad, errors)  # the first lane on this thread
+        self._warm(lanes[next(iter(lanes))], grad, index, errors)  # the first lane on this thread
         for th in threads[1:]:
             th.join()
         if errors:
@@ -183,10 +186,10 @@ class CudaGraphs:
             ", ".join(f"{k} {v:.1f} s" for k, v in list(self.eager_seconds().items())[:8]),
         )
 
-    def _warm(self, entries: list[_Entry], grad: bool, errors: list[BaseException]) -> None:
+    def _warm(self, entries: list[_Entry], grad: bool, index: int, errors: list[BaseException]) -> None:
         """The warm-up runs of one lane's entries, on a side stream of this thread."""
         try:
-            torch.cuda.set_device(self.device)  # a thread starts on the default device
+            torch.cuda.set_device(index)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side), torch.set_grad_enabled(grad):

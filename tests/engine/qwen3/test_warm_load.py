@@ -50,3 +50,25 @@ def test_the_engine_is_ready_only_after_its_warm_load_ran_a_full_batch(device: s
         assert engine.stats.streams_opened == 1
     finally:
         engine.close()
+
+
+def test_an_engine_started_from_a_coroutine_runs_its_warm_load(device: str) -> None:
+    """Engine.start() called on a running loop (an async app's start-up) still warms before ready."""
+    model = load_qwen3(None, "tiny", device=device, seed=3, max_slots=2, max_batch_size=2, max_seq_len=256)
+    model.info = dataclasses.replace(model.info, warm_load_streams=2)
+    opened: list[int] = []
+    open_slot = model.open_slot
+    model.open_slot = lambda slot, params: (opened.append(slot), open_slot(slot, params))[1]  # type: ignore[method-assign]
+
+    async def start_and_speak() -> int:
+        engine = Engine(EngineConfig(max_streams=2), model=model).start()
+        try:
+            assert engine.ready and len(opened) >= 3  # the model's own warm-up slot and two warm streams
+            stream = engine.open_stream(forced_frames=3)
+            stream.push_text("Hello there.")
+            stream.end()
+            return sum([len(c.pcm) async for c in stream])
+        finally:
+            engine.close()
+
+    assert asyncio.run(start_and_speak()) > 0
