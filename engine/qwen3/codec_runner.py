@@ -144,42 +144,20 @@ class CodecRunner:
         """One body per (batch bucket, frame count), with padding-slot example rows (stateful mode)."""
         if self.options.codec_mode != "stateful":
             return
-        keys = [
-            (lane, b, t)
-            for lane in ((self.bulk, self.urgent) if self.urgent_stream is not None else (self.bulk,))
-            for b in lane.buckets
-            for t in lane.frames
-        ]
-        warm = self._warm_lanes([(b, t) for _, b, t in keys])
-        for (lane, b, t), lane_name in zip(keys, warm, strict=True):
-            example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
-            example[:, -1] = lane.pad_slot
-            self.graphs.add(
-                (lane.kind, b, t),
-                self.body,
-                example,
-                pool=lane.kind,
-                priority=lane.priority,
-                warm_lane=lane_name,
-            )
-
-    def _warm_lanes(self, shapes: list[tuple[int, int]]) -> list[str]:
-        """The warm thread of each (rows, frames) graph: graphs whose convs have the same shapes (a
-        split graph's are its parts') share one, so cuDNN times each shape once; the rest spread
-        over the codec's threads by their size."""
-        ex = self.options.experimental
-        if not ex.warm_threads:
-            return ["main"] * len(shapes)
-
-        def conv_shape(b: int, t: int) -> tuple[int, int]:
-            return (b, self.longest_call) if t > self.longest_call and b >= SPLIT_ROWS else (b, t)
-
-        load = [0] * max(1, ex.codec_warm_threads)
-        lane_of: dict[tuple[int, int], int] = {}
-        for shape in sorted({conv_shape(*s) for s in shapes}, key=lambda s: -s[0] * s[1]):
-            lane_of[shape] = load.index(min(load))
-            load[lane_of[shape]] += shape[0] * shape[1]
-        return [f"codec-{lane_of[conv_shape(*s)]}" for s in shapes]
+        warm = "codec" if self.options.experimental.warm_threads else "main"
+        for lane in (self.bulk, self.urgent) if self.urgent_stream is not None else (self.bulk,):
+            for b in lane.buckets:
+                for t in lane.frames:
+                    example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
+                    example[:, -1] = lane.pad_slot
+                    self.graphs.add(
+                        (lane.kind, b, t),
+                        self.body,
+                        example,
+                        pool=lane.kind,
+                        priority=lane.priority,
+                        warm_lane=warm,
+                    )
 
     def body(self, packed: Tensor) -> Tensor:
         """packed (B, 16 T + 2): codes (frame-major) | valid frames n_b | slot -> pcm (B, T * 1920).
