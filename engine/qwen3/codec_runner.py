@@ -41,7 +41,7 @@ URGENT_ROWS = 16
 URGENT_PRIORITY = -100  # torch clamps it to the device's highest stream priority
 # A graph of more frames and at least SPLIT_ROWS rows runs them as calls of LONGEST_CALL_FRAMES:
 # cuDNN timing the conv algorithms of its own shapes was the slowest part of start-up (31 s for 64
-# rows x 48 frames on the H200), and two 24-frame calls cost 3% (64 rows) to 10% (16 rows) more than
+# rows x 48 frames on the H200), and two 24-frame calls cost 3% (64 rows) to 11% (16 rows) more than
 # one 48-frame call. Fewer rows time their own shapes in seconds and gain 25-60% by it
 # (codec_cudnn_limit_h200.json)
 LONGEST_CALL_FRAMES = 24

@@ -89,7 +89,7 @@ class ServeOptions:
     # smallest that fits the longest; a longer chunk runs eagerly at its own length
     codec_graph_frames: int = 12
     # cuDNN times its conv algorithms while the codec graphs are captured (CUDA graphs only): 1.5-1.9x
-    # faster codec calls, for ~30-40 s more start-up on the H200 (docs/performance-history.md)
+    # faster codec calls; the timing is most of start-up on the H200 (~58 s, beside the talker's)
     codec_cudnn_benchmark: bool = True
     # the conv algorithms cuDNN times per shape, best ranked first (torch.backends.cudnn.benchmark_limit):
     # on the H200 3 picks what 10 does at every shape (codec_cudnn_limit_h200.json) in half the time
