@@ -50,7 +50,7 @@ class Kind(enum.IntEnum):
     CONSUMED = 6
     SHUTDOWN = 7
     CLONE = 8
-    ATTACH = 9  # gateway -> the relay of a shared core (ray_relay.py); never reaches the core
+    ATTACH = 9  # gateway -> a shared core's events socket (gateways.py)
     # core -> gateway
     READY = 16
     START_FAILED = 17
@@ -60,6 +60,7 @@ class Kind(enum.IntEnum):
     STATS = 21
     CLONED = 22
     CLONE_FAILED = 23
+    LISTENING = 24  # a shared core -> the process that started it (shared_core.py)
 
 
 CLONED_VOICE_EXT = 1  # msgpack extension code of a ClonedVoice
@@ -162,12 +163,21 @@ class Stats:
 
 @dataclass(frozen=True)
 class Attach:
-    """A gateway in front of a shared core (one reached over TCP through its relay, ray_relay.py),
-    about once a second: the relay answers the first with the core's ``Ready``, sends the gateway
-    every message about the streams whose ids carry its ``tag`` (``tagged_id``) and the core's
-    ``Stats``, and cancels its streams when it falls silent. The relay keeps it from the core."""
+    """A gateway in front of a shared core (one reached over TCP, gateways.py), about once a
+    second: the core answers the first with its ``Ready``, sends the gateway every message about
+    the streams whose ids carry its ``tag`` and its ``Stats``, and cancels its streams when it falls
+    silent."""
 
     tag: int
+
+
+@dataclass(frozen=True)
+class Listening:
+    """Where a shared core's gateways connect (tcp:// addresses): its first message to the process
+    that started it, before the model loads."""
+
+    commands: str
+    events: str
 
 
 TAG_SHIFT = 32  # a shared core's stream and request ids: tag << TAG_SHIFT | n, unique across gateways
@@ -183,13 +193,15 @@ def encode_attach(msg: Attach) -> list[bytes]:
 
 def peek(frame0: bytes) -> tuple[Kind, list[Any]]:
     """A message's kind and its header's fields (the first is the stream or request id of those
-    that have one), leaving any PCM frame alone: what the relay routes by."""
+    that have one), leaving any PCM frame alone."""
     kind, *rest = _unpack(frame0)
     return Kind(kind), rest
 
 
 ToCore: TypeAlias = OpenStream | PushText | Flush | End | Cancel | Consumed | CloneVoice | Shutdown
-FromCore: TypeAlias = Ready | StartFailed | Audio | Failed | Closed | Stats | VoiceCloned | CloneFailed
+FromCore: TypeAlias = (
+    Ready | StartFailed | Audio | Failed | Closed | Stats | VoiceCloned | CloneFailed | Listening
+)
 
 _STREAM_COMMANDS: dict[type, Kind] = {Flush: Kind.FLUSH, End: Kind.END, Cancel: Kind.CANCEL}
 _STREAM_COMMAND_TYPES = {kind: cls for cls, kind in _STREAM_COMMANDS.items()}
@@ -290,6 +302,8 @@ def encode_from_core(msg: FromCore) -> list[bytes]:
         info = [getattr(msg.info, f.name) for f in fields(ModelInfo)]
         info[[f.name for f in fields(ModelInfo)].index("text_granularity")] = msg.info.text_granularity.value
         return [_pack(Kind.READY, info, msg.max_streams, msg.pid)]
+    if isinstance(msg, Listening):
+        return [_pack(Kind.LISTENING, msg.commands, msg.events)]
     return [_pack(Kind.START_FAILED, msg.message)]
 
 
@@ -326,4 +340,6 @@ def decode_from_core(frames: list[bytes]) -> FromCore:
         return Ready(ModelInfo(**values), max_streams, pid)
     if kind == Kind.START_FAILED:
         return StartFailed(rest[0])
+    if kind == Kind.LISTENING:
+        return Listening(rest[0], rest[1])
     raise ValueError(f"not a message from an engine core: kind {kind}")

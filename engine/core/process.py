@@ -1,5 +1,7 @@
 """The engine core: one process that owns an ``Engine`` (model, scheduler, feeders, worker thread)
-and serves its streams to one gateway-side ``CoreClient`` over two ZeroMQ sockets.
+and serves its streams to one gateway-side ``CoreClient`` over two ZeroMQ sockets, or, as a shared
+core (``CoreSpec.gateways_host``: one placed by Ray), to any number of gateways over TCP
+(gateways.py) while the two sockets link it to the process that started it.
 
 Inside the core, an asyncio loop stands where the gateway's loop stood for an in-process engine:
 it opens the engine's streams, posts the client's commands to them, and forwards every chunk the
@@ -22,7 +24,7 @@ import os
 import pickle
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,7 @@ from voicewire.engine import (
 )
 from voicewire.engine.commands import Cancel, End, Flush, PushText
 
+from .gateways import Gateways
 from .messages import (
     Audio,
     CloneFailed,
@@ -56,6 +59,7 @@ from .messages import (
     VoiceCloned,
     decode_to_core,
     encode_from_core,
+    id_tag,
 )
 
 log = logging.getLogger("voicewire.engine.core")
@@ -75,6 +79,9 @@ class CoreSpec:
     parent_pid: int = 0  # 0: do not watch the parent
     sys_path: tuple[str, ...] = ()  # the gateway's import path (models given as package.module:factory)
     log_level: int = logging.INFO  # the gateway's: at DEBUG a failed start logs its traceback too
+    # a shared core: its gateways' sockets are bound on this address (gateways.py), and the two
+    # above carry only the core's own Listening / Ready / StartFailed and the starter's Shutdown
+    gateways_host: str = ""
 
 
 def main() -> None:
@@ -108,7 +115,17 @@ async def _serve(spec: CoreSpec) -> None:
         sock.setsockopt(zmq.LINGER, 1000)
     to_core.connect(spec.to_core_address)
     from_core.connect(spec.from_core_address)
+    gateways = Gateways(ctx, spec.gateways_host) if spec.gateways_host else None
+
+    async def to_starter(msg: FromCore) -> None:
+        await from_core.send_multipart(encode_from_core(msg), copy=False)
+
     engine = Engine(spec.engine)
+    core = _Core(engine, to_starter if gateways is None else gateways.send)
+    tasks: list[asyncio.Task[None]] = []
+    if gateways is not None:
+        await to_starter(gateways.listening())  # before the model loads: gateways attach meanwhile
+        tasks.append(asyncio.create_task(gateways.keep(core.cancel_tagged)))
     try:
         try:
             await asyncio.get_running_loop().run_in_executor(None, engine.start)
@@ -118,23 +135,32 @@ async def _serve(spec: CoreSpec) -> None:
             message = f"{type(err).__name__}: {err}"
             log.error("the engine failed to start: %s", message)
             log.debug("the engine failed to start", exc_info=True)
-            await from_core.send_multipart(encode_from_core(StartFailed(message)))
+            if gateways is not None:
+                await gateways.send(StartFailed(message))
+            await to_starter(StartFailed(message))
             return
-        core = _Core(engine, from_core)
         max_streams = min(engine.config.max_streams, engine.info.max_slots)
-        await core.send(Ready(engine.info, max_streams, os.getpid()))
+        ready = Ready(engine.info, max_streams, os.getpid())
+        await core.send(ready)
+        if gateways is not None:
+            await to_starter(ready)
         log.info("engine core ready (pid %d, %d streams)", os.getpid(), max_streams)
-        tasks = [asyncio.create_task(core.report_stats())]
+        tasks.append(asyncio.create_task(core.report_stats()))
         if spec.parent_pid:
             tasks.append(asyncio.create_task(_watch_parent(spec.parent_pid)))
         receive = asyncio.create_task(core.receive(to_core))
+        if gateways is not None:
+            tasks.append(asyncio.create_task(core.receive(gateways.commands, shutdown=False)))
         await asyncio.wait([receive, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        for task in [receive, *tasks]:
-            task.cancel()
+        receive.cancel()
     finally:
+        for task in tasks:
+            task.cancel()
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
         to_core.close(linger=0)
         from_core.close()
+        if gateways is not None:
+            gateways.close()
         ctx.term()
 
 
@@ -147,22 +173,27 @@ async def _watch_parent(parent_pid: int) -> None:
 class _Core:
     """Streams of one core, keyed by the client's stream ids."""
 
-    def __init__(self, engine: Engine, out: zmq.asyncio.Socket) -> None:
+    def __init__(self, engine: Engine, send: Callable[[FromCore], Coroutine[Any, Any, None]]) -> None:
         self.engine = engine
-        self._out = out
+        self.send = send
         self._streams: dict[int, Stream] = {}
         self._consumed: dict[int, int] = {}  # client stream id -> samples its caller took
         self._tasks: set[asyncio.Task[None]] = set()  # forwarders and sends not awaited by anyone
 
-    async def send(self, msg: FromCore) -> None:
-        await self._out.send_multipart(encode_from_core(msg), copy=False)
-
-    async def receive(self, sock: zmq.asyncio.Socket) -> None:
-        """Until ``Shutdown``: one command at a time, in the order the client sent them."""
+    async def receive(self, sock: zmq.asyncio.Socket, shutdown: bool = True) -> None:
+        """Until ``Shutdown`` (``shutdown``: from this socket; a shared core's gateways cannot stop
+        what others front): one command at a time, in the order each client sent them."""
         while True:
-            msg = decode_to_core(await sock.recv_multipart())
+            frames = await sock.recv_multipart()
+            try:
+                msg = decode_to_core(frames)
+            except Exception:  # one bad message must not stop the streams of every client
+                log.exception("a message to the core could not be read")
+                continue
             if isinstance(msg, Shutdown):
-                return
+                if shutdown:
+                    return
+                continue
             if isinstance(msg, OpenStream):
                 self._open(msg)
             elif isinstance(msg, Consumed):
@@ -228,6 +259,14 @@ class _Core:
                 stream.cancel()
         except StreamError as err:  # text after end: the client checks this too, so it is rare
             stream.fail(err)
+
+    def cancel_tagged(self, tag: int) -> None:
+        """A shared core's gateway went silent: its streams are cancelled, their slots freed."""
+        gone = [sid for sid in self._streams if id_tag(sid) == tag]
+        if gone:
+            log.warning("a gateway went silent; cancelling its %d streams", len(gone))
+        for sid in gone:
+            self._command(Cancel(sid))
 
     def _consume(self, msg: Consumed) -> None:
         stream = self._streams.get(msg.stream_id)

@@ -1,10 +1,11 @@
 """An engine core as a Ray actor: Ray places it (the resources it needs, on any node of the
 cluster), restarts it when it dies (``max_restarts``) and names it in a namespace, so that any
-gateway finds it; audio and commands keep flowing over the core protocol on ZeroMQ, through the
-actor's relay (ray_relay.py). Ray is the control plane, never the per-chunk data path.
+gateway finds it; audio and commands keep flowing over the core protocol on ZeroMQ, between the
+core and each gateway directly (shared_core.py, gateways.py). Ray is the control plane, never the
+per-chunk data path.
 
-The actor runs the core as the one-host path does (process.py in a fresh interpreter, started by
-the relay, which inherits the actor's ``CUDA_VISIBLE_DEVICES``), so its GIL is not the relay's.
+The actor runs the core as the one-host path does (process.py in a fresh interpreter, which
+inherits the actor's ``CUDA_VISIBLE_DEVICES``), so the core's GIL is not the actor's.
 A core that dies after it was ready takes its actor with it (``os._exit``): Ray restarts both,
 and the new incarnation reports new ports (``CoreEndpoint``). A core whose model cannot start
 stays down with its reason (``wait_ready``), rather than looping through restarts.
@@ -22,7 +23,7 @@ from typing import Any
 
 from voicewire.engine import EngineConfig
 
-from .ray_relay import CoreEndpoint, Relay
+from .shared_core import CoreEndpoint, SharedCore
 
 log = logging.getLogger("voicewire.engine.core")
 
@@ -41,32 +42,27 @@ class CoreActor:
         logging.basicConfig(level=logging.INFO)
         self._node = ray.util.get_node_ip_address()
         self._node_id = ray.get_runtime_context().get_node_id()
-        self._relay = Relay(engine, self._node, name, self._core_exited)
-        self._relay.start()
+        self._core = SharedCore(engine, self._node, name, self._core_exited)
+        self._core.start()
 
     def endpoint(self) -> CoreEndpoint:
-        return self._relay.endpoint(self._node, self._node_id)
+        return self._core.endpoint(self._node, self._node_id)
 
     def wait_ready(self, timeout_s: float) -> str | None:
-        """None once the core is ready; its start failure; TimeoutError after ``timeout_s``."""
-        if not self._relay.ready.wait(timeout_s):
-            if self._relay.failure is not None:
-                return self._relay.failure
+        """None once the core is ready; why it cannot start; TimeoutError after ``timeout_s``."""
+        if not self._core.ready.wait(timeout_s):
             raise TimeoutError(f"the engine core was not ready within {timeout_s} s")
-        return None
+        return self._core.failure
 
     def shutdown(self) -> None:
         """Stop the core: its streams end with ``engine_closed`` (the actor stays until killed)."""
-        self._relay.stop()
+        self._core.stop()
 
     def _core_exited(self, code: int, was_ready: bool) -> None:
         if was_ready:
             # The actor's process goes with its core: Ray sees it die and restarts it (and so a
             # fresh core), as it would after a node or an OOM took both.
             os._exit(1)
-        if self._relay.failure is None:
-            self._relay.failure = f"the engine core exited before it was ready (exit code {code})"
-        self._relay.ready.set()
 
 
 @functools.cache

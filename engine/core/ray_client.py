@@ -31,10 +31,11 @@ from zmq.utils.monitor import parse_monitor_message
 from voicewire.engine import EngineConfig
 
 from .client import CoreClient, CoreStartFailed, CoreState
+from .gateways import routing_id
 from .messages import TAG_SHIFT, Attach, encode_attach
-from .ray_relay import CoreEndpoint, routing_id
+from .shared_core import CoreEndpoint
 
-ATTACH_S = 1.0  # the relay drops a gateway silent for GATEWAY_SILENT_S (5 s)
+ATTACH_S = 1.0  # the core drops a gateway silent for GATEWAY_SILENT_S (5 s, gateways.py)
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 3000
 LINK_SILENT_S = 3.0  # the core's Stats come every 0.5 s
@@ -43,7 +44,9 @@ LINK_SILENT_S = 3.0  # the core's Stats come every 0.5 s
 class RemoteCoreClient(CoreClient):
     shared = True
 
-    def __init__(self, name: str, locate: Callable[[], Awaitable[CoreEndpoint]], restart: Callable[[], None]) -> None:
+    def __init__(
+        self, name: str, locate: Callable[[], Awaitable[CoreEndpoint]], restart: Callable[[], None]
+    ) -> None:
         super().__init__(EngineConfig(), name=name)
         self.tag = random.randrange(2**30, 2**31)
         self._ids = itertools.count((self.tag << TAG_SHIFT) + 1)
@@ -72,7 +75,9 @@ class RemoteCoreClient(CoreClient):
         try:
             endpoint = await self._locate()
         except Exception as err:
-            raise CoreStartFailed(f"{self.name} cannot be reached through Ray: {type(err).__name__}: {err}") from err
+            raise CoreStartFailed(
+                f"{self.name} cannot be reached through Ray: {type(err).__name__}: {err}"
+            ) from err
         if endpoint.incarnation == self._gone:
             raise CoreStartFailed(f"{self.name} has not been restarted yet")
         self.endpoint, self.config = endpoint, endpoint.engine

@@ -144,7 +144,6 @@ class CodecRunner:
         """One body per (batch bucket, frame count), with padding-slot example rows (stateful mode)."""
         if self.options.codec_mode != "stateful":
             return
-        warm = "codec" if self.options.experimental.warm_threads else "main"
         for lane in (self.bulk, self.urgent) if self.urgent_stream is not None else (self.bulk,):
             for b in lane.buckets:
                 for t in lane.frames:
@@ -156,7 +155,7 @@ class CodecRunner:
                         example,
                         pool=lane.kind,
                         priority=lane.priority,
-                        warm_lane=warm,
+                        warm_lane="codec",
                     )
 
     def body(self, packed: Tensor) -> Tensor:

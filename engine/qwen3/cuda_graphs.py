@@ -86,9 +86,10 @@ def powers_of_two(limit: int) -> tuple[int, ...]:
 
 
 class CudaGraphs:
-    def __init__(self, device: torch.device, enabled: bool) -> None:
+    def __init__(self, device: torch.device, enabled: bool, warm_threads: int = 0) -> None:
         self.device = device
         self.enabled = enabled and device.type == "cuda"
+        self.warm_threads = warm_threads  # capture: the main lane's threads (0: every lane on one)
         self._entries: dict[Hashable, _Entry] = {}
         self._pools: dict[str, Any] = {}  # pool name -> torch's graph pool handle
         self._capture_streams: dict[str, torch.cuda.Stream] = {}  # pool name -> the stream it is captured on
@@ -106,8 +107,8 @@ class CudaGraphs:
     ) -> None:
         """Register a body for inputs shaped like ``example`` (int64; its rows must be harmless to run:
         padding slots), in memory pool ``pool``, captured by ``capture`` on a stream of ``priority``
-        (the pool's graphs are replayed on a stream of that priority). ``warm_lane``: bodies of
-        another lane run their warm-up runs beside this one's, on a thread of their own (``capture``)."""
+        (the pool's graphs are replayed on a stream of that priority). ``warm_lane``: the "main"
+        lane's bodies warm on ``warm_threads`` threads, each other lane's on one more (``capture``)."""
         if key in self._entries:
             raise ValueError(f"graph {key!r} registered twice")
         if example.dtype != torch.int64:
@@ -133,8 +134,12 @@ class CudaGraphs:
         t0 = time.perf_counter()
         order = sorted(self._entries.values(), key=lambda e: e.input.numel(), reverse=True)
         lanes: dict[str, list[_Entry]] = {}
+        main = 0  # the main lane's entries round robin over its threads, the largest spread first
         for e in order:
-            lanes.setdefault(e.warm_lane, []).append(e)
+            lane = e.warm_lane if self.warm_threads else ""
+            if lane == "main":
+                lane, main = f"main-{main % self.warm_threads}", main + 1
+            lanes.setdefault(lane, []).append(e)
         errors: list[BaseException] = []
         # thread-local, so the warm threads take the caller's: grad mode, and the device ("cuda"
         # names the current one)

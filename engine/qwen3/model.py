@@ -36,7 +36,6 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 from typing import cast
@@ -153,7 +152,7 @@ class Qwen3TTSModel(Model):
         self.decode_buckets = options.decode_buckets or default_decode_buckets(options.max_batch_size)
         self.prefill_batches = powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
         self.prefill_lens = tuple(b for b in options.prefill_len_buckets if b <= options.max_seq_len)
-        self.graphs = CudaGraphs(dev, options.cuda_graphs)
+        self.graphs = CudaGraphs(dev, options.cuda_graphs, options.experimental.warm_threads)
         self.codec_runner = CodecRunner(
             self.codec, t.num_code_groups, options, self.graphs, self.pad_slot, dev
         )
@@ -372,21 +371,12 @@ class Qwen3TTSModel(Model):
     def _register_graphs(self) -> None:
         """Every bucket's body with padding-slot example rows (captured in ``warmup``)."""
         pad = self.pad_slot
-        threads, bodies = self.options.experimental.warm_threads, itertools.count()
-
-        def lane() -> str:  # the talker's bodies round robin over its warm threads (cuda_graphs.py)
-            return f"talker-{next(bodies) % threads}" if threads else "main"
-
         for b in self.decode_buckets:
-            self.graphs.add(
-                ("decode", b), self.step.decode, torch.full((b,), pad, dtype=torch.int64), warm_lane=lane()
-            )
+            self.graphs.add(("decode", b), self.step.decode, torch.full((b,), pad, dtype=torch.int64))
         for b in self.prefill_batches:
             for t in self.prefill_lens:
                 row = pack_prefill_row([0], [NO_CODEC], pad, t)
-                self.graphs.add(
-                    ("prefill", b, t), self.step.prefill, torch.tensor([row] * b), warm_lane=lane()
-                )
+                self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: HostSlot) -> Prompt:
@@ -427,10 +417,8 @@ class Qwen3TTSModel(Model):
         # the captured codec graphs keep the conv algorithms cuDNN times for their shapes (1.5-1.9x
         # faster codec calls at 16-64 rows x 2-12 frames than its heuristics: docs/performance-history.md);
         # the flag is restored after, so a rare eager call of another length pays no timing run
-        cudnn, before = (
-            torch.backends.cudnn,
-            (torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit),
-        )
+        cudnn = torch.backends.cudnn
+        before = cudnn.benchmark, cudnn.benchmark_limit
         cudnn.benchmark = before[0] or self.options.codec_cudnn_benchmark
         cudnn.benchmark_limit = self.options.codec_cudnn_limit
         try:
