@@ -28,6 +28,11 @@
 #       utterances scaled to the probe's (3.4 s mean)  -> front_door_SIZE[_TAG]_h200.json, .png
 #       needs the gateway's wheels carried as .whl/gateway (aiortc, av, websockets, pyzmq); each half builds
 #       and captures the model (~200 s), so ENGINE_ONLY='' (no engine-only half) leaves the call for the gateway
+#       SERVE_FLAGS=--ray TAG=ray: the same with the core placed by Ray (a local cluster in-process; Ray
+#       installed by an earlier call of this lease: benchmarks/ray_wheels.sh, RAY_SITE)
+#   COMMIT=<sha> RAY_SITE=/tmp/raysite bash benchmarks/gpu.sh gateways   # WebRTC peers (words at 20/s) that one
+#       gateway process paces against `--workers 4`, one Qwen3-TTS core placed by Ray on the GPU
+#       (benchmarks/gateway_workers.py; PEERS, WORKERS)               -> gateway_workers_SIZE_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh startup              # start-up: the README's command to /readyz 200,
 #       STARTS (default 2) starts on one fresh compile cache, each start's phase lines -> startup_SIZE_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh side-by-side         # README "against the official qwen-tts" (~6 min)
@@ -68,7 +73,7 @@ SHOW='^\[|^== |Error|error|passed|failed|Traceback'
 declare -a STATUS=()
 
 usage() { sed -n '2,/^set -o pipefail/p' "$0" | grep '^#'; exit 2; }
-case "$MODE" in headline | kernels | throughput | front-door | startup | side-by-side | parity | clone | profile) ;; *) usage ;; esac
+case "$MODE" in headline | kernels | throughput | front-door | gateways | startup | side-by-side | parity | clone | profile) ;; *) usage ;; esac
 : > "$LOG"
 
 # voicewire.* is not installed on the device: a link tree makes the folders importable under that name.
@@ -191,7 +196,12 @@ if [ "$MODE" = throughput ]; then
   fi
 fi
 
-if [ "$MODE" = front-door ] || [ "$MODE" = startup ]; then
+# Ray, where an earlier call of this lease installed it (benchmarks/ray_wheels.sh says how)
+if [ -n "${RAY_SITE:-}" ] && [ -d "$RAY_SITE" ]; then
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$RAY_SITE PATH=$RAY_SITE/bin:$PATH
+fi
+
+if [ "$MODE" = front-door ] || [ "$MODE" = startup ] || [ "$MODE" = gateways ]; then
   if ! python3 -c "import aiortc, av, websockets, zmq" > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gw .whl/gateway/*.whl 2>&1 | tail -3
     export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/gw
@@ -215,6 +225,14 @@ if [ "$MODE" = front-door ]; then
     --engine-only "${ENGINE_ONLY---size $SIZE --max-batch 256 --max-slots 512 --max-seq-len 1536 --length-scale 0.74}" \
     --out "$OUT/$name.json" --plot "$OUT/$name.png" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
+  stamp "$OUT/$name.json"
+fi
+
+if [ "$MODE" = gateways ]; then
+  name="gateway_workers_${SIZE}_h200"
+  step gateways 570 python3 benchmarks/gateway_workers.py --workers "${WORKERS:-1,4}" \
+    --peers "${PEERS:-16,32,48,64,96,128}" --out "$OUT/$name.json" \
+    -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights
   stamp "$OUT/$name.json"
 fi
 

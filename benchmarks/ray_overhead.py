@@ -17,86 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import shutil
-import socket
 import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
-from pathlib import Path
 from typing import Any
 
+from ray_cluster import VOICEWIRE, LocalCluster, free_port, ready
 from ws_bench import SENTENCES, pct, scenario, start_server, summary_ms, ttfp_s, write_results
 
-BIN = Path(sys.executable).parent
 ARMS = ("serve", "ray")
 P50_BUDGET_MS = 3.0  # Ray may add at most this to p50, and 10% to p95: it is the control plane only
 P95_BUDGET = 1.10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def node_ports() -> list[str]:
-    """Ports a raylet and its agents would otherwise take at fixed defaults (two nodes, one host)."""
-    flags = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-             "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")  # fmt: skip
-    return [a for f in flags for a in (f, str(free_port()))]
-
-
-def ready(port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the gateway on {port} was not ready within {timeout_s:.0f} s")
-
-
-def wait_for_nodes(address: str, nodes: int, timeout_s: float = 60.0) -> None:
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if not ray.is_initialized():
-                ray.init(address=address, log_to_driver=False)
-            if sum(n["Alive"] for n in ray.nodes()) >= nodes:
-                ray.shutdown()
-                return
-        except (ConnectionError, RuntimeError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the Ray cluster at {address} did not reach {nodes} nodes")
-
-
-def kill_trees(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Each process and all under it (a raylet's workers, the engine actor among them)."""
-    import psutil
-
-    tree: list[Any] = []
-    for proc in procs:
-        try:
-            tree += [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=10)
-    for proc in procs:
-        proc.wait(10)
 
 
 def run_rounds(ports: dict[str, int], rounds: int, turns: int) -> dict[str, list[list[float]]]:
@@ -117,59 +46,23 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/ray_overhead_cpu.json")
     args = ap.parse_args()
 
-    temp = tempfile.mkdtemp(prefix="vwray-", dir="/tmp")  # Ray's socket paths must stay short
-    address = f"127.0.0.1:{free_port()}"
-    env = {
-        **os.environ,
-        "RAY_ADDRESS": address,
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-    }
-    common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats"]
-    head = ["ray", "start", "--head", "--port", address.split(":")[1], "--resources", '{"head_node": 1}', *common,
-            "--temp-dir", temp, "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
-            *node_ports()]  # fmt: skip
-    node2 = ["ray", "start", "--address", address, "--resources", '{"node2": 1}', *common, *node_ports()]
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def spawn(argv: list[str], name: str) -> None:
-        with open(Path(temp) / f"{name}.log", "ab") as log:
-            procs.append(
-                subprocess.Popen(argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
-            )
-
     ports = {arm: free_port() for arm in ARMS}
     serve: subprocess.Popen[bytes] | None = None
-    try:
-        spawn(head, "head")
-        spawn(node2, "node2")
-        wait_for_nodes(address, 2)
-        engine = [
-            str(BIN / "voicewire"),
-            "engine",
-            "--ray",
-            address,
-            "--replicas",
-            "1",
-            "--resources",
-            '{"node2": 1}',
-        ]
-        done = subprocess.run(engine, env=env, capture_output=True, text=True, timeout=180)
-        if done.returncode != 0:
-            raise RuntimeError(f"voicewire engine failed: {done.stdout}{done.stderr}")
-        spawn([str(BIN / "voicewire"), "gateway", "--ray", address, "--port", str(ports["ray"]), "--log-level", "warning"],
-              "gateway")  # fmt: skip
-        ready(ports["ray"], 60)
-        serve = start_server(ports["serve"])
-        for port in ports.values():  # warm both: the first turns of a process are not the tenth
-            asyncio.run(scenario(f"ws://127.0.0.1:{port}/v1/stream", 1, 10, None, SENTENCES, 0.0))
-        rounds = run_rounds(ports, args.rounds, args.turns)
-    finally:
-        if serve is not None:
-            serve.terminate()  # a clean stop: it stops its own core
-            serve.wait(30)
-        kill_trees(procs)
-        shutil.rmtree(temp, ignore_errors=True)
+    with LocalCluster(second_node=True) as cluster:
+        try:
+            engine = ["engine", "--ray", cluster.address, "--replicas", "1", "--resources", '{"node2": 1}']
+            cluster.run([*VOICEWIRE, *engine], timeout_s=180)
+            cluster.spawn([*VOICEWIRE, "gateway", "--ray", cluster.address, "--port", str(ports["ray"]),
+                           "--log-level", "warning"], "gateway")  # fmt: skip
+            ready(ports["ray"], 60)
+            serve = start_server(ports["serve"])
+            for port in ports.values():  # warm both: the first turns of a process are not the tenth
+                asyncio.run(scenario(f"ws://127.0.0.1:{port}/v1/stream", 1, 10, None, SENTENCES, 0.0))
+            rounds = run_rounds(ports, args.rounds, args.turns)
+        finally:
+            if serve is not None:
+                serve.terminate()  # a clean stop: it stops its own core
+                serve.wait(30)
 
     pooled = {arm: summary_ms([t for r in rounds[arm] for t in r]) for arm in ARMS}
     per_round = {arm: [summary_ms(r) for r in rounds[arm]] for arm in ARMS}

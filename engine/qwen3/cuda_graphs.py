@@ -49,7 +49,7 @@ class _Entry:
     pool: str = "main"
     priority: int = 0  # of the pool's capture stream
     kind: str = ""  # the key's first part ("decode", "prefill", a codec lane): start-up timing by kind
-    warm_lane: str = "main"  # entries of one lane warm one after another, lanes at the same time
+    warm_lane: str = "main"  # capture: lanes warm at the same time ("main" split over warm_threads)
     eager_s: float = 0.0  # its warm-up runs at capture (Triton JIT, torch.compile, cuDNN timing)
 
 
@@ -126,9 +126,10 @@ class CudaGraphs:
         """Warm and capture every registered body, largest input first; logs where the time went.
 
         The warm-up runs are most of start-up and they wait on different things: the talker's on
-        Triton compiling its kernels (the host), the codec's on cuDNN timing its convs (the GPU, the
-        GIL released). Each warm lane runs on a thread and a stream of its own, so the two overlap;
-        the captures then run one after another (a capture must not see another thread's work)."""
+        Triton compiling its kernels (the host; its LLVM and ptxas stages release the GIL, so the
+        main lane spreads over ``warm_threads`` threads), the codec's on cuDNN timing its convs (the
+        GPU, the GIL released). Each lane runs on a thread and a stream of its own; the captures then
+        run one after another (a capture must not see another thread's work)."""
         if not self.enabled or all(e.graph is not None for e in self._entries.values()):
             return
         t0 = time.perf_counter()
