@@ -44,9 +44,7 @@ LINK_SILENT_S = 3.0  # the core's Stats come every 0.5 s
 class RemoteCoreClient(CoreClient):
     shared = True
 
-    def __init__(
-        self, name: str, locate: Callable[[], Awaitable[CoreEndpoint]], restart: Callable[[], None]
-    ) -> None:
+    def __init__(self, name: str, locate: Callable[[], Awaitable[CoreEndpoint]], restart: Callable[[], None]) -> None:
         super().__init__(EngineConfig(), name=name)
         self.tag = random.randrange(2**30, 2**31)
         self._ids = itertools.count((self.tag << TAG_SHIFT) + 1)
@@ -75,9 +73,7 @@ class RemoteCoreClient(CoreClient):
         try:
             endpoint = await self._locate()
         except Exception as err:
-            raise CoreStartFailed(
-                f"{self.name} cannot be reached through Ray: {type(err).__name__}: {err}"
-            ) from err
+            raise CoreStartFailed(f"{self.name} cannot be reached through Ray: {type(err).__name__}: {err}") from err
         if endpoint.incarnation == self._gone:
             raise CoreStartFailed(f"{self.name} has not been restarted yet")
         self.endpoint, self.config = endpoint, endpoint.engine

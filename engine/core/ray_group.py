@@ -113,9 +113,7 @@ class RayCores(EngineGroup):
         try:
             await _in_daemon_thread(self._join)
         except Exception as err:
-            raise CoreStartFailed(
-                f"cannot join the Ray cluster at {self.address or 'a new local one'}: {err}"
-            ) from err
+            raise CoreStartFailed(f"cannot join the Ray cluster at {self.address or 'a new local one'}: {err}") from err
         if self.own is not None:
             made = await loop.run_in_executor(
                 None,
@@ -125,10 +123,7 @@ class RayCores(EngineGroup):
             )
             self._handles = [h for _, h in made]
             failures = await asyncio.gather(
-                *(
-                    asyncio.wait_for(h.wait_ready.remote(READY_TIMEOUT_S), READY_TIMEOUT_S + 5)
-                    for h in self._handles
-                ),
+                *(asyncio.wait_for(h.wait_ready.remote(READY_TIMEOUT_S), READY_TIMEOUT_S + 5) for h in self._handles),
                 return_exceptions=True,
             )
             failed = [f for f in failures if f is not None]
@@ -218,12 +213,8 @@ class RayCores(EngineGroup):
             log.info("%s is ready (node %s, pid %s)", core.name, getattr(core, "node", None), core.pid)
             await core.wait_exit()
             if not self._closing:
-                log.warning(
-                    "%s is down after %.0f s (%s); reconnecting once Ray restarts it",
-                    core.name,
-                    time.monotonic() - t_up,
-                    core.last_exit,
-                )
+                log.warning("%s is down after %.0f s (%s); reconnecting once Ray restarts it",
+                            core.name, time.monotonic() - t_up, core.last_exit)
 
 
 async def _in_daemon_thread(work: Callable[[], None]) -> None:

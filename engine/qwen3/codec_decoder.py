@@ -68,16 +68,10 @@ class CausalConv(nn.Module):
     @torch.no_grad()
     def prepare(self) -> None:
         w = self.conv.weight
-        self.w4 = (
-            w[:, :, 0].T.contiguous()
-            if w.shape[-1] == 1
-            else w[:, :, None].contiguous(memory_format=torch.channels_last)
+        self.w4 = w[:, :, 0].T.contiguous() if w.shape[-1] == 1 else w[:, :, None].contiguous(
+            memory_format=torch.channels_last
         )
-        self.bias32 = (
-            self.conv.bias.detach().to(torch.float32, copy=True)
-            if self.conv.bias is not None
-            else w.new_zeros(0)
-        )
+        self.bias32 = self.conv.bias.detach().to(torch.float32, copy=True) if self.conv.bias is not None else w.new_zeros(0)
 
     def forward(self, x: Tensor, io: StateIO, bias: bool = True) -> Tensor:
         """x (B, T, C) -> (B, T, C'); without ``bias`` the caller adds ``bias32`` later."""
@@ -116,10 +110,7 @@ class CausalTransConv(nn.Module):
     @torch.no_grad()
     def prepare(self) -> None:
         w, s = self.conv.weight, self.stride  # (Cin, Cout, k)
-        taps = [
-            w[:, :, j * s : (j + 1) * s].permute(0, 2, 1).reshape(self.cin, s * self.cout)
-            for j in range(self.prev + 1)
-        ]
+        taps = [w[:, :, j * s : (j + 1) * s].permute(0, 2, 1).reshape(self.cin, s * self.cout) for j in range(self.prev + 1)]
         self.matrix = torch.cat(taps).contiguous()
         bias = self.conv.bias if self.conv.bias is not None else w.new_zeros(self.cout)
         self.bias_s = bias.repeat(s).contiguous()

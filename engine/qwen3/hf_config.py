@@ -90,7 +90,6 @@ def config_from_json(
         transformers_version=str(config.get("transformers_version", "")),
     )
 
-
 def config_to_json(cfg: Qwen3TTSConfig) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(config.json, speech_tokenizer/config.json, generation_config.json) in the official layout."""
     t, cp, c, g = cfg.talker, cfg.code_predictor, cfg.codec, cfg.generation

@@ -97,9 +97,7 @@ class HostSlot:
             return bool(self.text.ids) or self.text.final
         # the feed after frame k-1 carries text token k (of the queue: see fed_ids)
         shift = 0 if self.voice is None else self.voice.text_shift
-        return (
-            self.text.final or len(self.text.ids) + shift > self.frames + self.begun
-        )  # (whole text: final already)
+        return self.text.final or len(self.text.ids) + shift > self.frames + self.begun  # (whole text: final already)
 
     def forced(self, limits: FrameLimits) -> int | None:
         if self.forced_frames is not None:
@@ -136,15 +134,9 @@ class HostSlot:
             self.frames >= limits.max_new_tokens
             or self.position + 1 > limits.max_seq_len  # no room for the next feed
             or (guard is not None and looped)
-            or (
-                guard is not None
-                and self.text.final
-                and self.frames >= guard.frame_budget(len(self.text.ids))
-            )
+            or (guard is not None and self.text.final and self.frames >= guard.frame_budget(len(self.text.ids)))
         )
-        return GenerateResult(
-            slot, frames, 1, self.done, stop_reason="length" if self.done else None, words=words
-        )
+        return GenerateResult(slot, frames, 1, self.done, stop_reason="length" if self.done else None, words=words)
 
     def words_read(self) -> tuple[WordTiming, ...]:
         """Words whose first text token the frame just made was fed with (frame k reads token k of

@@ -168,9 +168,7 @@ def write_config_files(
     official loader's tokenizer regex, see tokenizer.py).
     """
     os.makedirs(os.path.join(directory, "speech_tokenizer"), exist_ok=True)
-    config, speech, generation = config_to_json(
-        dataclasses.replace(cfg, transformers_version=transformers_version)
-    )
+    config, speech, generation = config_to_json(dataclasses.replace(cfg, transformers_version=transformers_version))
     if mimi_encoder is not None:  # else the config's own (the tiny presets carry a small one)
         speech["encoder_config"] = dict(mimi_encoder)
     files = {
