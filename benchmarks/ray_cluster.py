@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def ready(port: int, timeout_s: float) -> None:
 
 
 def kill_trees(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Each process and all under it (a raylet's workers, the engine actors among them)."""
+    """Each process, its process group (each was started in a session of its own) and all under it
+    (a raylet's workers, the engine actors among them)."""
     import psutil
 
     tree: list[Any] = []
@@ -63,6 +65,12 @@ def kill_trees(procs: list[subprocess.Popen[bytes]]) -> None:
             tree += [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
             pass
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     for p in tree:
         try:
             p.kill()
@@ -70,7 +78,10 @@ def kill_trees(procs: list[subprocess.Popen[bytes]]) -> None:
             pass
     psutil.wait_procs(tree, timeout=10)
     for proc in procs:
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class LocalCluster:

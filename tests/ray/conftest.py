@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.ray_cluster import kill_trees, node_ports
 from tests.conftest import free_port
 
 ray = pytest.importorskip("ray")
@@ -43,19 +44,6 @@ def doc_commands() -> list[str]:
 def _replace(argv: list[str], flag: str, value: str) -> list[str]:
     i = argv.index(flag)
     return [*argv[: i + 1], value, *argv[i + 2 :]]
-
-
-def _node_ports() -> list[str]:
-    """Ports a raylet and its agents would otherwise take at fixed defaults (two nodes, one host)."""
-    flags = (
-        "--node-manager-port",
-        "--object-manager-port",
-        "--dashboard-agent-listen-port",
-        "--dashboard-agent-grpc-port",
-        "--runtime-env-agent-port",
-        "--metrics-export-port",
-    )
-    return [a for f in flags for a in (f, str(free_port()))]
 
 
 @dataclass
@@ -95,33 +83,6 @@ def _start_node(argv: list[str], env: dict[str, str], path: Path) -> subprocess.
         return subprocess.Popen(argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _kill_tree(procs: list[subprocess.Popen[bytes]]) -> None:
-    tree: list[Any] = []
-    for proc in procs:
-        try:
-            tree += [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-    for proc in procs:
-        with_group = proc.poll() is None
-        if with_group:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=10)
-    for proc in procs:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     commands = [shlex.split(c) for c in doc_commands()]
@@ -136,9 +97,9 @@ def stack() -> Iterator[Stack]:
     common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats"]
     head_argv = [
         str(BIN / "ray"), *_replace(head, "--port", str(port))[1:], *common, "--temp-dir", temp_dir,
-        "--include-dashboard=false", "--ray-client-server-port", str(free_port()), *_node_ports(),
+        "--include-dashboard=false", "--ray-client-server-port", str(free_port()), *node_ports(),
     ]  # fmt: skip
-    worker_argv = [str(BIN / "ray"), *_replace(worker, "--address", address)[1:], *common, *_node_ports()]
+    worker_argv = [str(BIN / "ray"), *_replace(worker, "--address", address)[1:], *common, *node_ports()]
     stack = Stack(address, env, temp_dir, gateway_a=free_port(), gateway_b=free_port())
     stack.ran += [head, worker]
     try:
@@ -164,7 +125,7 @@ def stack() -> Iterator[Stack]:
                 pass
         if ray.is_initialized():
             ray.shutdown()
-        _kill_tree(stack.nodes)
+        kill_trees(stack.nodes)
         for log in sorted(Path(temp_dir).glob("*.log")):  # shown with a failing test's output
             print(f"--- {log.name}", *log.read_text(errors="replace").splitlines()[-40:], sep="\n")
         shutil.rmtree(temp_dir, ignore_errors=True)
