@@ -54,6 +54,11 @@ def main() -> None:
     ap.add_argument(
         "--barge-in", type=float, default=0.2, help="the share of that sweep's turns cut 0.3-1.5 s into their audio"
     )
+    ap.add_argument(
+        "--words-first",
+        action="store_true",
+        help="the words sweep before the whole replies: its first rate is then the first load of a just-ready server",
+    )
     ap.add_argument("--plot", default="", help="PNG of the sweeps ('' for none)")
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--ready-timeout-s", type=float, default=300.0)
@@ -84,6 +89,8 @@ def main() -> None:
                 sweeps.append(
                     ("gateway_words", words, ["--tokens-per-s", str(args.tokens_per_s), "--barge-in", str(args.barge_in)])
                 )
+            if args.words_first:
+                sweeps.reverse()
             for key, sweep_rates, text_args in sweeps:
                 out[key] = []
                 for rate in sweep_rates:
