@@ -101,7 +101,6 @@ class CodecRunner:
         self._bulk_last: dict[int, torch.cuda.Event] = {}  # slot -> its last bulk call's event
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
         self.wait_s = 0.0  # the caller blocked waiting for the codec's PCM (Model.device_wait_s)
-        self.longest_call = LONGEST_CALL_FRAMES
 
     # --- slots -----------------------------------------------------------------------------------
     def open(self, slot: int) -> None:
@@ -169,14 +168,15 @@ class CodecRunner:
         codes = packed[:, :-2].view(b, t, self.q).transpose(1, 2)  # (B, 16, T)
         n_valid, slots = packed[:, -2], packed[:, -1]
         state, start = self.states.gather(slots)
-        if t <= self.longest_call or b < SPLIT_ROWS:
+        longest = LONGEST_CALL_FRAMES
+        if t <= longest or b < SPLIT_ROWS:
             pcm, state, start = self.codec.stream(codes, state, start, n_valid)
-        else:  # in calls of longest_call frames: a row's valid frames are the first of each part
+        else:  # in calls of `longest` frames: a row's valid frames are the first of each part
             parts = []
-            for t0 in range(0, t, self.longest_call):
-                n = (n_valid - t0).clamp(0, self.longest_call)
+            for t0 in range(0, t, longest):
+                n = (n_valid - t0).clamp(0, longest)
                 part, state, start = self.codec.stream(
-                    codes[..., t0 : t0 + self.longest_call], state, start, n
+                    codes[..., t0 : t0 + longest], state, start, n
                 )
                 parts.append(part)
             pcm = torch.cat(parts, dim=1)

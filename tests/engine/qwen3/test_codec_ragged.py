@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 import torch
 from torch import Tensor
 
 from voicewire.engine.model import DecodeWork, StreamParams
-from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
+from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, codec_runner, load_qwen3
 from voicewire.engine.qwen3.codec_decoder import CodecDecoder
 from voicewire.engine.qwen3.codec_plan import padded_frames, plan_codec_calls
 from voicewire.engine.qwen3.codec_runner import SPLIT_ROWS
@@ -209,8 +210,8 @@ def test_full_rows_match_the_unragged_call(tiny: Qwen3TTSModel) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_a_long_graph_in_parts_equals_one_call(tiny: Qwen3TTSModel) -> None:
-    """A graph longer than ``longest_call`` frames runs as calls of that many (cuDNN times no longer
+def test_a_long_graph_in_parts_equals_one_call(tiny: Qwen3TTSModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph longer than ``LONGEST_CALL_FRAMES`` runs as calls of that many (cuDNN times no longer
     conv shapes): each row's valid PCM, next state and position equal one call's, whatever its count."""
     runner, t = tiny.codec_runner, 12
     n = (12, 7, 4, 1)  # all frames, a part and a bit, exactly one part, less than one
@@ -220,16 +221,13 @@ def test_a_long_graph_in_parts_equals_one_call(tiny: Qwen3TTSModel) -> None:
         rows[r, : 16 * t] = _codes(80 + r, t).reshape(-1)
         rows[r, -2:] = k, r
     slots = torch.arange(len(n), device=tiny.device)
-    results, before = [], runner.longest_call
-    try:
-        for longest in (t, 4):  # one call, then three of 4 frames from the same fresh states
-            for s in range(len(n)):
-                runner.open(s)
-            runner.longest_call = longest
-            pcm = runner.body(torch.from_numpy(rows).to(tiny.device))
-            results.append((pcm, *runner.states.gather(slots)))
-    finally:
-        runner.longest_call = before
+    results = []
+    for longest in (t, 4):  # one call, then three of 4 frames from the same fresh states
+        for s in range(len(n)):
+            runner.open(s)
+        monkeypatch.setattr(codec_runner, "LONGEST_CALL_FRAMES", longest)
+        pcm = runner.body(torch.from_numpy(rows).to(tiny.device))
+        results.append((pcm, *runner.states.gather(slots)))
     (pcm1, state1, start1), (pcm3, state3, start3) = results
     for r, k in enumerate(n):
         torch.testing.assert_close(
