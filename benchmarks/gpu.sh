@@ -26,12 +26,12 @@
 #       (the README's command), probed from another process: open loop, a session per turn, whole
 #       replies at RATES and words at 30/s at WORDS_RATES; then the engine alone at RATES, its
 #       utterances scaled to the probe's (3.4 s mean)  -> front_door_SIZE[_TAG]_h200.json, .png
-#       needs the gateway's wheels carried as .whl/gateway (aiortc, av, websockets, pyzmq); each half builds
+#       needs the gateway's packages carried (.whl/site.tar.xz: benchmarks/device_site.sh); each half builds
 #       and captures the model (~200 s), so ENGINE_ONLY='' (no engine-only half) leaves the call for the gateway
 #       WORDS_FIRST=1: the words sweep first (its first rate the first load after ready)
 #       SERVE_FLAGS=--ray TAG=ray: the same with the core placed by Ray (a local cluster in-process; Ray
-#       installed by an earlier call of this lease: benchmarks/ray_wheels.sh, RAY_SITE)
-#   COMMIT=<sha> RAY_SITE=/tmp/raysite bash benchmarks/gpu.sh gateways   # WebRTC peers (words at 20/s) that one
+#       carried in .whl/site.tar.xz: benchmarks/device_site.sh)
+#   COMMIT=<sha> bash benchmarks/gpu.sh gateways             # WebRTC peers (words at 20/s) that one
 #       gateway process paces against `--workers 4`, one Qwen3-TTS core placed by Ray on the GPU
 #       (benchmarks/gateway_workers.py; PEERS, WORKERS)               -> gateway_workers_SIZE_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh startup              # start-up: the README's command to /readyz 200,
@@ -197,13 +197,13 @@ if [ "$MODE" = throughput ]; then
   fi
 fi
 
-# Ray, where an earlier call of this lease installed it (benchmarks/ray_wheels.sh says how)
-if [ -n "${RAY_SITE:-}" ] && [ -d "$RAY_SITE" ]; then
-  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$RAY_SITE PATH=$RAY_SITE/bin:$PATH
-fi
-
+# The gateway's packages and Ray, carried as .whl/site.tar.xz (benchmarks/device_site.sh), unpacked once
+# a machine; or the gateway's wheels alone, carried as .whl/gateway
 if [ "$MODE" = front-door ] || [ "$MODE" = startup ] || [ "$MODE" = gateways ]; then
-  if ! python3 -c "import aiortc, av, websockets, zmq" > /dev/null 2>&1; then
+  if [ -f .whl/site.tar.xz ]; then
+    [ -d /tmp/devsite/bin ] || { mkdir -p /tmp/devsite && xz -dc .whl/site.tar.xz | tar -C /tmp/devsite -x; }
+    export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/devsite PATH=/tmp/devsite/bin:$PATH
+  elif ! python3 -c "import aiortc, av, websockets, zmq" > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gw .whl/gateway/*.whl 2>&1 | tail -3
     export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/gw
   fi

@@ -6,14 +6,7 @@
 #
 #   bash benchmarks/ray_wheels.sh
 #
-# With the gateway's wheels (.whl/gateway, ~43 MB) that is over one call's limit, so a first call
-# installs it and the next one, made while the machine is still warm (30 s), finds it there:
-#
-#   run(carry=[".whl/ray"], command="python3 -m pip install -q --no-index --no-deps --no-compile \
-#       --target /tmp/raysite .whl/ray/*.whl")
-#   run(carry=[".whl/gateway", ...], command="RAY_SITE=/tmp/raysite COMMIT=... bash benchmarks/gpu.sh MODE")
-#
-# gpu.sh puts RAY_SITE on the path of every step (front-door with SERVE_FLAGS=--ray, gateways).
+# benchmarks/device_site.sh then packs it with the gateway's wheels into one tree that a call can carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RAY_VERSION=${RAY_VERSION:-2.60.0}

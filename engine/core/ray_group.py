@@ -86,7 +86,7 @@ class RayCores(EngineGroup):
         self._handles: list[Any] = []  # of the cores this process started
         self._keepers: dict[str, asyncio.Task[None]] = {}
         self._discover: asyncio.Task[None] | None = None
-        self._found = asyncio.Event()
+        self._head_released = threading.Event()  # close(): a local cluster's head may go
 
     @property
     def ready(self) -> bool:
@@ -111,7 +111,7 @@ class RayCores(EngineGroup):
         Raises CoreStartFailed."""
         loop = asyncio.get_running_loop()
         try:
-            await _in_daemon_thread(self._join)
+            await _in_daemon_thread(self._join, hold=self._head_released if self.address is None else None)
         except Exception as err:
             raise CoreStartFailed(f"cannot join the Ray cluster at {self.address or 'a new local one'}: {err}") from err
         if self.own is not None:
@@ -149,6 +149,7 @@ class RayCores(EngineGroup):
         if self._handles:
             await asyncio.get_running_loop().run_in_executor(None, self._stop_own)
         await asyncio.get_running_loop().run_in_executor(None, _leave)
+        self._head_released.set()
 
     # --- below ---------------------------------------------------------------------------------
     def _join(self) -> None:
@@ -217,9 +218,12 @@ class RayCores(EngineGroup):
                             core.name, time.monotonic() - t_up, core.last_exit)
 
 
-async def _in_daemon_thread(work: Callable[[], None]) -> None:
+async def _in_daemon_thread(work: Callable[[], None], hold: threading.Event | None = None) -> None:
     """``work`` on a thread of its own that does not hold the process up: ``ray.init`` retries an
-    unreachable cluster for a long time, and a gateway stopped meanwhile must still exit."""
+    unreachable cluster for a long time, and a gateway stopped meanwhile must still exit. ``hold``:
+    the thread lives on after ``work`` until it is set. A local cluster needs that: Ray starts its
+    head's processes (GCS, raylet) with PR_SET_PDEATHSIG, which kills them when the *thread* that
+    started them ends, not the process."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
 
@@ -234,6 +238,8 @@ async def _in_daemon_thread(work: Callable[[], None]) -> None:
             loop.call_soon_threadsafe(settle, err)
         else:
             loop.call_soon_threadsafe(settle, None)
+            if hold is not None:
+                hold.wait()
 
     threading.Thread(target=run, name="ray-join", daemon=True).start()
     await done

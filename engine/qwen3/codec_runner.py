@@ -143,19 +143,24 @@ class CodecRunner:
         """One body per (batch bucket, frame count), with padding-slot example rows (stateful mode)."""
         if self.options.codec_mode != "stateful":
             return
-        for lane in (self.bulk, self.urgent) if self.urgent_stream is not None else (self.bulk,):
-            for b in lane.buckets:
-                for t in lane.frames:
-                    example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
-                    example[:, -1] = lane.pad_slot
-                    self.graphs.add(
-                        (lane.kind, b, t),
-                        self.body,
-                        example,
-                        pool=lane.kind,
-                        priority=lane.priority,
-                        warm_lane="codec",
-                    )
+        keys = [
+            (lane, b, t)
+            for lane in ((self.bulk, self.urgent) if self.urgent_stream is not None else (self.bulk,))
+            for b in lane.buckets
+            for t in lane.frames
+        ]
+        warm = warm_lanes([(b, t) for _, b, t in keys], self.options.experimental.codec_warm_threads)
+        for (lane, b, t), warm_lane in zip(keys, warm, strict=True):
+            example = torch.zeros(b, self.q * t + 2, dtype=torch.int64)  # 0 valid frames
+            example[:, -1] = lane.pad_slot
+            self.graphs.add(
+                (lane.kind, b, t),
+                self.body,
+                example,
+                pool=lane.kind,
+                priority=lane.priority,
+                warm_lane=warm_lane,
+            )
 
     def body(self, packed: Tensor) -> Tensor:
         """packed (B, 16 T + 2): codes (frame-major) | valid frames n_b | slot -> pcm (B, T * 1920).
@@ -291,6 +296,30 @@ class CodecRunner:
             self._history[w.slot] = [window[-ctx:]]
         codes = torch.from_numpy(window).to(self.device).T[None]  # (1, 16, T)
         return self.codec.decode_windowed(codes, w.n_frames, ctx)[0].cpu().numpy()
+
+
+def conv_shapes(rows: int, frames: int) -> tuple[int, int]:
+    """The (rows, frames) a codec graph's convs run at: a split graph's are its parts'."""
+    split = frames > LONGEST_CALL_FRAMES and rows >= SPLIT_ROWS
+    return (rows, LONGEST_CALL_FRAMES) if split else (rows, frames)
+
+
+def warm_lanes(shapes: list[tuple[int, int]], threads: int) -> list[str]:
+    """The start-up warm thread of each (rows, frames) codec graph. cuDNN times the conv algorithms
+    of each new shape once a process, mostly host work with the GIL released, ~1-2 s a graph on the
+    H200 whatever its size (building and timing each layer's plans): spread over ``threads``
+    threads, graphs whose convs run at the same shapes (both lanes' graphs of one size, a split
+    graph and its parts') on one, so no shape is timed twice at once."""
+    cost: dict[tuple[int, int], float] = {}
+    for s in shapes:
+        rows, frames = conv_shapes(*s)
+        cost[(rows, frames)] = 1.0 + rows * frames / 512  # a fixed cost a shape, then its work
+    load = [0.0] * max(1, threads)
+    lane_of: dict[tuple[int, int], int] = {}
+    for shape in sorted(cost, key=lambda k: -cost[k]):
+        lane_of[shape] = load.index(min(load))
+        load[lane_of[shape]] += cost[shape]
+    return [f"codec-{lane_of[conv_shapes(*s)]}" for s in shapes]
 
 
 def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:

@@ -63,8 +63,10 @@ class ExperimentalOptions:
     # (one page per stream), the reference the paged cache is tested against
     kv_page: int = 0
     # graph warm-up at start-up (cuda_graphs.py capture): the talker's graphs (Triton compiling) on
-    # this many threads, the codec's (cuDNN timing its convs) on one more beside them; 0 = all on one
+    # warm_threads threads, the codec's (cuDNN timing its convs) on codec_warm_threads beside them;
+    # warm_threads 0 = all on one
     warm_threads: int = 4
+    codec_warm_threads: int = 4
 
 
 @dataclass(frozen=True)

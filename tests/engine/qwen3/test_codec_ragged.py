@@ -236,3 +236,24 @@ def test_a_long_graph_in_parts_equals_one_call(tiny: Qwen3TTSModel, monkeypatch:
     torch.testing.assert_close(state3, state1, rtol=1e-5, atol=STREAM_TOL)
     assert start3.tolist() == start1.tolist() == list(n)
     assert float(state1.abs().max()) > 1e-3  # states worth comparing
+
+
+def test_codec_graphs_warm_on_threads_each_conv_shape_on_one() -> None:
+    """Start-up spreads the codec graphs' warm-up (cuDNN timing their conv shapes) over threads:
+    graphs whose convs run at the same shapes (the two lanes' graphs of one size, a split graph and
+    its parts') share a thread, and the served set spreads evenly over every thread."""
+    bulk = [(b, t) for b in (1, 2, 4, 8, 16, 32, 64) for t in (1, 2, 4, 8, 12, 24, 48)]
+    urgent = [(b, t) for b in (1, 2, 4, 8, 16) for t in (1, 2, 4)]
+    shapes = bulk + urgent
+    lanes = codec_runner.warm_lanes(shapes, 4)
+    lane_of_shape: dict[tuple[int, int], set[str]] = {}
+    for s, lane in zip(shapes, lanes, strict=True):
+        lane_of_shape.setdefault(codec_runner.conv_shapes(*s), set()).add(lane)
+    assert all(len(v) == 1 for v in lane_of_shape.values()), lane_of_shape
+    assert lanes[bulk.index((64, 48))] == lanes[bulk.index((64, 24))]  # a split graph times its parts' shapes
+    assert lanes[len(bulk) + urgent.index((16, 4))] == lanes[bulk.index((16, 4))]
+    assert (8, 48) in lane_of_shape  # fewer rows than SPLIT_ROWS: its own shapes
+    per_lane = {lane: lanes.count(lane) for lane in set(lanes)}
+    assert sorted(per_lane) == ["codec-0", "codec-1", "codec-2", "codec-3"]
+    assert max(per_lane.values()) - min(per_lane.values()) <= 4, per_lane
+    assert set(codec_runner.warm_lanes(shapes, 1)) == {"codec-0"}
