@@ -1,7 +1,8 @@
 """Through the front door: `voicewire serve` started as the README says, driven by `voicewire probe`
 in another process (open-loop Poisson arrivals, one WebSocket session per turn), at each rate of a
 sweep: whole replies (one text.delta), then replies streamed as an LLM would (``--words-rates``,
-``--tokens-per-s`` words a second); then the engine alone at the same rates
+``--tokens-per-s`` words a second), then HTTP speech requests as the Nari Labs ``tts_bench`` harness
+sends them (``--http-rates``: benchmarks/tts_bench_compat.py's open loop); then the engine alone at the same rates
 (benchmarks/serving_bench.py), in the same run, so the two can be compared. ``--plot`` draws p95
 time to first audio and the late turns of each sweep against the rate.
 
@@ -51,6 +52,7 @@ def main() -> None:
     ap.add_argument("--rates", default="1,20,40,80")
     ap.add_argument("--words-rates", default="", help="rates of the sweep with streamed words ('' to skip)")
     ap.add_argument("--tokens-per-s", type=float, default=30.0, help="words a second of that sweep")
+    ap.add_argument("--http-rates", default="", help="rates of the HTTP speech sweep ('' to skip)")
     ap.add_argument(
         "--barge-in", type=float, default=0.2, help="the share of that sweep's turns cut 0.3-1.5 s into their audio"
     )
@@ -95,6 +97,11 @@ def main() -> None:
                 out[key] = []
                 for rate in sweep_rates:
                     out[key].append(_probe(base, rate, args.duration_s, text_args, work / f"{key}_{rate:g}.json"))
+                    save()
+            if args.http_rates:
+                out["http"] = []
+                for rate in (float(r) for r in args.http_rates.split(",")):
+                    out["http"].append(_http(base, rate, args.duration_s, work / f"http_{rate:g}.json"))
                     save()
         finally:
             server.send_signal(signal.SIGTERM)
@@ -151,6 +158,24 @@ def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res:
     return row
 
 
+def _http(base: str, rate: float, duration_s: float, res: Path) -> dict[str, Any]:
+    before = _engine_counters(base)
+    cmd = [
+        sys.executable, "-m", "benchmarks.tts_bench_compat", "--base-url", base, "--rate", str(rate),
+        "--duration-s", str(duration_s), "--clients", str(CLIENTS), "--out", str(res),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 180)
+    row: dict[str, Any] = {"rate": rate, "command": " ".join(["python", *cmd[1:]]), "rc": proc.returncode}
+    if res.exists():
+        row["result"] = json.loads(res.read_text())["summary"]
+    else:
+        row["stderr"] = proc.stderr[-2000:]
+    after = _engine_counters(base)
+    row["engine"] = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+    print(f"[http {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
+    return row
+
+
 def plot(out: dict[str, Any], path: str) -> None:
     import matplotlib
 
@@ -169,6 +194,11 @@ def plot(out: dict[str, Any], path: str) -> None:
                 "o-",
                 label=label,
             )
+    http = [r for r in out.get("http", []) if r.get("result")]
+    if http:
+        x = [r["rate"] for r in http]
+        ax.plot(x, [r["result"]["audible_ttfa_ms"]["p95"] for r in http], "^-", label="HTTP speech (audible TTFA)")
+        bx.plot(x, [r["result"]["stalled"] / max(1, r["result"]["served"]) for r in http], "^-", label="HTTP speech")
     eng = (out.get("engine_only") or {}).get("open_loop") or []
     if eng:
         x = [r["rate"] for r in eng]

@@ -3,6 +3,12 @@ audible-TTFA rule, written here from its published contract (nari-labs/benchmark
 targets.py, audio.py, runtime.py, metrics.py), not copied.
 
     python -m benchmarks.tts_bench_compat --base-url http://127.0.0.1:8080 --requests 10
+    python -m benchmarks.tts_bench_compat --base-url http://127.0.0.1:8080 --rate 300 --duration-s 10 --out r.json
+
+The first sends one request at a time (the server alone); the second is the harness's own load, open
+loop: Poisson arrivals at ``--rate`` for ``--duration-s``, from ``--procs`` client processes (one
+Python loop cannot read hundreds of streams at once and keep its clock honest) and ``--clients``
+loopback addresses (many users, as the server's per-client quotas expect them).
 
 Per request, as the harness does it:
 
@@ -80,16 +86,13 @@ def onset_sample(pcm: np.ndarray, rate_hz: int) -> int | None:
     """The harness's audible onset in int16 ``pcm``: start of the first of ``ONSET_RUN`` windows
     in a row whose mean-removed RMS reaches ``ONSET_DBFS``."""
     win, hop = round(rate_hz * ONSET_WINDOW_MS / 1000), round(rate_hz * ONSET_HOP_MS / 1000)
-    x = pcm.astype(np.float64) / 32768.0
-    level = 10 ** (ONSET_DBFS / 20)
-    run = 0
-    for start in range(0, x.size - win + 1, hop):
-        w = x[start : start + win]
-        rms = float(np.sqrt(np.mean((w - w.mean()) ** 2)))
-        run = run + 1 if rms >= level else 0
-        if run == ONSET_RUN:
-            return start - (ONSET_RUN - 1) * hop
-    return None
+    if pcm.size < win:
+        return None
+    x = np.lib.stride_tricks.sliding_window_view(pcm.astype(np.float64) / 32768.0, win)[::hop]
+    loud = x.std(axis=1) >= 10 ** (ONSET_DBFS / 20)  # std: the RMS with each window's mean removed
+    runs = np.convolve(loud, np.ones(ONSET_RUN, dtype=int), "valid") == ONSET_RUN
+    first = np.flatnonzero(runs)
+    return int(first[0]) * hop if first.size else None
 
 
 def audible_time_s(arrivals: list[tuple[float, int]], onset: int, rate_hz: int) -> float | None:
@@ -198,6 +201,78 @@ async def run(base_url: str, texts: list[str], target: str = "sglang-omni") -> l
         return [await run_request(http, base_url, text, target) for text in texts]
 
 
+async def open_loop(
+    base_url: str, texts: list[str], rate: float, duration_s: float, target: str, addresses: list[str], start_at: float, seed: int
+) -> list[Result]:
+    """Poisson arrivals at ``rate`` from ``start_at`` (time.time()) for ``duration_s``, each request on
+    its own task, the sessions' local addresses taken in turn."""
+    base_url = base_url.rstrip("/")
+    rng = np.random.default_rng(seed)
+    arrivals, t = [], float(rng.exponential(1 / rate))
+    while t < duration_s:
+        arrivals.append(t)
+        t += float(rng.exponential(1 / rate))
+    timeout = aiohttp.ClientTimeout(total=120)
+    sessions = [
+        aiohttp.ClientSession(
+            timeout=timeout,
+            trace_configs=[_trace()],
+            headers={"Accept-Encoding": "identity"},
+            connector=aiohttp.TCPConnector(limit=0, local_addr=(addr, 0)),
+        )
+        for addr in addresses
+    ]
+    try:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        t0 = time.perf_counter()
+        tasks = []
+        for i, at in enumerate(arrivals):
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
+            http = sessions[i % len(sessions)]
+            tasks.append(asyncio.create_task(run_request(http, base_url, texts[i % len(texts)], target)))
+        return list(await asyncio.gather(*tasks))
+    finally:
+        await asyncio.gather(*(s.close() for s in sessions))
+
+
+def _open_loop_proc(args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    results = asyncio.run(open_loop(*args))
+    return [{k: v for k, v in r.__dict__.items() if k != "arrivals"} for r in results]
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
+def summarize(rows: list[dict[str, Any]], rate: float, duration_s: float) -> dict[str, Any]:
+    """The open loop's figures: refused (an HTTP status other than 200, by status), failed (anything
+    else), time to first byte and audible TTFA of the requests served, and those whose playback
+    stalled (the harness's playback: from the first audio, in real time)."""
+    ok = [r for r in rows if not r["error"]]
+    refused: dict[str, int] = {}
+    for r in rows:
+        if r["status"] not in (0, 200):
+            refused[str(r["status"])] = refused.get(str(r["status"]), 0) + 1
+    ttfb = [r["ttfb_ms"] for r in ok if r["ttfb_ms"] is not None]
+    ttfa = [r["audible_ttfa_ms"] for r in ok if r["audible_ttfa_ms"] is not None]
+    return {
+        "rate": rate,
+        "duration_s": duration_s,
+        "requests": len(rows),
+        "served": len(ok),
+        "refused": sum(refused.values()),
+        "refused_by_status": refused,
+        "failed": len(rows) - len(ok) - sum(refused.values()),
+        "errors": sorted({r["error"][:120] for r in rows if r["error"]})[:5],
+        "ttfb_ms": {"p50": _pct(ttfb, 50), "p95": _pct(ttfb, 95), "p99": _pct(ttfb, 99)},
+        "audible_ttfa_ms": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "p99": _pct(ttfa, 99)},
+        "no_onset": len(ok) - len(ttfa),
+        "stalled": sum(r["stall_ms"] > 0 for r in ok),
+        "stall_ms_max": round(max((r["stall_ms"] for r in ok), default=0.0), 1),
+        "audio_s": round(sum(r["audio_ms"] for r in ok) / 1000, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     from voicewire.realtime.client.simulated_llm import TEXTS
 
@@ -205,7 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-url", default="http://127.0.0.1:8080")
     p.add_argument("--target", choices=TARGETS, default="sglang-omni")
     p.add_argument("--requests", type=int, default=len(TEXTS))
+    p.add_argument("--rate", type=float, default=0.0, help="requests/s, open loop (0: one at a time)")
+    p.add_argument("--duration-s", type=float, default=10.0)
+    p.add_argument("--procs", type=int, default=4, help="client processes of the open loop")
+    p.add_argument("--clients", type=int, default=64, help="loopback addresses the open loop comes from")
+    p.add_argument("--out", default="", help="the open loop's summary and requests (JSON)")
     args = p.parse_args(argv)
+    if args.rate > 0:
+        return _main_open_loop(args, list(TEXTS))
     texts = [TEXTS[i % len(TEXTS)] for i in range(args.requests)]
     results = asyncio.run(run(args.base_url, texts, args.target))
     for r in results:
@@ -215,6 +297,28 @@ def main(argv: list[str] | None = None) -> int:
     if ok:
         print(f"audible TTFA p50 {statistics.median(ok):.1f} ms over {len(ok)} requests", file=sys.stderr)
     return 0 if len(ok) == len(results) else 1
+
+
+def _main_open_loop(args: argparse.Namespace, texts: list[str]) -> int:
+    from concurrent.futures import ProcessPoolExecutor
+
+    asyncio.run(run(args.base_url, [], args.target))  # the harness's preflight: GET /health
+    addresses = [f"127.0.0.{2 + i}" for i in range(args.clients)]
+    procs = max(1, min(args.procs, args.clients))
+    start_at = time.time() + 1.0  # every process begins at once
+    jobs = [
+        (args.base_url, texts[k:] + texts[:k], args.rate / procs, args.duration_s, args.target,
+         addresses[k::procs], start_at, k)
+        for k in range(procs)
+    ]  # fmt: skip
+    with ProcessPoolExecutor(procs) as pool:
+        rows = [row for part in pool.map(_open_loop_proc, jobs) for row in part]
+    summary = summarize(rows, args.rate, args.duration_s)
+    print(json.dumps(summary))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"summary": summary, "requests": rows}, f)
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -15,8 +16,10 @@ from benchmarks.tts_bench_compat import (
     Result,
     audible_time_s,
     onset_sample,
+    open_loop,
     run,
     speech_body,
+    summarize,
 )
 from tests.conftest import running_gateway
 from voicewire.engine import Engine
@@ -74,3 +77,25 @@ async def test_tts_bench_requests_get_pcm_and_agree_with_the_probe(engine: Engin
     # ~10 ms less on the same audio (measured: TTFB 22 ms both ways, TTFA 22 vs 33 ms).
     print(f"audible TTFA p50 over {PAIRS} each: tts_bench-style {bench_ms:.1f} ms, probe {probe_ms:.1f} ms")
     assert abs(bench_ms - probe_ms) <= AGREEMENT_MS, (bench_ms, probe_ms)
+
+
+async def test_the_open_loop_sends_poisson_arrivals_from_many_addresses(engine: Engine) -> None:
+    """The harness's own load: requests at their arrival times, each on its own task (not one at a
+    time), from several loopback addresses; the summary counts every one."""
+    rate, duration_s = 6.0, 2.0
+    async with running_gateway(engine) as base:
+        t0 = time.time()
+        results = await open_loop(
+            f"http://{base}", [TEXT], rate, duration_s, "sglang-omni", ["127.0.0.2", "127.0.0.3"], t0 + 0.2, seed=3
+        )
+    rows = [{k: v for k, v in asdict(r).items() if k != "arrivals"} for r in results]
+    summary = summarize(rows, rate, duration_s)
+    rng = np.random.default_rng(3)  # the same draw: every arrival of the window is sent
+    gaps = np.cumsum(rng.exponential(1 / rate, 100))
+    assert summary["requests"] == len(results) == int((gaps < duration_s).sum()) >= 3
+    assert summary["served"] == summary["requests"] and summary["refused"] == summary["failed"] == 0, summary
+    assert summary["audible_ttfa_ms"]["p95"] is not None and summary["no_onset"] == 0
+    assert summary["audio_s"] > summary["requests"]  # each a few seconds of speech
+    # a refusal is counted by its status, not as a failure
+    refused = summarize([*rows, {**rows[0], "status": 429, "error": "HTTP 429"}], rate, duration_s)
+    assert refused["refused_by_status"] == {"429": 1} and refused["failed"] == 0
