@@ -36,7 +36,8 @@
 #       gateway process paces against `--workers 4`, one Qwen3-TTS core placed by Ray on the GPU
 #       (benchmarks/gateway_workers.py; PEERS, WORKERS)               -> gateway_workers_SIZE_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh startup              # start-up: the README's command to /readyz 200,
-#       STARTS (default 2) starts on one fresh compile cache, each start's phase lines -> startup_SIZE_h200.json
+#       STARTS (default 2) starts on one fresh compile cache (CACHE_DIR: this one, kept for the modes after),
+#       each start's phase lines                             -> startup_SIZE_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh side-by-side         # README "against the official qwen-tts" (~6 min)
 #       the official qwen-tts 0.1.1 and ours on the same saved random weights, one call
 #                                                            -> side_by_side_h200.json, .png, official.log, ours.log
@@ -214,7 +215,7 @@ fi
 if [ "$MODE" = startup ]; then
   name="startup_${SIZE}${TAG:+_$TAG}_h200"
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
-  step startup 570 python3 benchmarks/startup.py --starts "${STARTS:-2}" --out "$OUT/$name.json" \
+  step startup 570 python3 benchmarks/startup.py --starts "${STARTS:-2}" --cache-dir "${CACHE_DIR:-}" --out "$OUT/$name.json" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
   stamp "$OUT/$name.json"
 fi
