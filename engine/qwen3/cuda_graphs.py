@@ -24,18 +24,20 @@ run exactly the code that is captured on the GPU.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 Body = Callable[[Tensor], Tensor]
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 WARMUP_RUNS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, torch.compile guards
 
@@ -85,6 +87,62 @@ def powers_of_two(limit: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def in_turns(
+    lanes: Sequence[Sequence[T]],
+    order: Sequence[T],
+    warm: Callable[[list[T]], None],
+    capture: Callable[[T], None],
+    warmed: Callable[[], None] = lambda: None,
+) -> None:
+    """Each lane on a thread of its own (the first on the calling thread): ``warm`` its items, all
+    lanes at once; once every lane has warmed, ``warmed()`` on one thread; then ``capture`` every item
+    on its own lane's thread, one at a time, in ``order``, while the other threads wait (a CUDA graph
+    capture must see no other thread's work). The first error stops every lane and is raised here."""
+    owner = {id(item): k for k, lane in enumerate(lanes) for item in lane}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(lanes), action=warmed)
+    turn = threading.Condition()
+    next_item = 0
+
+    def my_turn_or_done(k: int) -> bool:
+        return next_item >= len(order) or owner[id(order[next_item])] == k
+
+    def run(k: int) -> None:
+        nonlocal next_item
+        try:
+            warm(list(lanes[k]))
+            barrier.wait()
+            while True:
+                with turn:
+                    turn.wait_for(functools.partial(my_turn_or_done, k))
+                    if next_item >= len(order):
+                        return
+                    item = order[next_item]
+                capture(item)  # the others wait on ``turn``
+                with turn:
+                    next_item += 1
+                    turn.notify_all()
+        except threading.BrokenBarrierError:
+            return  # another lane failed
+        except BaseException as err:
+            errors.append(err)
+            barrier.abort()
+            with turn:
+                next_item = len(order)
+                turn.notify_all()
+
+    threads = [
+        threading.Thread(target=run, args=(k,), name=f"warm-{k}", daemon=True) for k in range(1, len(lanes))
+    ]
+    for th in threads:
+        th.start()
+    run(0)
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+
+
 class CudaGraphs:
     def __init__(self, device: torch.device, enabled: bool, warm_threads: int = 0) -> None:
         self.device = device
@@ -128,8 +186,10 @@ class CudaGraphs:
         The warm-up runs are most of start-up and they wait on different things: the talker's on
         Triton compiling its kernels (the host; its LLVM and ptxas stages release the GIL, so the
         main lane spreads over ``warm_threads`` threads), the codec's on cuDNN timing its convs (the
-        GPU, the GIL released). Each lane runs on a thread and a stream of its own; the captures then
-        run one after another (a capture must not see another thread's work)."""
+        GIL released). Each lane warms on a thread and a stream of its own, all at once; then every
+        body is captured, one at a time and largest first, on the thread that warmed it: torch keeps
+        cuDNN's timed algorithms per thread, and a capture on another thread would time them again
+        inside the capture, which invalidates it."""
         if not self.enabled or all(e.graph is not None for e in self._entries.values()):
             return
         t0 = time.perf_counter()
@@ -141,39 +201,30 @@ class CudaGraphs:
             if lane == "main":
                 lane, main = f"main-{main % self.warm_threads}", main + 1
             lanes.setdefault(lane, []).append(e)
-        errors: list[BaseException] = []
         # thread-local, so the warm threads take the caller's: grad mode, and the device ("cuda"
         # names the current one)
         grad = torch.is_grad_enabled()
         index = torch.cuda.current_device() if self.device.index is None else self.device.index
-        threads = [
-            threading.Thread(
-                target=self._warm, args=(entries, grad, index, errors), name=f"warm-{lane}", daemon=True
-            )
-            for lane, entries in lanes.items()
-        ]
-        for th in threads[1:]:
-            th.start()
-        self._warm(lanes[next(iter(lanes))], grad, index, errors)  # the first lane on this thread
-        for th in threads[1:]:
-            th.join()
-        if errors:
-            raise errors[0]
-        torch.cuda.synchronize(self.device)
-        warm_s = time.perf_counter() - t0
-        for e in order:
-            if e.graph is not None:
-                continue
-            t = time.perf_counter()
-            g = torch.cuda.CUDAGraph()
-            pool = self._pools.get(e.pool)
-            if pool is None:
-                pool = self._pools[e.pool] = torch.cuda.graph_pool_handle()
-                self._capture_streams[e.pool] = torch.cuda.Stream(self.device, priority=e.priority)
-            with torch.cuda.graph(g, pool=pool, stream=self._capture_streams[e.pool]):
-                e.output = e.body(e.input)
-            e.graph = g
-            self._time(e, "capture", time.perf_counter() - t)
+        warm_s = 0.0
+
+        def warmed() -> None:  # once every lane has warmed, before the first capture
+            nonlocal warm_s
+            torch.cuda.synchronize(self.device)
+            warm_s = time.perf_counter() - t0
+
+        def warm(entries: list[_Entry]) -> None:
+            torch.cuda.set_device(index)
+            torch.set_grad_enabled(grad)
+            self._warm(entries)
+
+        try:
+            in_turns(list(lanes.values()), order, warm, self._capture_one, warmed)
+        except RuntimeError as err:  # torch.AcceleratorError: a capture invalidated after all
+            if len(lanes) == 1:
+                raise
+            log.warning("graph capture on %d warm threads failed (%s): the rest on one", len(lanes), err)
+            rest = [e for e in order if e.graph is None]
+            in_turns([rest], rest, warm, self._capture_one, warmed)
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
         log.info(
@@ -192,21 +243,31 @@ class CudaGraphs:
             ", ".join(f"{k} {v:.1f} s" for k, v in list(self.eager_seconds().items())[:8]),
         )
 
-    def _warm(self, entries: list[_Entry], grad: bool, index: int, errors: list[BaseException]) -> None:
+    def _warm(self, entries: list[_Entry]) -> None:
         """The warm-up runs of one lane's entries, on a side stream of this thread."""
-        try:
-            torch.cuda.set_device(index)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side), torch.set_grad_enabled(grad):
-                for e in entries:
-                    t = time.perf_counter()
-                    for _ in range(WARMUP_RUNS):
-                        e.body(e.input)
-                    side.synchronize()  # the eager runs' time is the host's (JIT, compile, cuDNN timing)
-                    self._time(e, "eager", time.perf_counter() - t)
-        except BaseException as err:  # raised again on the capturing thread
-            errors.append(err)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for e in entries:
+                t = time.perf_counter()
+                for _ in range(WARMUP_RUNS):
+                    e.body(e.input)
+                side.synchronize()  # the eager runs' time is the host's (JIT, compile, cuDNN timing)
+                self._time(e, "eager", time.perf_counter() - t)
+
+    def _capture_one(self, e: _Entry) -> None:
+        if e.graph is not None:
+            return
+        t = time.perf_counter()
+        g = torch.cuda.CUDAGraph()
+        pool = self._pools.get(e.pool)
+        if pool is None:
+            pool = self._pools[e.pool] = torch.cuda.graph_pool_handle()
+            self._capture_streams[e.pool] = torch.cuda.Stream(self.device, priority=e.priority)
+        with torch.cuda.graph(g, pool=pool, stream=self._capture_streams[e.pool]):
+            e.output = e.body(e.input)
+        e.graph = g
+        self._time(e, "capture", time.perf_counter() - t)
 
     def eager_seconds(self) -> dict[str, float]:
         """Each graph's warm-up seconds at capture, slowest first (where start-up time goes)."""

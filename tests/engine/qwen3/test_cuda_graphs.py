@@ -68,3 +68,31 @@ def test_two_pools_replayed_at_once_give_what_each_gives_alone() -> None:
     graphs = two_pools(torch.device("cuda"))
     assert graphs.capture_stream("main") is not graphs.capture_stream("codec")
     assert concurrent_mismatches(graphs) == 0
+
+
+def test_bodies_warmed_on_other_threads_are_captured_with_their_timed_convs() -> None:
+    """torch keeps cuDNN's timed conv algorithms per thread: a body warmed on one thread and
+    captured on another is timed again inside the capture, which invalidates it
+    (cudaErrorStreamCaptureInvalidated). ``capture`` captures each body on the thread that warmed it."""
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    graphs = CudaGraphs(dev, enabled=True, warm_threads=2)
+    bodies = {}
+    for k in range(6):
+        w = torch.randn(64, 64, 7, device=dev, generator=gen)
+
+        def body(inp: Tensor, w: Tensor = w, length: int = 200 + 37 * k) -> Tensor:  # a shape of its own
+            x = torch.ones(2, 64, length, device=dev) * inp[0].float()
+            return torch.nn.functional.conv1d(x, w)
+
+        bodies[k] = body
+        graphs.add(("conv", k), body, torch.ones(1, dtype=torch.int64), warm_lane=f"codec-{k % 3}")
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        graphs.capture()
+    finally:
+        torch.backends.cudnn.benchmark = before
+    two = np.full(1, 2, np.int64)
+    for k, body in bodies.items():
+        torch.testing.assert_close(graphs.run(("conv", k), two).clone(), body(torch.from_numpy(two).to(dev)))
