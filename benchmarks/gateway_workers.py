@@ -111,10 +111,11 @@ def main() -> None:
                 for peers in args.peers:
                     rows.append(sweep_point(url, peers, args))
                     print(f"[workers {workers}] {json.dumps(rows[-1])}", flush=True)
+                    clean = [r["peers"] for r in rows if not r["late_turns"]]
+                    results["sweeps"][str(workers)] = {"rows": rows, "capacity_peers": max(clean, default=0)}
+                    write_results(results, args.out)  # a run stopped by its time limit keeps what it measured
                     if rows[-1]["late_turns"]:
                         break  # past this gateway's capacity
-                clean = [r["peers"] for r in rows if not r["late_turns"]]
-                results["sweeps"][str(workers)] = {"rows": rows, "capacity_peers": max(clean, default=0)}
             finally:
                 kill_trees([gateway])  # and its workers: the next sweep starts on an idle machine
                 cluster.procs.remove(gateway)
