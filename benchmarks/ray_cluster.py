@@ -140,11 +140,13 @@ class LocalCluster:
     def wait_for_nodes(self, nodes: int, timeout_s: float = 60.0) -> None:
         import ray
 
+        from voicewire.engine.core.ray_actor import join_cluster
+
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 if not ray.is_initialized():
-                    ray.init(address=self.address, log_to_driver=False)
+                    join_cluster(self.address)
                 if sum(n["Alive"] for n in ray.nodes()) >= nodes:
                     ray.shutdown()
                     return

@@ -119,7 +119,7 @@ def run_ray_command(args: argparse.Namespace, argv: list[str], serve: Callable[.
 def _engine(args: argparse.Namespace) -> int:
     import ray
 
-    from voicewire.engine.core.ray_actor import NAMESPACE, start_cores, stop_cores
+    from voicewire.engine.core.ray_actor import join_cluster, start_cores, stop_cores
 
     logging.basicConfig(level=logging.WARNING)
     if not args.stop:
@@ -136,7 +136,7 @@ def _engine(args: argparse.Namespace) -> int:
             print("voicewire engine: --replicas must be 1 or more", file=sys.stderr)
             return 2
     try:
-        ray.init(address=args.ray, namespace=NAMESPACE, log_to_driver=False)
+        join_cluster(args.ray)
     except Exception as err:
         print(f"voicewire engine: cannot join the Ray cluster at {args.ray}: {err}", file=sys.stderr)
         return 1

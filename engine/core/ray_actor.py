@@ -65,6 +65,24 @@ class CoreActor:
             os._exit(1)
 
 
+def join_cluster(address: str | None, **options: Any) -> None:
+    """This process joins the cluster at ``address`` (None: a new local one) as a driver.
+
+    ``ray start --head`` turns Ray's token authentication on whenever its host has a token
+    (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN[_PATH]``), but ``ray.init`` sends that token only to
+    a cluster it finds in /tmp/ray itself, not to an address given or set in ``RAY_ADDRESS``
+    (unless ``RAY_AUTH_MODE=token``): such a head on the same host would refuse us. A driver that
+    sends a token is let in by a cluster without authentication too, so we always send one we have.
+    """
+    import ray
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, **options)
+
+
 @functools.cache
 def core_actor_class() -> Any:
     import ray

@@ -27,7 +27,7 @@ from voicewire.engine import EngineConfig
 
 from .client import CoreClient, CoreStartFailed, CoreState
 from .group import EngineGroup, GroupConfig
-from .ray_actor import NAMESPACE, core_names, start_cores
+from .ray_actor import NAMESPACE, core_names, join_cluster, start_cores
 from .ray_client import RemoteCoreClient
 from .shared_core import CoreEndpoint
 
@@ -156,12 +156,7 @@ class RayCores(EngineGroup):
         import ray
 
         if not ray.is_initialized():
-            ray.init(
-                address=self.address,
-                namespace=NAMESPACE,
-                log_to_driver=False,
-                include_dashboard=False if self.address is None else None,
-            )
+            join_cluster(self.address, include_dashboard=False if self.address is None else None)
 
     def _stop_own(self) -> None:
         import ray

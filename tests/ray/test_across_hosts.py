@@ -121,7 +121,8 @@ async def say(client: VoicewireClient, text: str) -> Any:
 
 async def test_the_pages_commands_place_one_core_on_each_node(stack: Stack) -> None:
     assert [c[:2] for c in stack.ran] == [
-        ["ray", "start"], ["ray", "start"], ["voicewire", "engine"], ["voicewire", "engine"], ["voicewire", "gateway"]
+        ["ray", "get-auth-token"], ["ray", "start"], ["export", "RAY_AUTH_MODE=token"], ["ray", "start"],
+        ["voicewire", "engine"], ["voicewire", "engine"], ["voicewire", "gateway"],
     ]  # fmt: skip
     a = await until(lambda: ready_cores(stack.gateway_a), 60.0, "gateway A ready with two cores")
     b = await until(lambda: ready_cores(stack.gateway_b), 60.0, "gateway B ready with two cores")

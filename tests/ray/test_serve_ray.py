@@ -29,7 +29,9 @@ async def test_serve_with_a_local_cluster_serves_and_leaves_no_process(tmp_path:
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="vwlocal-", dir="/tmp")  # Ray's socket paths must stay short
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
-    env.update(RAY_TMPDIR=temp_dir, RAY_USAGE_STATS_ENABLED="0")
+    # a home of its own: a new local cluster writes its token to ~/.ray, which a later
+    # `ray start --head` on this machine would take up
+    env.update(RAY_TMPDIR=temp_dir, RAY_USAGE_STATS_ENABLED="0", HOME=str(tmp_path / "home"))
     with open(tmp_path / "serve.log", "wb") as log:
         proc = subprocess.Popen(
             [str(BIN / "voicewire"), "serve", "--ray", "--port", str(port)],
