@@ -6,8 +6,9 @@ commands reach the worker through a thread-safe queue. The worker's step is thre
     schedule (which slots generate) -> run (model.generate, then model.decode of due chunks)
     -> postprocess (lead-in trim, hand chunks back to each stream's loop)
 
-Audio flows back with ``loop.call_soon_threadsafe``. Cancel frees a stream's slot when the worker
-next drains its commands, between two steps (a step is a few ms for the embedded voice).
+Audio flows back with ``loop.call_soon_threadsafe``, a piece of codec work's chunks in one call per
+loop (outbox.py). Cancel frees a stream's slot when the worker next drains its commands, between
+two steps (a step is a few ms for the embedded voice).
 
 A model whose stage 2 runs on a device queue of its own (Qwen3-TTS on CUDA) is driven as a pipeline:
 
@@ -22,8 +23,9 @@ freed once that step's results are in.
 
 The worker's concerns each have a room below this file: who gets a stream (admission.py), the
 commands (inbox.py), opens and text on their way to the model (intake.py), the two stages in flight
-(frame_stage.py, codec_stage.py), a turn's model-time budget (turn_budget.py), voice cloning's
-thread (cloner.py) and the garbage collector's frozen heap (heap_hold.py).
+(frame_stage.py, codec_stage.py), results on their way to the streams' loops (outbox.py), a turn's
+model-time budget (turn_budget.py), voice cloning's thread (cloner.py) and the garbage collector's
+frozen heap (heap_hold.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from .inbox import Command, Inbox
 from .intake import new_live, take_text
 from .live import Live, OpenStream
 from .model import Decoded, DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams
+from .outbox import Outbox
 from .scheduler import Scheduler, StepPlan
 from .slots import SlotPool
 from .stats import EngineStats
@@ -91,7 +94,8 @@ class Engine:
         self.stats = EngineStats()
         # begun work whose results are not taken yet, oldest first (the pipeline in the module docstring)
         cfg = self.config
-        self._codec = CodecStage(cfg.max_decodes_in_flight, cfg.urgent_slack_s, self._emit_work, self._decode_failed)
+        self._codec = CodecStage(cfg.max_decodes_in_flight, cfg.urgent_slack_s, self._emit_piece, self._decode_failed)
+        self._outbox = Outbox(self._release)  # results to the streams' loops, a piece's chunks at once
         self._decoding = self._codec.work
         self._stepping = FrameStage(self._decoding, self._record, self._generate_failed, self._slots_freed)
         self._cloner = Cloner()
@@ -370,13 +374,16 @@ class Engine:
 
     def _record(self, plan: StepPlan, results: list[GenerateResult]) -> None:
         for sid, res in zip(plan.generate_streams, results, strict=True):
-            if res.error is not None and sid in self._live:
+            live = self._live.get(sid)
+            if live is None:
+                continue
+            if res.error is not None:
                 log.warning("stream %d failed in the model: %s", sid, res.error)
-                self._fail(self._live[sid], StreamError("model_error", res.error))
-            elif sid in self._live:
-                if res.finished and res.stop_reason is not None:
-                    self._live[sid].stop_reason = res.stop_reason
-                self._charge(self._live[sid], res)
+                self._fail(live, StreamError("model_error", res.error))
+                continue
+            if res.finished and res.stop_reason is not None:
+                live.stop_reason = res.stop_reason
+            self._charge(live, res)
         self._scheduler.record(plan, results)  # failed streams are gone from the scheduler already
         self.stats.frames_generated += sum(r.n_frames for r in results)
 
@@ -385,10 +392,12 @@ class Engine:
         if err is not None:
             self._fail(live, err)
 
-    def _emit_work(self, d: DecodeWork, decoded: Decoded) -> None:
-        live = self._live.get(d.stream_id)
-        if live is not None:  # else failed or cancelled meanwhile
-            self._emit(live, decoded, d.final, d.text)
+    def _emit_piece(self, chunks: list[tuple[DecodeWork, Decoded]]) -> None:
+        with self._outbox.batch():
+            for d, decoded in chunks:
+                live = self._live.get(d.stream_id)
+                if live is not None:  # else failed or cancelled meanwhile
+                    self._emit(live, decoded, d.final, d.text)
 
     def _decode_failed(self, due: list[DecodeWork], err: Exception) -> None:
         log.error("decode failed", exc_info=err)
@@ -406,10 +415,7 @@ class Engine:
 
     def _to_loop(self, live: Live, fn: Callable[[_T], None], arg: _T) -> None:
         """Hand a result to the stream's event loop; a caller whose loop is gone loses its stream."""
-        try:
-            live.loop.call_soon_threadsafe(fn, arg)
-        except RuntimeError:  # the loop was closed under us (its owner went away without cancelling)
-            self._release(live)
+        self._outbox.post(live.loop, live, fn, arg)
 
     def _fail_slot(self, slot: int, message: str) -> None:
         for live in list(self._live.values()):
