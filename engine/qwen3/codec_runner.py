@@ -46,6 +46,7 @@ URGENT_PRIORITY = -100  # torch clamps it to the device's highest stream priorit
 # (codec_cudnn_limit_h200.json)
 LONGEST_CALL_FRAMES = 24
 SPLIT_ROWS = 16
+_NO_PCM = np.zeros(0, np.float32)  # the audio of every chunk of no frames (nothing in it to change)
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class CodecRunner:
         codec's stream, beside the caller's (the frame steps, queued before or after), and the
         result's ``done`` asks whether they have finished without waiting. ``urgent``: as one call
         on the urgent lane, where it fits (module docstring)."""
-        out = [np.zeros(0, np.float32) for _ in work]
+        out = [_NO_PCM] * len(work)
         if self.options.codec_mode == "windowed":
             pcm = [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
             return Queued.finished(pcm)
@@ -231,10 +232,13 @@ class CodecRunner:
             if stream is self.stream and self._urgent_last is not None:
                 stream.wait_event(self._urgent_last)
                 self._urgent_last = None
-            pcms = [self._run([work[i] for i in group], lane, staged) for group in groups]
-            hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in pcms]
-            for h, p in zip(hosts, pcms, strict=True):
-                h.copy_(p, non_blocking=True)
+            pcms, hosts = [], []
+            for group in groups:  # each call's PCM copied out before the next call can replay its graph
+                pcm = self._run([work[i] for i in group], lane, staged)
+                host = torch.empty(pcm.shape, dtype=pcm.dtype, pin_memory=True)
+                host.copy_(pcm, non_blocking=True)
+                pcms.append(pcm)
+                hosts.append(host)
             done = _recorded(stream)
         if stream is self.stream:
             self._bulk_last.update((work[i].slot, done) for i in due)
@@ -268,15 +272,20 @@ class CodecRunner:
 
     def _run(self, chunks: list[DecodeWork], lane: _Lane, staged: list[Tensor] | None = None) -> Tensor:
         """One codec call on ``lane``: the chunks padded to a common frame count T -> pcm
-        (len(chunks), T * 1920) on the device, row r's audio in its first n_frames * 1920 samples."""
-        longest = max(w.n_frames for w in chunks)
-        t = padded_frames(longest, lane.frames)
-        b = bucket_for(len(chunks), lane.buckets)
+        (len(chunks), T * 1920) on the device, row r's audio in its first n_frames * 1920 samples:
+        a view of the graph's static output, which the next replay of that graph overwrites (queued
+        behind it on the same stream: the caller copies it out first)."""
+        n = len(chunks)
+        n_frames = np.array([w.n_frames for w in chunks], np.int64)
+        t = padded_frames(int(n_frames.max()), lane.frames)
+        b = bucket_for(n, lane.buckets)
         rows = np.zeros((b, self.q * t + 2), np.int64)  # padding frames: code 0, decoded and dropped
         rows[:, -1] = lane.pad_slot  # padding rows: 0 valid frames of the padding slot
-        for r, w in enumerate(chunks):
-            rows[r, : self.q * w.n_frames] = _frames(w).reshape(-1)
-            rows[r, -2:] = (w.n_frames, w.slot)
+        # every chunk's frames in one copy: row r's first n_frames[r] frames, in order
+        codes = rows[:n, : self.q * t].reshape(n, t, self.q)
+        codes[np.arange(t) < n_frames[:, None]] = _frames(chunks)
+        rows[:n, -2] = n_frames
+        rows[:n, -1] = [w.slot for w in chunks]
         if self.graphs.has((lane.kind, b, t)):
             pcm = self.graphs.run((lane.kind, b, t), rows, staged)
         else:  # a chunk longer than the graphed frame counts: eager, exact shape
@@ -285,11 +294,11 @@ class CodecRunner:
                 x = x.pin_memory()
                 staged.append(x)
             pcm = self.body(x.to(self.device, non_blocking=True))
-        return pcm[: len(chunks)].clone()  # the static output is overwritten by the next replay
+        return pcm[:n]
 
     def _decode_windowed(self, w: DecodeWork) -> np.ndarray:
         history = self._history.get(w.slot)
-        frames = _frames(w)
+        frames = _frames([w]).astype(np.int64, copy=False)
         ctx = self.options.windowed_left_context
         window = np.concatenate([*(history or []), frames])
         if history is not None:
@@ -328,10 +337,14 @@ def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:
     return event
 
 
-def _frames(w: DecodeWork) -> np.ndarray:
-    frames = np.concatenate([np.asarray(f) for f in w.frames]) if w.frames else np.zeros((0, 16), np.int64)
-    if frames.shape[0] != w.n_frames:
-        raise ValueError(
-            f"slot {w.slot}: {frames.shape[0]} frames in the payload, n_frames says {w.n_frames}"
-        )
-    return frames.astype(np.int64, copy=False)
+def _frames(chunks: Sequence[DecodeWork]) -> np.ndarray:
+    """The chunks' frame payloads, (F, 16) each, as one (sum F, 16) array, in order."""
+    parts = []
+    for w in chunks:
+        own = [np.asarray(f) for f in w.frames]
+        if sum(len(f) for f in own) != w.n_frames:
+            raise ValueError(
+                f"slot {w.slot}: {sum(len(f) for f in own)} frames in the payload, n_frames says {w.n_frames}"
+            )
+        parts += own
+    return np.concatenate(parts) if parts else np.zeros((0, 16), np.int64)

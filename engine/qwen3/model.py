@@ -36,7 +36,7 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Sequence
 from typing import cast
 
@@ -61,6 +61,7 @@ from ..model import (
 from ..word_timing import TokenWords
 from .clone_prefill import prefill_embedded, slot_voice
 from .codec_runner import CodecRunner
+from .codes_to_host import CodesToHost
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
@@ -79,6 +80,7 @@ from .weights import Modules
 # (seconds of playback slack, frames): chunks of 24 and 48 frames for streams seconds ahead of their
 # listener, where the codec has graphs of them (ModelInfo.slack_chunk_frames)
 SLACK_CHUNK_FRAMES = ((2.0, 24), (6.0, 48))
+PIECE_CACHE = 1 << 16  # split pieces (words) whose ids are kept: a few MB
 
 
 class Qwen3TTSModel(Model):
@@ -171,7 +173,10 @@ class Qwen3TTSModel(Model):
         )
         self.repetition = RepetitionDetector(options.max_slots)
         self.invalid_code_rows = 0  # rows of sampled codes rejected by invalid_rows (expected: 0)
-        self._codes_wait_s = 0.0  # the worker blocked in _to_host (device_wait_s)
+        self.codes_to_host = CodesToHost(options.max_batch_size, t.num_code_groups)
+        # the ids of one split piece, for word timings (TokenWords): the same words come back in
+        # every stream's text, and each was encoded once already as part of its push
+        self._piece_ids = functools.lru_cache(maxsize=PIECE_CACHE)(tokenizer.encode)
 
     # --- slot life ---------------------------------------------------------------------------------
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -207,7 +212,7 @@ class Qwen3TTSModel(Model):
             greedy=req.sampling.greedy,
             whole_text=req.whole_text,
             guard=guard,
-            words=None if req.whole_text else TokenWords(self.tokenizer.split, self.tokenizer.encode),
+            words=None if req.whole_text else TokenWords(self.tokenizer.split, self._piece_ids),
             voice=None
             if (profile := req.profile) is None
             else slot_voice(
@@ -261,7 +266,7 @@ class Qwen3TTSModel(Model):
         running: list[int] = []
         for s in slots:
             st = self._slot(s)
-            if not self.ready(s):
+            if not st.ready(self.limits):
                 results[s] = GenerateResult(s, None, 0, st.done)
             elif st.prefilled:
                 running.append(s)
@@ -279,26 +284,31 @@ class Qwen3TTSModel(Model):
             results[s] = GenerateResult(s, None, 0, True, error=error)
         running = [s for s in running if s not in results]
         new = [s for s in prompts if s not in results]
-        self.state.flush_text()  # the text the step's feeds read (add_text queues it)
+        self.state.flush()  # the rows and text the step's feeds read (open_slot and add_text queue them)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
         per_call = self.prefill_batches[-1]
         for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):
             self._run_prefill(group, [prompts[s] for s in group], staged)
         batch = running + new  # new slots make their first frame in the same decode call
         size = self.decode_buckets[-1]
-        parts = [self._run_decode(batch[i : i + size], staged) for i in range(0, len(batch), size)]
+        parts: list[Tensor] = []
+        for i in range(0, len(batch), size):
+            if parts:  # the next call may replay the same graph, overwriting the static output
+                parts[-1] = parts[-1].clone()
+            parts.append(self._run_decode(batch[i : i + size], staged))
         if not batch:
             return Queued.finished([results[s] for s in slots])
-        codes = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
+        codes = self.codes_to_host.start(parts[0] if len(parts) == 1 else torch.cat(parts))
 
         def finish() -> list[GenerateResult]:
-            host = codes()
+            host = codes()  # (B, 16), the caller's own: each row becomes its slot's frame
             staged.clear()
             bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
-            self.invalid_code_rows += int(bad.sum())
+            self.invalid_code_rows += int(np.count_nonzero(bad))
             looped = self.repetition.push(np.asarray(batch), host[:, 0])
-            for i, s in enumerate(batch):
-                results[s] = self._slots[s].record(s, host[i], bool(looped[i]), self.limits, bool(bad[i]))
+            hosts, limits = self._slots, self.limits
+            for s, row, loops, invalid in zip(batch, host, looped.tolist(), bad.tolist(), strict=True):
+                results[s] = hosts[s].record(s, row, loops, limits, invalid)
             return [results[s] for s in slots]
 
         return Queued(finish, codes.done)
@@ -312,7 +322,8 @@ class Qwen3TTSModel(Model):
             st = self._slots[s]
             st.position += 1
             st.begun += 1
-        return codes[: len(group)].clone()  # the static output is overwritten by the next replay
+        # a view of the static output: the copy to the host is queued before the next step's replay
+        return codes[: len(group)]
 
     def _run_prefill(self, group: list[int], prompts: list[Prompt], staged: list[Tensor]) -> None:
         """The group's prompts but their last positions into the KV cache; those wait as first feeds
@@ -350,24 +361,6 @@ class Qwen3TTSModel(Model):
         staged.append(x)
         return x.to(self.device, non_blocking=True)
 
-    def _to_host(self, codes: Tensor) -> Queued[np.ndarray]:
-        """The step's one device->host copy, (B, 16) codes through pinned memory, queued; calling the
-        result waits for it."""
-        if codes.device.type != "cuda":
-            return Queued.finished(codes.numpy())
-        host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
-        host.copy_(codes, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-
-        def wait() -> np.ndarray:
-            t0 = time.perf_counter()
-            done.synchronize()
-            self._codes_wait_s += time.perf_counter() - t0
-            return host.numpy()
-
-        return Queued(wait, done.query)
-
     def _register_graphs(self) -> None:
         """Every bucket's body with padding-slot example rows (captured in ``warmup``)."""
         pad = self.pad_slot
@@ -395,7 +388,7 @@ class Qwen3TTSModel(Model):
 
     def device_wait_s(self) -> float:
         """The waits for each step's codes and each tick's PCM (Model.device_wait_s)."""
-        return self._codes_wait_s + self.codec_runner.wait_s
+        return self.codes_to_host.wait_s + self.codec_runner.wait_s
 
     # --- cloning -------------------------------------------------------------------------------------
     def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str) -> ClonedVoice:
