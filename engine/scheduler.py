@@ -83,7 +83,12 @@ class Scheduler:
         """``ready``: stream ids whose model slot can make progress now."""
         # (deadline, request) of each candidate, each deadline computed once; a stable sort on the
         # deadline alone keeps ties in the order the streams were added
-        keyed = [(r.deadline(), r) for r in self.requests.values() if r.stream_id in ready and not r.generation_done]
+        keyed = [
+            # Request.deadline, inline (every stream, every step)
+            (r.t_arrival if r.t_first_emit is None else r.t_first_emit + r.samples_emitted / r.sample_rate_hz, r)
+            for r in self.requests.values()
+            if r.stream_id in ready and not r.generation_done
+        ]
         keyed.sort(key=_first)
         now = time.perf_counter()
         candidates = [r for _, r in keyed]
@@ -99,6 +104,9 @@ class Scheduler:
         """A full batch from deadline-ordered ``candidates``: a round of each tenant's most
         urgent stream, cheapest tenant first, then a round of each one's next, .... One tenant
         alone: the ``max_batch`` most urgent, as without tenants."""
+        tenant = candidates[0].tenant
+        if all(r.tenant == tenant for r in candidates):
+            return candidates[: self._max_batch]  # one tenant: its rounds are the deadline order
         now = time.perf_counter()
         rounds: dict[str, int] = {}
         cost: dict[str, float] = {}  # each tenant's, once
@@ -123,8 +131,9 @@ class Scheduler:
 
     def record(self, plan: StepPlan, results: list[GenerateResult]) -> None:
         now = time.perf_counter()
+        requests = self.requests
         for stream_id, res in zip(plan.generate_streams, results, strict=True):
-            req = self.requests.get(stream_id)
+            req = requests.get(stream_id)
             if req is None:
                 continue
             if res.compute_s:

@@ -37,7 +37,11 @@ def plan_codec_calls(
     positions in ``frames_desc``; no call holds more rows than the largest batch bucket."""
     biggest = buckets[-1]
     classes: list[tuple[int, int]] = []  # (padded frames, chunks), longest first
-    for t in (padded_frames(f, graphed) for f in frames_desc):
+    padded: dict[int, int] = {}  # chunk sizes repeat (1, 2, 4, 8, 12): each looked up once
+    for f in frames_desc:
+        t = padded.get(f)
+        if t is None:
+            t = padded[f] = padded_frames(f, graphed)
         if classes and classes[-1][0] == t:
             classes[-1] = (t, classes[-1][1] + 1)
         else:

@@ -33,6 +33,7 @@ from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .options import ServeOptions
+from .slot_state import to_device
 
 # The urgent lane's graphs (decode_start): its chunks are a new stream's 1 frame and the 2 and 4
 # after it, a few a tick; an urgent piece with more rows or frames runs with the bulk work
@@ -101,25 +102,38 @@ class CodecRunner:
         self._urgent_last: torch.cuda.Event | None = None  # urgent work not yet followed by the bulk lane
         self._bulk_last: dict[int, torch.cuda.Event] = {}  # slot -> its last bulk call's event
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
+        self._opened: set[int] = set()  # slots opened since their state rows were last reset
         self.wait_s = 0.0  # the caller blocked waiting for the codec's PCM (Model.device_wait_s)
 
     # --- slots -----------------------------------------------------------------------------------
     def open(self, slot: int) -> None:
-        """A new stream on ``slot``: fresh decoder state, no frames before. On CUDA the reset is queued
-        on the codec's stream, after any codec call still writing the slot's state for its previous
-        owner and before the new owner's: the frame steps on the caller's stream never wait for it.
-        With an urgent lane the reset is queued there, where the new owner's first chunk runs."""
+        """A new stream on ``slot``: fresh decoder state, no frames before. The reset is queued with
+        the next codec work (``reset_opened``), every slot opened since in one go."""
+        self._opened.add(slot)
+        self._history[slot] = []
+
+    def reset_opened(self) -> None:
+        """The decoder state of the slots opened since the last call, reset. On CUDA the reset is
+        queued on the codec's stream, after any codec call still writing a slot's state for its
+        previous owner and before the new owner's: the frame steps on the caller's stream never
+        wait for it. With an urgent lane the reset is queued there, where a new owner's first chunk
+        runs."""
+        if not self._opened:
+            return
+        slots = sorted(self._opened)
+        self._opened.clear()
+        # the rows' upload is queued on the stream that resets them
         if self.urgent_stream is not None:
-            before = self._bulk_last.pop(slot, None)  # a cancelled owner's call may still be running
+            # a cancelled owner's call may still be running
+            before = [e for s in slots if (e := self._bulk_last.pop(s, None)) is not None and not e.query()]
             with torch.cuda.stream(self.urgent_stream):
-                if before is not None and not before.query():
-                    self.urgent_stream.wait_event(before)
-                self.states.reset(slot)
+                for e in before:
+                    self.urgent_stream.wait_event(e)
+                self.states.reset(to_device(slots, torch.int64, self.device))
                 self._urgent_last = _recorded(self.urgent_stream)
         else:
             with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                self.states.reset(slot)
-        self._history[slot] = []
+                self.states.reset(to_device(slots, torch.int64, self.device))
 
     def prime(self, slot: int, codes: np.ndarray) -> None:
         """Advance a freshly opened slot's decoder over frames that come before its stream (an
@@ -201,6 +215,7 @@ class CodecRunner:
         codec's stream, beside the caller's (the frame steps, queued before or after), and the
         result's ``done`` asks whether they have finished without waiting. ``urgent``: as one call
         on the urgent lane, where it fits (module docstring)."""
+        self.reset_opened()  # before any call that reads a new stream's state
         out = [_NO_PCM] * len(work)
         if self.options.codec_mode == "windowed":
             pcm = [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
@@ -339,12 +354,10 @@ def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:
 
 def _frames(chunks: Sequence[DecodeWork]) -> np.ndarray:
     """The chunks' frame payloads, (F, 16) each, as one (sum F, 16) array, in order."""
-    parts = []
+    parts: list[object] = []
     for w in chunks:
-        own = [np.asarray(f) for f in w.frames]
-        if sum(len(f) for f in own) != w.n_frames:
-            raise ValueError(
-                f"slot {w.slot}: {sum(len(f) for f in own)} frames in the payload, n_frames says {w.n_frames}"
-            )
-        parts += own
+        n = sum(map(len, w.frames))  # (1, 16) rows of a step, or (F, 16) blocks (a primed reference)
+        if n != w.n_frames:
+            raise ValueError(f"slot {w.slot}: {n} frames in the payload, n_frames says {w.n_frames}")
+        parts += w.frames
     return np.concatenate(parts) if parts else np.zeros((0, 16), np.int64)

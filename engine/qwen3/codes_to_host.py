@@ -28,6 +28,8 @@ class CodesToHost:
         returns an array of the caller's own."""
         if codes.device.type != "cuda":
             return Queued.finished(codes.numpy())
+        if codes.dtype != torch.int64 or codes.shape[0] > self._shape[0]:
+            raise ValueError(f"codes {codes.dtype} {tuple(codes.shape)}: int64 of at most {self._shape[0]} rows")
         buf = self._free.pop() if self._free else torch.empty(self._shape, dtype=torch.int64, pin_memory=True)
         host = buf[: codes.shape[0]]
         host.copy_(codes, non_blocking=True)

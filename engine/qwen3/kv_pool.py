@@ -66,12 +66,12 @@ class KVPool:
     def ensure(self, slot: int, positions: int) -> bool:
         """Give ``slot`` the blocks for its first ``positions`` positions. False (and nothing taken)
         when the pool has too few free blocks; a slot past max_positions is the caller's bug."""
-        need = blocks_for(positions, self.page) - len(self._owned[slot])
+        owned = self._owned[slot]
+        need = -(-positions // self.page) - len(owned)  # blocks_for, inline: every slot, every step
         if need <= 0:
             return True
         if need > len(self._free):
             return False
-        owned = self._owned[slot]
         if len(owned) + need > self.max_blocks_per_slot:
             raise ValueError(
                 f"slot {slot}: {positions} positions > the table's {self.max_blocks_per_slot} blocks"

@@ -264,12 +264,17 @@ class Qwen3TTSModel(Model):
         results: dict[int, GenerateResult] = {}
         prompts: dict[int, Prompt] = {}  # the new slots', built once for the length check and the prefill
         running: list[int] = []
+        grow: dict[int, int] = {}  # positions each slot will have written: the running ones first
+        hosts, limits = self._slots, self.limits
         for s in slots:
-            st = self._slot(s)
-            if not st.ready(self.limits):
+            st = hosts.get(s)
+            if st is None:
+                raise ModelError(s, f"slot {s} is not open")
+            if not st.ready(limits):
                 results[s] = GenerateResult(s, None, 0, st.done)
             elif st.prefilled:
                 running.append(s)
+                grow[s] = st.position + 1
             elif not st.text.ids:  # the text ended empty
                 st.done = True
                 results[s] = GenerateResult(s, None, 0, True)
@@ -278,11 +283,13 @@ class Qwen3TTSModel(Model):
                 raise ModelError(s, f"prompt longer than max_seq_len {self.options.max_seq_len}")
             else:
                 prompts[s] = prompt
-        grow = {s: self._slots[s].position + 1 for s in running} | {s: len(p) for s, p in prompts.items()}
-        for s, error in self.kv.grow(grow).items():  # no block for its next position: this one ends
-            self._slots[s].done = True
+        grow.update((s, len(p)) for s, p in prompts.items())
+        full = self.kv.grow(grow)
+        for s, error in full.items():  # no block for its next position: this one ends
+            hosts[s].done = True
             results[s] = GenerateResult(s, None, 0, True, error=error)
-        running = [s for s in running if s not in results]
+        if full:
+            running = [s for s in running if s not in results]
         new = [s for s in prompts if s not in results]
         self.state.flush()  # the rows and text the step's feeds read (open_slot and add_text queue them)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
@@ -306,7 +313,6 @@ class Qwen3TTSModel(Model):
             bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
             self.invalid_code_rows += int(np.count_nonzero(bad))
             looped = self.repetition.push(np.asarray(batch), host[:, 0])
-            hosts, limits = self._slots, self.limits
             for s, row, loops, invalid in zip(batch, host, looped.tolist(), bad.tolist(), strict=True):
                 results[s] = hosts[s].record(s, row, loops, limits, invalid)
             return [results[s] for s in slots]
@@ -318,8 +324,9 @@ class Qwen3TTSModel(Model):
         rows = np.full(b, self.pad_slot, np.int64)
         rows[: len(group)] = group
         codes = self.graphs.run(("decode", b), rows, staged)
+        hosts = self._slots
         for s in group:
-            st = self._slots[s]
+            st = hosts[s]
             st.position += 1
             st.begun += 1
         # a view of the static output: the copy to the host is queued before the next step's replay
