@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import io
 import json
@@ -45,28 +46,43 @@ from engine_load import Lengths, closed_loop, load_config, open_loop
 from null_model import NullModel
 from qwen3_null_device import null_device_qwen3
 from simulated_h200 import H200_HOST_MS, H200Model
+from torch.overrides import TorchFunctionMode
 
 from voicewire.engine.engine import Engine
 from voicewire.engine.model import Model
 
 
+class TorchCalls(TorchFunctionMode):
+    """Counts the torch calls made inside it (functions and tensor methods): on a GPU each is a
+    kernel launch or a trip through the dispatcher, host time the CPU's run underrates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
 class WorkerProfile:
     """The engine's worker thread measured: each step's time and batch rows (``by_rows``), and with
     ``profile`` a cProfile of ``Engine._step`` and of the loop's work between steps (which streams
-    are ready, the command drain)."""
+    are ready, the command drain); with ``torch_calls`` the torch calls of each step (slower)."""
 
     # the worker's methods that its loop calls, each profiled where it is not inside another
     BETWEEN_STEPS = ("_expire_queued", "_ready", "_decode_pending", "_drain")
     ROW_BINS = (1, 64, 128, 192, 240, 256)  # by_rows: steps of rows in [lo, next lo); the last alone
 
-    def __init__(self, engine: Engine, profile: bool) -> None:
+    def __init__(self, engine: Engine, profile: bool, torch_calls: bool = False) -> None:
         self.prof = cProfile.Profile()
         self.profile = profile
+        self.calls = TorchCalls() if torch_calls else None
         self.ticks = 0
         self.busy_s = 0.0
         self.on = False
-        # (rows, seconds, of which commands, the worker thread's CPU seconds) of each step
-        self.steps: list[tuple[int, float, float, float]] = []
+        # (rows, seconds, of which commands, the worker thread's CPU seconds, torch calls) of each step
+        self.steps: list[tuple[int, float, float, float, int]] = []
         self._depth = 0
         self._rows = 0
         step, stats = engine._step, engine.stats
@@ -78,13 +94,16 @@ class WorkerProfile:
 
         def tick(ready: set[int]) -> None:
             t0, cpu0, n0, c0 = time.perf_counter(), time.thread_time(), stats.steps, stats.commands_s
-            self._run(step, ready)
+            calls0 = self.calls.n if self.calls is not None else 0
+            with self.calls if self.calls is not None else contextlib.nullcontext():
+                self._run(step, ready)
             if self.on:
                 dt = time.perf_counter() - t0
                 self.ticks += 1
                 self.busy_s += dt
                 if stats.steps > n0:
-                    self.steps.append((self._rows, dt, stats.commands_s - c0, time.thread_time() - cpu0))
+                    calls = self.calls.n - calls0 if self.calls is not None else 0
+                    self.steps.append((self._rows, dt, stats.commands_s - c0, time.thread_time() - cpu0, calls))
 
         stats.record_step = record_step  # type: ignore[method-assign]
         engine._step = tick  # type: ignore[method-assign]
@@ -114,15 +133,17 @@ class WorkerProfile:
         out = {}
         bins = self.ROW_BINS
         for lo, hi in zip(bins, (*bins[1:], bins[-1] + 1), strict=True):
-            steps = [(s, c, cpu) for rows, s, c, cpu in self.steps if lo <= rows < hi]
+            steps = [(s, c, cpu, k) for rows, s, c, cpu, k in self.steps if lo <= rows < hi]
             if steps:
                 n = len(steps)
                 out[f"{lo}-{hi - 1}"] = {
                     "steps": n,
-                    "ms_per_step": 1e3 * sum(s for s, _, _ in steps) / n,
-                    "ms_per_step_less_commands": 1e3 * sum(s - c for s, c, _ in steps) / n,
-                    "cpu_ms_per_step": 1e3 * sum(cpu for _, _, cpu in steps) / n,
+                    "ms_per_step": 1e3 * sum(s for s, _, _, _ in steps) / n,
+                    "ms_per_step_less_commands": 1e3 * sum(s - c for s, c, _, _ in steps) / n,
+                    "cpu_ms_per_step": 1e3 * sum(cpu for _, _, cpu, _ in steps) / n,
                 }
+                if self.calls is not None:
+                    out[f"{lo}-{hi - 1}"]["torch_calls_per_step"] = sum(k for _, _, _, k in steps) / n
         return out
 
     def top(self, n: int = 25, sort: str = "tottime") -> str:
@@ -156,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         freeze_heap=not args.no_freeze_heap,
     )
     engine = Engine(cfg, model=model).start()
-    prof = WorkerProfile(engine, args.profile)
+    prof = WorkerProfile(engine, args.profile, args.torch_calls)
     res: dict[str, Any] = {}
 
     async def main() -> None:
@@ -230,6 +251,7 @@ def main() -> None:
     )
     ap.add_argument("--open-ms", type=float, default=None, help="with --host-work: host time a slot's open")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--torch-calls", action="store_true", help="count each step's torch calls (slows it)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     res = {"command": " ".join(sys.argv), **run(args)}
