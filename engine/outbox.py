@@ -54,7 +54,8 @@ class Outbox:
     def _send(self, loop: asyncio.AbstractEventLoop, owners: list[Any], calls: list[Call]) -> None:
         try:
             if len(calls) == 1:
-                loop.call_soon_threadsafe(*calls[0])
+                fn, arg = calls[0]
+                loop.call_soon_threadsafe(fn, arg)
             else:
                 loop.call_soon_threadsafe(_run_all, calls)
         except RuntimeError:  # the loop was closed under us (its owner went away without cancelling)

@@ -22,6 +22,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -249,10 +250,10 @@ class CodecRunner:
                 self._urgent_last = None
             pcms, hosts = [], []
             for group in groups:  # each call's PCM copied out before the next call can replay its graph
-                pcm = self._run([work[i] for i in group], lane, staged)
-                host = torch.empty(pcm.shape, dtype=pcm.dtype, pin_memory=True)
-                host.copy_(pcm, non_blocking=True)
-                pcms.append(pcm)
+                on_device = self._run([work[i] for i in group], lane, staged)
+                host = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
+                host.copy_(on_device, non_blocking=True)
+                pcms.append(on_device)
                 hosts.append(host)
             done = _recorded(stream)
         if stream is self.stream:
@@ -354,10 +355,11 @@ def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:
 
 def _frames(chunks: Sequence[DecodeWork]) -> np.ndarray:
     """The chunks' frame payloads, (F, 16) each, as one (sum F, 16) array, in order."""
-    parts: list[object] = []
+    parts: list[np.ndarray] = []
     for w in chunks:
-        n = sum(map(len, w.frames))  # (1, 16) rows of a step, or (F, 16) blocks (a primed reference)
+        frames = cast("list[np.ndarray]", w.frames)  # (1, 16) rows of a step, or (F, 16) blocks (a primed reference)
+        n = sum(map(len, frames))
         if n != w.n_frames:
             raise ValueError(f"slot {w.slot}: {n} frames in the payload, n_frames says {w.n_frames}")
-        parts += w.frames
+        parts += frames
     return np.concatenate(parts) if parts else np.zeros((0, 16), np.int64)

@@ -28,11 +28,10 @@ def invalid_rows(host: np.ndarray, codebook_size: int, eos_id: int) -> np.ndarra
     """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
     stream). Never expected; checked on the host copy the step makes anyway, so a device-side
     fault fails one stream with an error instead of asserting inside the codec for all."""
-    host = np.asarray(host, np.int64)
-    bad = host.view(np.uint64) >= codebook_size  # negative codes wrap to huge ones: out of range too
-    bad[:, 0] &= host[:, 0] != eos_id
-    out: np.ndarray = bad.any(axis=1)
-    return out
+    codes = np.asarray(host, np.int64)
+    bad = np.greater_equal(codes.view(np.uint64), codebook_size)  # negative codes wrap: out of range too
+    np.logical_and(bad[:, 0], codes[:, 0] != eos_id, out=bad[:, 0])  # the EOS stops a stream: not bad
+    return np.asarray(bad.any(axis=1))
 
 
 @dataclass(frozen=True)
