@@ -36,7 +36,6 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import cast
 
@@ -73,14 +72,13 @@ from .options import ServeOptions, default_decode_buckets
 from .prompt import Prompt
 from .slot_request import parse_request
 from .slot_state import SlotState
-from .tokenizer import TextStream, TextTokenizer
+from .tokenizer import MemoTokenizer, TextStream, TextTokenizer
 from .voice_clone import VoiceCloner
 from .weights import Modules
 
 # (seconds of playback slack, frames): chunks of 24 and 48 frames for streams seconds ahead of their
 # listener, where the codec has graphs of them (ModelInfo.slack_chunk_frames)
 SLACK_CHUNK_FRAMES = ((2.0, 24), (6.0, 48))
-PIECE_CACHE = 1 << 16  # split pieces (words) whose ids are kept: a few MB
 
 
 class Qwen3TTSModel(Model):
@@ -174,9 +172,7 @@ class Qwen3TTSModel(Model):
         self.repetition = RepetitionDetector(options.max_slots)
         self.invalid_code_rows = 0  # rows of sampled codes rejected by invalid_rows (expected: 0)
         self.codes_to_host = CodesToHost(options.max_batch_size, t.num_code_groups)
-        # the ids of one split piece, for word timings (TokenWords): the same words come back in
-        # every stream's text, and each was encoded once already as part of its push
-        self._piece_ids = functools.lru_cache(maxsize=PIECE_CACHE)(tokenizer.encode)
+        self._text_tokenizer = MemoTokenizer(tokenizer)  # streamed text's splits and ids, remembered
 
     # --- slot life ---------------------------------------------------------------------------------
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -204,7 +200,7 @@ class Qwen3TTSModel(Model):
         if req.profile is not None and req.profile.ref_codes is not None:
             self.codec_runner.prime(slot, req.profile.ref_codes.cpu().numpy().astype(np.int64))
         self._slots[slot] = HostSlot(
-            text=TextStream(self.tokenizer),
+            text=TextStream(self._text_tokenizer),
             language_id=req.language_id,
             speaker_id=req.speaker_id,
             instruct_ids=req.instruct_ids,
@@ -212,7 +208,7 @@ class Qwen3TTSModel(Model):
             greedy=req.sampling.greedy,
             whole_text=req.whole_text,
             guard=guard,
-            words=None if req.whole_text else TokenWords(self.tokenizer.split, self._piece_ids),
+            words=None if req.whole_text else TokenWords(self._text_tokenizer.split, self._text_tokenizer.encode),
             voice=None
             if (profile := req.profile) is None
             else slot_voice(
