@@ -30,6 +30,7 @@ from voicewire.engine.config import EngineConfig, LevelConfig
 from voicewire.engine.engine import Engine, EngineBusy
 from voicewire.engine.heap import PAUSES
 from voicewire.engine.model import StreamParams
+from voicewire.engine.stream import Stream
 
 LENGTHS = Path(__file__).resolve().parent / "data" / "utterance_lengths.json"
 SR = 24_000
@@ -71,16 +72,24 @@ class Lengths:
         return f
 
 
-async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str, Any]]) -> None:
-    text = " ".join(WORDS[i % len(WORDS)] for i in range(max(1, frames // 3)))
+async def one_request(
+    engine: Engine, frames: int, seed: int, out: list[dict[str, Any]], words_per_s: float | None = None
+) -> None:
+    """One turn of ``frames`` frames; its text pushed at once, or a word a delta at ``words_per_s``
+    (an LLM streaming its reply), while its audio is read."""
+    words = [WORDS[i % len(WORDS)] for i in range(max(1, frames // 3))]
     t_submit = time.perf_counter()
     try:
         stream = engine.open_stream(StreamParams(forced_frames=frames, seed=seed))
     except EngineBusy:
         out.append({"rejected": True, "t_submit": t_submit, "frames": frames})
         return
-    stream.push_text(text + ".")
-    stream.end()
+    pushing = None
+    if words_per_s:
+        pushing = asyncio.create_task(_push_words(stream, words, words_per_s))
+    else:
+        stream.push_text(" ".join(words) + ".")
+        stream.end()
     chunks: list[tuple[float, int]] = []
     error = None
     try:
@@ -89,6 +98,8 @@ async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str
                 chunks.append((time.perf_counter(), chunk.pcm.size))
     except Exception as err:
         error = repr(err)
+    if pushing is not None:
+        pushing.cancel()
     t_done = time.perf_counter()
     m = stream.metrics
     rec: dict[str, Any] = {"frames": frames, "t_submit": t_submit, "t_done": t_done, "error": error}
@@ -119,6 +130,17 @@ async def one_request(engine: Engine, frames: int, seed: int, out: list[dict[str
             arrivals=[(t, n) for t, n in chunks],
         )
     out.append(rec)
+
+
+async def _push_words(stream: Stream, words: list[str], words_per_s: float) -> None:
+    t_next = time.perf_counter()
+    for i, word in enumerate(words):
+        if stream.closed:
+            return
+        stream.push_text(word + ("." if i == len(words) - 1 else " "))
+        t_next += 1.0 / words_per_s
+        await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+    stream.end()
 
 
 def summarize(recs: list[dict[str, Any]], t_start: float, t_end: float) -> dict[str, Any]:
@@ -185,6 +207,7 @@ def engine_delta(engine: Engine, before: dict[str, Any]) -> dict[str, Any]:
     steps = st.steps - before["steps"]
     busy_s = st.generate_s + st.decode_s - before["generate_s"] - before["decode_s"]
     wait_s = st.device_wait_s - before["device_wait_s"]
+    commands, commands_s = st.commands - before["commands"], st.commands_s - before["commands_s"]
     return {
         "steps": steps,
         "generate_s": st.generate_s - before["generate_s"],
@@ -192,6 +215,10 @@ def engine_delta(engine: Engine, before: dict[str, Any]) -> dict[str, Any]:
         "device_wait_s": wait_s,
         # the worker's own time a step: the step less its waits for the device
         "host_ms_per_step": (busy_s - wait_s) / steps * 1e3 if steps else None,
+        # stream commands (opens, text, ends, cancels): the worker's time in them, in steps or between
+        "commands": commands,
+        "commands_s": commands_s,
+        "us_per_command": commands_s / commands * 1e6 if commands else None,
         "batch_hist": {str(k): v for k, v in sorted(hist.items()) if v},
     }
 
@@ -203,12 +230,14 @@ def engine_snapshot(engine: Engine) -> dict[str, Any]:
         "generate_s": st.generate_s,
         "decode_s": st.decode_s,
         "device_wait_s": st.device_wait_s,
+        "commands": st.commands,
+        "commands_s": st.commands_s,
         "hist": dict(st.batch_sizes),
     }
 
 
 async def open_loop(
-    engine: Engine, rate: float, duration_s: float, lengths: Lengths, seed: int
+    engine: Engine, rate: float, duration_s: float, lengths: Lengths, seed: int, words_per_s: float | None = None
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     recs: list[dict[str, Any]] = []
@@ -225,7 +254,9 @@ async def open_loop(
         if t_next > now:
             await asyncio.sleep(t_next - now)
         lag.append(time.perf_counter() - t_next)
-        tasks.append(asyncio.create_task(one_request(engine, lengths.next(), seed * 100_000 + i, recs)))
+        tasks.append(
+            asyncio.create_task(one_request(engine, lengths.next(), seed * 100_000 + i, recs, words_per_s))
+        )
         i += 1
         t_next += rng.exponential(1.0 / rate)
     t_end = time.perf_counter()
@@ -244,7 +275,7 @@ async def open_loop(
 
 
 async def closed_loop(
-    engine: Engine, conc: int, duration_s: float, lengths: Lengths, seed: int
+    engine: Engine, conc: int, duration_s: float, lengths: Lengths, seed: int, words_per_s: float | None = None
 ) -> dict[str, Any]:
     recs: list[dict[str, Any]] = []
     before = engine_snapshot(engine)
@@ -254,7 +285,7 @@ async def closed_loop(
     async def client(c: int) -> None:
         j = 0
         while time.perf_counter() < t_stop:
-            await one_request(engine, lengths.next(), seed * 100_000 + c * 1000 + j, recs)
+            await one_request(engine, lengths.next(), seed * 100_000 + c * 1000 + j, recs, words_per_s)
             j += 1
 
     await asyncio.wait_for(asyncio.gather(*(client(c) for c in range(conc))), timeout=duration_s + 120)

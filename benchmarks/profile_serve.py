@@ -266,7 +266,7 @@ class Tracer:
             return out
 
         graphs.run = graph_run  # type: ignore[method-assign]
-        gen_start, to_host = model.generate_start, model._to_host
+        gen_start, to_host = model.generate_start, model.codes_to_host.start
 
         def generate_start(slots: Any) -> Any:
             results = timed("generate_launch_ms", gen_start)(slots)
@@ -277,7 +277,7 @@ class Tracer:
             return Queued(timed("codes_wait_ms", copied), copied.done)
 
         model.generate_start = generate_start  # type: ignore[method-assign]
-        model._to_host = codes  # type: ignore[method-assign]
+        model.codes_to_host.start = codes  # type: ignore[method-assign]
         start = runner.decode_start
 
         def decode_start(work: Any, urgent: bool = False) -> Any:
@@ -425,8 +425,8 @@ def traced_run(
     finally:
         engine.close()
     graphs, runner = model.graphs, model.codec_runner
-    for obj in (graphs, runner, model):  # the wrappers live on the instances: drop them
-        for name in ("run", "decode_start", "generate_start", "_to_host"):
+    for obj in (graphs, runner, model, model.codes_to_host):  # the wrappers live on the instances: drop them
+        for name in ("run", "decode_start", "generate_start", "start"):
             obj.__dict__.pop(name, None)
     res["trace"] = tracer.summary()
     res["memory_after"] = memory(model.device)

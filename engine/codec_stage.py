@@ -18,12 +18,12 @@ class CodecStage:
         self,
         max_bulk: int,
         urgent_slack_s: float,
-        emit: Callable[[DecodeWork, Decoded], None],
+        emit: Callable[[list[tuple[DecodeWork, Decoded]]], None],
         failed: Callable[[list[DecodeWork], Exception], None],
     ) -> None:
         self.work = CodecWork(max_bulk, self._hand_out)
         self._urgent_slack_s = urgent_slack_s
-        self._emit = emit  # one chunk's audio to its stream (gone streams are the callee's to skip)
+        self._emit = emit  # a piece's chunks and their audio, to their streams (gone ones the callee skips)
         self._failed = failed  # a piece that failed to begin or to finish: its streams fail
 
     def begin(self, model: Model, due: list[DecodeWork]) -> None:
@@ -52,5 +52,4 @@ class CodecStage:
         except Exception as err:
             self._failed(piece.due, err)
             return
-        for d in piece.due:
-            self._emit(d, next(decoded) if d.n_frames else Decoded(np.zeros(0, np.float32)))
+        self._emit([(d, next(decoded) if d.n_frames else Decoded(np.zeros(0, np.float32))) for d in piece.due])

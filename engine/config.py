@@ -32,14 +32,21 @@ class ChunkSchedule:
     def frames_for(self, chunk_index: int, first_override: int | None = None, slack_s: float = 0.0) -> int:
         """Frames that make chunk number ``chunk_index`` (0-based) due, for a stream ``slack_s``
         seconds of audio ahead of a listener who started at its first chunk."""
+        frames = self.least_frames(chunk_index, first_override)
         if chunk_index == 0:
-            return first_override if first_override is not None else self.first_frames
-        i = chunk_index - 1
-        frames = self.ramp_frames[i] if i < len(self.ramp_frames) else self.steady_frames
+            return frames
         for min_slack_s, n in self.slack_frames or ():
             if slack_s >= min_slack_s:
                 frames = max(frames, n)
         return frames
+
+    def least_frames(self, chunk_index: int, first_override: int | None = None) -> int:
+        """``frames_for`` before the slack sizes: the fewest frames that make the chunk due, whatever
+        the stream's slack (slack only ever makes a chunk longer)."""
+        if chunk_index == 0:
+            return first_override if first_override is not None else self.first_frames
+        i = chunk_index - 1
+        return self.ramp_frames[i] if i < len(self.ramp_frames) else self.steady_frames
 
 
 @dataclass(frozen=True)

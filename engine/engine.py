@@ -6,8 +6,9 @@ commands reach the worker through a thread-safe queue. The worker's step is thre
     schedule (which slots generate) -> run (model.generate, then model.decode of due chunks)
     -> postprocess (lead-in trim, hand chunks back to each stream's loop)
 
-Audio flows back with ``loop.call_soon_threadsafe``. Cancel frees a stream's slot when the worker
-next drains its commands, between two steps (a step is a few ms for the embedded voice).
+Audio flows back with ``loop.call_soon_threadsafe``, a piece of codec work's chunks in one call per
+loop (outbox.py). Cancel frees a stream's slot when the worker next drains its commands, between
+two steps (a step is a few ms for the embedded voice).
 
 A model whose stage 2 runs on a device queue of its own (Qwen3-TTS on CUDA) is driven as a pipeline:
 
@@ -21,9 +22,11 @@ else is in flight, or when codec work piles up). A slot released while a begun s
 freed once that step's results are in.
 
 The worker's concerns each have a room below this file: who gets a stream (admission.py), the
-commands (inbox.py), opens and text on their way to the model (intake.py), the two stages in flight
-(frame_stage.py, codec_stage.py), a turn's model-time budget (turn_budget.py), voice cloning's
-thread (cloner.py) and the garbage collector's frozen heap (heap_hold.py).
+commands (inbox.py), opens and text on their way to the model (intake.py), which streams are ready to
+step (readiness.py), the two stages in flight
+(frame_stage.py, codec_stage.py), results on their way to the streams' loops (outbox.py), a turn's
+model-time budget (turn_budget.py), voice cloning's thread (cloner.py) and the garbage collector's
+frozen heap (heap_hold.py).
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -53,6 +55,8 @@ from .inbox import Command, Inbox
 from .intake import new_live, take_text
 from .live import Live, OpenStream
 from .model import Decoded, DecodeWork, GenerateResult, Model, ModelError, ModelInfo, StreamParams
+from .outbox import Outbox
+from .readiness import Readiness
 from .scheduler import Scheduler, StepPlan
 from .slots import SlotPool
 from .stats import EngineStats
@@ -62,8 +66,6 @@ from .turn_budget import charge
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
-
-_T = TypeVar("_T")
 
 __all__ = ["Engine", "EngineBusy", "EngineNotReady"]
 
@@ -91,7 +93,9 @@ class Engine:
         self.stats = EngineStats()
         # begun work whose results are not taken yet, oldest first (the pipeline in the module docstring)
         cfg = self.config
-        self._codec = CodecStage(cfg.max_decodes_in_flight, cfg.urgent_slack_s, self._emit_work, self._decode_failed)
+        self._codec = CodecStage(cfg.max_decodes_in_flight, cfg.urgent_slack_s, self._emit_piece, self._decode_failed)
+        self._outbox = Outbox(self._release)  # results to the streams' loops, a piece's chunks at once
+        self._readiness = Readiness()  # the streams a step would make progress for (marked as they change)
         self._decoding = self._codec.work
         self._stepping = FrameStage(self._decoding, self._record, self._generate_failed, self._slots_freed)
         self._cloner = Cloner()
@@ -234,14 +238,7 @@ class Engine:
         self._decoding.settle()
 
     def _ready(self) -> set[int]:
-        model = self.model
-        return {
-            sid
-            for sid, lv in self._live.items()
-            if not lv.request.generation_done
-            and lv.request.samples_emitted - lv.stream.consumed_samples < self._max_ahead_samples
-            and model.ready(lv.request.slot)
-        }
+        return self._readiness.current(self._live, self.model, self._max_ahead_samples)
 
     def _decode_pending(self) -> bool:
         return any(lv.request.generation_done and not lv.request.final_sent for lv in self._live.values())
@@ -277,6 +274,7 @@ class Engine:
             if isinstance(cmd, Cancel):
                 self._release(live)
             else:
+                self._readiness.mark((live.stream.id,))
                 take_text(self.model, live, cmd, self.config.max_buffered_text_chars)
         except StreamError as err:
             self._fail(live, err)
@@ -314,9 +312,10 @@ class Engine:
         except Exception as err:  # a bad request must not take the worker down
             self._slots.put(slot)
             self._finish_count()
-            self._to_loop(live, stream.fail, StreamError("bad_request", str(err)))
+            self._outbox.post(live.loop, live, stream.fail, StreamError("bad_request", str(err)))
             return
         self._live[stream.id] = live
+        self._readiness.mark((stream.id,))
         self._scheduler.add(live.request)
         self.stats.streams_opened += 1
 
@@ -324,8 +323,10 @@ class Engine:
         t0 = time.perf_counter()
         model = self.model
         plan = self._scheduler.plan_generate(ready) if self._stepping.has_room() else None
-        begun = plan is not None and self._stepping.begin(model, self._slots, plan)
-        rows = len(plan.generate_slots) if plan is not None and begun else 0
+        rows = 0
+        if plan is not None and self._stepping.begin(model, self._slots, plan):
+            rows = len(plan.generate_slots)
+            self._readiness.mark(plan.generate_streams)  # their begun frames count in their readiness
         if not (self.config.overlap_decode and model.decode_overlaps):
             # stage 2 on the worker's own queue: the step's frames, then the chunks they complete
             while self._stepping:
@@ -340,12 +341,12 @@ class Engine:
             # are taken once another is queued behind it (or none will be)
             self._drain(block=False)
             taken = self._decoding.take(wait=False)
-            if self._stepping and (not self._stepping.has_room() or not begun):
+            if self._stepping and (not self._stepping.has_room() or not rows):
                 self._stepping.finish(self._slots)
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._codec.begin(model, due)
-            taken += self._decoding.take(wait=not (self._stepping or begun))  # nothing else to wait for
+            taken += self._decoding.take(wait=not (self._stepping or rows))  # nothing else to wait for
         if not (rows or due or taken):
             return  # nothing was begun or handed out: not a step
         t2 = time.perf_counter()
@@ -360,6 +361,7 @@ class Engine:
             self._admit_queued()
 
     def _generate_failed(self, plan: StepPlan, err: Exception) -> None:
+        self._readiness.mark(plan.generate_streams)
         if isinstance(err, ModelError):
             self._fail_slot(err.slot, str(err))
             return
@@ -369,26 +371,30 @@ class Engine:
                 self._fail(self._live[sid], StreamError("model_error", f"model failed: {err}"))
 
     def _record(self, plan: StepPlan, results: list[GenerateResult]) -> None:
+        self._readiness.mark(plan.generate_streams)
+        lives, info, text = self._live, self.model.info, self.config.text
         for sid, res in zip(plan.generate_streams, results, strict=True):
-            if res.error is not None and sid in self._live:
+            live = lives.get(sid)
+            if live is None:
+                continue
+            if res.error is not None:
                 log.warning("stream %d failed in the model: %s", sid, res.error)
-                self._fail(self._live[sid], StreamError("model_error", res.error))
-            elif sid in self._live:
-                if res.finished and res.stop_reason is not None:
-                    self._live[sid].stop_reason = res.stop_reason
-                self._charge(self._live[sid], res)
+                self._fail(live, StreamError("model_error", res.error))
+                continue
+            if res.finished and res.stop_reason is not None:
+                live.stop_reason = res.stop_reason
+            err = charge(live, res, info, text)
+            if err is not None:
+                self._fail(live, err)
         self._scheduler.record(plan, results)  # failed streams are gone from the scheduler already
         self.stats.frames_generated += sum(r.n_frames for r in results)
 
-    def _charge(self, live: Live, res: GenerateResult) -> None:
-        err = charge(live, res, self.model.info, self.config.text)
-        if err is not None:
-            self._fail(live, err)
-
-    def _emit_work(self, d: DecodeWork, decoded: Decoded) -> None:
-        live = self._live.get(d.stream_id)
-        if live is not None:  # else failed or cancelled meanwhile
-            self._emit(live, decoded, d.final, d.text)
+    def _emit_piece(self, chunks: list[tuple[DecodeWork, Decoded]]) -> None:
+        with self._outbox.batch():
+            for d, decoded in chunks:
+                live = self._live.get(d.stream_id)
+                if live is not None:  # else failed or cancelled meanwhile
+                    self._emit(live, decoded, d.final, d.text)
 
     def _decode_failed(self, due: list[DecodeWork], err: Exception) -> None:
         log.error("decode failed", exc_info=err)
@@ -398,18 +404,12 @@ class Engine:
 
     def _emit(self, live: Live, decoded: Decoded, final: bool, text: str) -> None:
         chunk = live.chunk(decoded, final, text)
+        self._readiness.mark((live.stream.id,))  # its audio ahead of its caller grew
         if chunk is None:
             return  # held by the lead-in trim until audible audio (or the end) comes
         if final:
             self._release(live)  # freed before the caller can see the end of the stream
-        self._to_loop(live, live.stream.deliver, chunk)
-
-    def _to_loop(self, live: Live, fn: Callable[[_T], None], arg: _T) -> None:
-        """Hand a result to the stream's event loop; a caller whose loop is gone loses its stream."""
-        try:
-            live.loop.call_soon_threadsafe(fn, arg)
-        except RuntimeError:  # the loop was closed under us (its owner went away without cancelling)
-            self._release(live)
+        self._outbox.post(live.loop, live, live.stream.deliver, chunk)
 
     def _fail_slot(self, slot: int, message: str) -> None:
         for live in list(self._live.values()):
@@ -419,12 +419,13 @@ class Engine:
     def _fail(self, live: Live, err: StreamError) -> None:
         self.stats.streams_failed += 1
         self._release(live)
-        self._to_loop(live, live.stream.fail, err)
+        self._outbox.post(live.loop, live, live.stream.fail, err)
 
     def _release(self, live: Live) -> None:
         sid = live.stream.id
         if self._live.pop(sid, None) is None:
             return
+        self._readiness.drop(sid)
         self._scheduler.remove(sid)
         try:
             if self._slots.release(live.request.slot):

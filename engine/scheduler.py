@@ -81,12 +81,22 @@ class Scheduler:
 
     def plan_generate(self, ready: set[int]) -> StepPlan:
         """``ready``: stream ids whose model slot can make progress now."""
-        candidates = [r for r in self.requests.values() if r.stream_id in ready and not r.generation_done]
-        candidates.sort(key=Request.deadline)
+        # (deadline, request) of each candidate, each deadline computed once; a stable sort on the
+        # deadline alone keeps ties in the order the streams were added
+        keyed = [
+            # Request.deadline, inline (every stream, every step)
+            (r.t_arrival if r.t_first_emit is None else r.t_first_emit + r.samples_emitted / r.sample_rate_hz, r)
+            for r in self.requests.values()
+            if r.stream_id in ready and not r.generation_done
+        ]
+        keyed.sort(key=_first)
         now = time.perf_counter()
-        if any(self._ahead(r, now) for r in candidates):
+        candidates = [r for _, r in keyed]
+        ahead = [r.t_first_emit is not None and d - now > AHEAD_S for d, r in keyed]  # as _ahead
+        if any(ahead):
             due = {r.tenant for r in self.requests.values() if not r.generation_done and not self._ahead(r, now)}
-            candidates = [r for r in candidates if not self._ahead(r, now) or not due - {r.tenant}]
+            # an ahead stream stays when no other tenant has a stream that is not ahead
+            candidates = [r for r, a in zip(candidates, ahead, strict=True) if not a or due <= {r.tenant}]
         chosen = candidates if len(candidates) <= self._max_batch else self._fair(candidates)
         return StepPlan([r.slot for r in chosen], [r.stream_id for r in chosen])
 
@@ -94,14 +104,21 @@ class Scheduler:
         """A full batch from deadline-ordered ``candidates``: a round of each tenant's most
         urgent stream, cheapest tenant first, then a round of each one's next, .... One tenant
         alone: the ``max_batch`` most urgent, as without tenants."""
+        tenant = candidates[0].tenant
+        if all(r.tenant == tenant for r in candidates):
+            return candidates[: self._max_batch]  # one tenant: its rounds are the deadline order
         now = time.perf_counter()
         rounds: dict[str, int] = {}
+        cost: dict[str, float] = {}  # each tenant's, once
         ranked = []
         for i, r in enumerate(candidates):
             n = rounds.get(r.tenant, 0)
             rounds[r.tenant] = n + 1
-            ranked.append((n, self._tenant_cost(r.tenant, now), i, r))
-        ranked.sort(key=lambda x: x[:3])
+            c = cost.get(r.tenant)
+            if c is None:
+                c = cost[r.tenant] = self._tenant_cost(r.tenant, now)
+            ranked.append((n, c, i, r))
+        ranked.sort(key=_first_three)
         return [x[3] for x in ranked[: self._max_batch]]
 
     @staticmethod
@@ -114,14 +131,16 @@ class Scheduler:
 
     def record(self, plan: StepPlan, results: list[GenerateResult]) -> None:
         now = time.perf_counter()
+        requests = self.requests
         for stream_id, res in zip(plan.generate_streams, results, strict=True):
-            req = self.requests.get(stream_id)
+            req = requests.get(stream_id)
             if req is None:
                 continue
             if res.compute_s:
                 self._cost[req.tenant] = (self._tenant_cost(req.tenant, now) + res.compute_s, now)
             if res.n_frames:
-                req.pending_words += shifted(res.words, req.pending_frames)
+                if res.words:
+                    req.pending_words += shifted(res.words, req.pending_frames)
                 req.pending.append(res.frames)
                 req.pending_frames += res.n_frames
                 if res.text_spoken:
@@ -133,34 +152,51 @@ class Scheduler:
 
     def plan_decode(self, now: float | None = None) -> list[DecodeWork]:
         """Chunks complete at ``now`` (perf_counter; default: now), per the chunk schedule (or flushed
-        because generation finished)."""
+        because generation finished), most urgent first."""
         now = time.perf_counter() if now is None else now
-        due: list[DecodeWork] = []
-        for req in sorted(self.requests.values(), key=Request.deadline):
+        chunks = self._chunks
+        ready: list[tuple[float, Request, float]] = []  # (deadline, request, slack) of each due chunk
+        for req in self.requests.values():
             if req.final_sent:
                 continue
-            slack_s = req.deadline() - now if req.t_first_emit is not None else 0.0
-            need = self._chunks.frames_for(req.chunks_decoded, req.first_chunk_frames, slack_s)
-            if req.pending_frames >= need or (
-                req.generation_done and (req.pending_frames or not req.final_sent)
+            if not req.generation_done and req.pending_frames < chunks.least_frames(
+                req.chunks_decoded, req.first_chunk_frames
             ):
-                due.append(
-                    DecodeWork(
-                        stream_id=req.stream_id,
-                        slot=req.slot,
-                        frames=req.pending,
-                        n_frames=req.pending_frames,
-                        final=req.generation_done,
-                        text=" ".join(req.pending_text),
-                        words=tuple(req.pending_words),
-                        slack_s=slack_s,
-                    )
+                continue  # short of the chunk at any slack (most streams, most ticks)
+            deadline = req.deadline()
+            slack_s = deadline - now if req.t_first_emit is not None else 0.0
+            need = chunks.frames_for(req.chunks_decoded, req.first_chunk_frames, slack_s)
+            if req.pending_frames >= need or req.generation_done:
+                ready.append((deadline, req, slack_s))
+        # deadline order; the sort is stable, so ties keep the order the streams were added
+        ready.sort(key=_first)
+        due: list[DecodeWork] = []
+        for _, req, slack_s in ready:
+            due.append(
+                DecodeWork(
+                    stream_id=req.stream_id,
+                    slot=req.slot,
+                    frames=req.pending,
+                    n_frames=req.pending_frames,
+                    final=req.generation_done,
+                    text=" ".join(req.pending_text),
+                    words=tuple(req.pending_words),
+                    slack_s=slack_s,
                 )
-                req.pending = []
-                req.pending_frames = 0
-                req.pending_text = []
-                req.pending_words = []
-                req.chunks_decoded += 1
-                if req.generation_done:
-                    req.final_sent = True
+            )
+            req.pending = []
+            req.pending_frames = 0
+            req.pending_text = []
+            req.pending_words = []
+            req.chunks_decoded += 1
+            if req.generation_done:
+                req.final_sent = True
         return due
+
+
+def _first(x: tuple[float, Request] | tuple[float, Request, float]) -> float:
+    return x[0]
+
+
+def _first_three(x: tuple[int, float, int, Request]) -> tuple[int, float, int]:
+    return x[0], x[1], x[2]

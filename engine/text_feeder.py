@@ -192,7 +192,7 @@ class ClauseFeeder:
         return rest[:cut], rest[cut + 1 :]
 
 
-_WORD_END = re.compile(r"\s")
+_LAST_WORD_END = re.compile(r"\s(?=\S*\Z)")  # the last whitespace: only non-whitespace after it
 
 
 class WordFeeder:
@@ -208,9 +208,10 @@ class WordFeeder:
 
     def feed(self, delta: str) -> list[str]:
         self._buf += self._guard.feed(delta)
-        last_space = max((m.start() for m in _WORD_END.finditer(self._buf)), default=-1)
-        if last_space < 0:
+        m = _LAST_WORD_END.search(self._buf)
+        if m is None:
             return []
+        last_space = m.start()
         done, self._buf = self._buf[: last_space + 1], self._buf[last_space + 1 :]
         return [done] if done.strip() else []
 

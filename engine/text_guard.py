@@ -19,6 +19,7 @@ accent that arrives in the delta after its letter stays decomposed, which sounds
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from .config import TextConfig
@@ -27,6 +28,8 @@ _DROPPED_CATEGORIES = frozenset(("Cc", "Cf", "Cn", "Co", "Cs"))
 _KEPT_WHITESPACE = frozenset(" \t\n\r")
 _TO_NEWLINE = frozenset("\u2028\u2029\x85\x0b\x0c")  # line/paragraph breaks by another name
 _TO_SPACE = frozenset("\u200b")  # zero-width space: a word boundary in scripts without spaces
+_PLAIN = re.compile(r"[\x20-\x7e\t\n\r]*")  # printable ASCII and the kept whitespace
+_ASCII_SPACE = re.compile(r"[ \t\n\r]")  # the only whitespace in such text
 
 
 class TextGuard:
@@ -39,6 +42,14 @@ class TextGuard:
         self._marks = 0  # combining marks kept on the current base character
 
     def feed(self, delta: str) -> str:
+        if _PLAIN.fullmatch(delta):
+            plain = self._feed_plain(delta)
+            if plain is not None:
+                return plain
+        return self._feed_chars(delta)
+
+    def _feed_chars(self, delta: str) -> str:
+        """``feed``, a character at a time."""
         out: list[str] = []
         for ch in unicodedata.normalize("NFC", delta):
             if ch in _KEPT_WHITESPACE or ch in _TO_NEWLINE or ch in _TO_SPACE or ch.isspace():
@@ -61,6 +72,17 @@ class TextGuard:
             out.append(ch)
             self._run_chars += 1
         return "".join(out)
+
+    def _feed_plain(self, delta: str) -> str | None:
+        """``feed`` of printable ASCII text (most text): NFC leaves it alone, nothing in it is dropped
+        or a mark, so it passes unchanged unless a run grows too long (None: ``feed`` cuts it)."""
+        runs = _ASCII_SPACE.split(delta)  # runs[0] goes on from the last delta's run
+        if self._run_chars + len(runs[0]) > self._max_run or any(len(r) > self._max_run for r in runs[1:]):
+            return None
+        if delta:
+            self._marks = 0
+            self._run_chars = self._run_chars + len(runs[0]) if len(runs) == 1 else len(runs[-1])
+        return delta
 
 
 def cut_to_length(text: str, max_chars: int) -> list[str]:

@@ -14,6 +14,8 @@ def charge(live: Live, res: GenerateResult, info: ModelInfo, cfg: TextConfig) ->
     """One frame step's model time charged to the stream; the error that ends it when over budget."""
     live.compute_s += res.compute_s
     live.frames_generated += res.n_frames
+    if live.compute_s <= cfg.turn_budget_s and cfg.turn_budget_per_audio_s >= 0:
+        return None  # within the fixed budget: no need to reckon the audio's (every row, every step)
     audio_s = live.frames_generated * info.frame_samples / info.sample_rate_hz
     if live.compute_s <= cfg.turn_budget_s + cfg.turn_budget_per_audio_s * audio_s:
         return None

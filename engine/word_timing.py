@@ -19,7 +19,7 @@ token per frame, so the frame that reads a word's first token is where the word 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,12 @@ class WordTiming:
 def shifted(words: Iterable[WordTiming], by: int, scale: int = 1) -> list[WordTiming]:
     """``words`` with ``(x * scale + by)`` for start and end; starts never below 0, ends never
     before their start (a word cut into by a trim keeps its place at the cut)."""
+    if by == 0 and scale == 1 and all(0 <= w.start <= w.end for w in words):
+        return list(words)  # nothing moves (a chunk after the lead-in trim): the same words
     out = []
-    for w in words:
+    for w in words:  # the constructor, not dataclasses.replace: a few words a row, every step
         start = max(0, w.start * scale + by)
-        out.append(replace(w, start=start, end=max(start, w.end * scale + by)))
+        out.append(WordTiming(w.word, start, max(start, w.end * scale + by)))
     return out
 
 
@@ -63,7 +65,8 @@ class TokenWords:
 
     def add(self, text: str, n_ids: int) -> None:
         pieces = [p for p, _ in self._split(text)] if text else []
-        counts = [len(self._encode(p)) for p in pieces]
+        # one piece (a word streamed on its own) owns all the ids: no need to encode it again
+        counts = [n_ids] if len(pieces) == 1 else [len(self._encode(p)) for p in pieces]
         if sum(counts) != n_ids:  # not expected (special tokens?): spread the ids over the pieces
             counts = [n_ids // len(pieces) + (i < n_ids % len(pieces)) for i in range(len(pieces))] if pieces else []
         for piece, count in zip(pieces, counts, strict=True):

@@ -37,7 +37,11 @@ def plan_codec_calls(
     positions in ``frames_desc``; no call holds more rows than the largest batch bucket."""
     biggest = buckets[-1]
     classes: list[tuple[int, int]] = []  # (padded frames, chunks), longest first
-    for t in (padded_frames(f, graphed) for f in frames_desc):
+    padded: dict[int, int] = {}  # chunk sizes repeat (1, 2, 4, 8, 12): each looked up once
+    for f in frames_desc:
+        t = padded.get(f)
+        if t is None:
+            t = padded[f] = padded_frames(f, graphed)
         if classes and classes[-1][0] == t:
             classes[-1] = (t, classes[-1][1] + 1)
         else:
@@ -45,21 +49,26 @@ def plan_codec_calls(
 
     def cost(t: int, rows: int) -> float:
         full, rest = divmod(rows, biggest)
-        calls = [biggest] * full + ([rest] if rest else [])
-        return sum(
-            CODEC_CALL_MS + (CODEC_ROW_MS + CODEC_FRAME_MS * t) * bucket_for(r, buckets) for r in calls
-        )
+        ms = 0.0  # the calls' times summed in order: full calls, then the rest
+        for r in [biggest] * full + ([rest] if rest else []):
+            ms += CODEC_CALL_MS + (CODEC_ROW_MS + CODEC_FRAME_MS * t) * bucket_for(r, buckets)
+        return ms
 
+    upto = list(itertools.accumulate((n for _, n in classes), initial=0))  # chunks in classes [0, i)
     # best[i]: the cheapest split of classes [0, i) -> (estimated ms, the classes that start a call)
     best: list[tuple[float, list[int]]] = [(0.0, [])]
     for i in range(1, len(classes) + 1):
         options = []
         for j in range(i):  # classes [j, i) share calls, padded to class j's frame count
-            rows = sum(n for _, n in classes[j:i])
-            options.append((best[j][0] + cost(classes[j][0], rows), [*best[j][1], j]))
-        best.append(min(options, key=lambda o: o[0]))
-    starts = [sum(n for _, n in classes[:c]) for c in [*best[-1][1], len(classes)]]
+            options.append((best[j][0] + cost(classes[j][0], upto[i] - upto[j]), j))
+        ms, j = min(options, key=_first)
+        best.append((ms, [*best[j][1], j]))
+    starts = [upto[c] for c in [*best[-1][1], len(classes)]]
     groups: list[list[int]] = []
     for a, b in itertools.pairwise(starts):
         groups += [list(range(j, min(j + biggest, b))) for j in range(a, b, biggest)]
     return groups
+
+
+def _first(option: tuple[float, int]) -> float:
+    return option[0]

@@ -22,6 +22,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .options import ServeOptions
+from .slot_state import to_device
 
 # The urgent lane's graphs (decode_start): its chunks are a new stream's 1 frame and the 2 and 4
 # after it, a few a tick; an urgent piece with more rows or frames runs with the bulk work
@@ -46,6 +48,7 @@ URGENT_PRIORITY = -100  # torch clamps it to the device's highest stream priorit
 # (codec_cudnn_limit_h200.json)
 LONGEST_CALL_FRAMES = 24
 SPLIT_ROWS = 16
+_NO_PCM = np.zeros(0, np.float32)  # the audio of every chunk of no frames (nothing in it to change)
 
 
 @dataclass(frozen=True)
@@ -100,25 +103,38 @@ class CodecRunner:
         self._urgent_last: torch.cuda.Event | None = None  # urgent work not yet followed by the bulk lane
         self._bulk_last: dict[int, torch.cuda.Event] = {}  # slot -> its last bulk call's event
         self._history: dict[int, list[np.ndarray]] = {}  # windowed mode: each open slot's recent frames
+        self._opened: set[int] = set()  # slots opened since their state rows were last reset
         self.wait_s = 0.0  # the caller blocked waiting for the codec's PCM (Model.device_wait_s)
 
     # --- slots -----------------------------------------------------------------------------------
     def open(self, slot: int) -> None:
-        """A new stream on ``slot``: fresh decoder state, no frames before. On CUDA the reset is queued
-        on the codec's stream, after any codec call still writing the slot's state for its previous
-        owner and before the new owner's: the frame steps on the caller's stream never wait for it.
-        With an urgent lane the reset is queued there, where the new owner's first chunk runs."""
+        """A new stream on ``slot``: fresh decoder state, no frames before. The reset is queued with
+        the next codec work (``reset_opened``), every slot opened since in one go."""
+        self._opened.add(slot)
+        self._history[slot] = []
+
+    def reset_opened(self) -> None:
+        """The decoder state of the slots opened since the last call, reset. On CUDA the reset is
+        queued on the codec's stream, after any codec call still writing a slot's state for its
+        previous owner and before the new owner's: the frame steps on the caller's stream never
+        wait for it. With an urgent lane the reset is queued there, where a new owner's first chunk
+        runs."""
+        if not self._opened:
+            return
+        slots = sorted(self._opened)
+        self._opened.clear()
+        # the rows' upload is queued on the stream that resets them
         if self.urgent_stream is not None:
-            before = self._bulk_last.pop(slot, None)  # a cancelled owner's call may still be running
+            # a cancelled owner's call may still be running
+            before = [e for s in slots if (e := self._bulk_last.pop(s, None)) is not None and not e.query()]
             with torch.cuda.stream(self.urgent_stream):
-                if before is not None and not before.query():
-                    self.urgent_stream.wait_event(before)
-                self.states.reset(slot)
+                for e in before:
+                    self.urgent_stream.wait_event(e)
+                self.states.reset(to_device(slots, torch.int64, self.device))
                 self._urgent_last = _recorded(self.urgent_stream)
         else:
             with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                self.states.reset(slot)
-        self._history[slot] = []
+                self.states.reset(to_device(slots, torch.int64, self.device))
 
     def prime(self, slot: int, codes: np.ndarray) -> None:
         """Advance a freshly opened slot's decoder over frames that come before its stream (an
@@ -200,7 +216,8 @@ class CodecRunner:
         codec's stream, beside the caller's (the frame steps, queued before or after), and the
         result's ``done`` asks whether they have finished without waiting. ``urgent``: as one call
         on the urgent lane, where it fits (module docstring)."""
-        out = [np.zeros(0, np.float32) for _ in work]
+        self.reset_opened()  # before any call that reads a new stream's state
+        out = [_NO_PCM] * len(work)
         if self.options.codec_mode == "windowed":
             pcm = [self._decode_windowed(w) if w.n_frames else o for w, o in zip(work, out, strict=True)]
             return Queued.finished(pcm)
@@ -231,10 +248,13 @@ class CodecRunner:
             if stream is self.stream and self._urgent_last is not None:
                 stream.wait_event(self._urgent_last)
                 self._urgent_last = None
-            pcms = [self._run([work[i] for i in group], lane, staged) for group in groups]
-            hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in pcms]
-            for h, p in zip(hosts, pcms, strict=True):
-                h.copy_(p, non_blocking=True)
+            pcms, hosts = [], []
+            for group in groups:  # each call's PCM copied out before the next call can replay its graph
+                on_device = self._run([work[i] for i in group], lane, staged)
+                host = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
+                host.copy_(on_device, non_blocking=True)
+                pcms.append(on_device)
+                hosts.append(host)
             done = _recorded(stream)
         if stream is self.stream:
             self._bulk_last.update((work[i].slot, done) for i in due)
@@ -268,15 +288,20 @@ class CodecRunner:
 
     def _run(self, chunks: list[DecodeWork], lane: _Lane, staged: list[Tensor] | None = None) -> Tensor:
         """One codec call on ``lane``: the chunks padded to a common frame count T -> pcm
-        (len(chunks), T * 1920) on the device, row r's audio in its first n_frames * 1920 samples."""
-        longest = max(w.n_frames for w in chunks)
-        t = padded_frames(longest, lane.frames)
-        b = bucket_for(len(chunks), lane.buckets)
+        (len(chunks), T * 1920) on the device, row r's audio in its first n_frames * 1920 samples:
+        a view of the graph's static output, which the next replay of that graph overwrites (queued
+        behind it on the same stream: the caller copies it out first)."""
+        n = len(chunks)
+        n_frames = np.array([w.n_frames for w in chunks], np.int64)
+        t = padded_frames(int(n_frames.max()), lane.frames)
+        b = bucket_for(n, lane.buckets)
         rows = np.zeros((b, self.q * t + 2), np.int64)  # padding frames: code 0, decoded and dropped
         rows[:, -1] = lane.pad_slot  # padding rows: 0 valid frames of the padding slot
-        for r, w in enumerate(chunks):
-            rows[r, : self.q * w.n_frames] = _frames(w).reshape(-1)
-            rows[r, -2:] = (w.n_frames, w.slot)
+        # every chunk's frames in one copy: row r's first n_frames[r] frames, in order
+        codes = rows[:n, : self.q * t].reshape(n, t, self.q)
+        codes[np.arange(t) < n_frames[:, None]] = _frames(chunks)
+        rows[:n, -2] = n_frames
+        rows[:n, -1] = [w.slot for w in chunks]
         if self.graphs.has((lane.kind, b, t)):
             pcm = self.graphs.run((lane.kind, b, t), rows, staged)
         else:  # a chunk longer than the graphed frame counts: eager, exact shape
@@ -285,11 +310,11 @@ class CodecRunner:
                 x = x.pin_memory()
                 staged.append(x)
             pcm = self.body(x.to(self.device, non_blocking=True))
-        return pcm[: len(chunks)].clone()  # the static output is overwritten by the next replay
+        return pcm[:n]
 
     def _decode_windowed(self, w: DecodeWork) -> np.ndarray:
         history = self._history.get(w.slot)
-        frames = _frames(w)
+        frames = _frames([w]).astype(np.int64, copy=False)
         ctx = self.options.windowed_left_context
         window = np.concatenate([*(history or []), frames])
         if history is not None:
@@ -328,10 +353,13 @@ def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:
     return event
 
 
-def _frames(w: DecodeWork) -> np.ndarray:
-    frames = np.concatenate([np.asarray(f) for f in w.frames]) if w.frames else np.zeros((0, 16), np.int64)
-    if frames.shape[0] != w.n_frames:
-        raise ValueError(
-            f"slot {w.slot}: {frames.shape[0]} frames in the payload, n_frames says {w.n_frames}"
-        )
-    return frames.astype(np.int64, copy=False)
+def _frames(chunks: Sequence[DecodeWork]) -> np.ndarray:
+    """The chunks' frame payloads, (F, 16) each, as one (sum F, 16) array, in order."""
+    parts: list[np.ndarray] = []
+    for w in chunks:
+        frames = cast("list[np.ndarray]", w.frames)  # (1, 16) rows of a step, or (F, 16) blocks (a primed reference)
+        n = sum(map(len, frames))
+        if n != w.n_frames:
+            raise ValueError(f"slot {w.slot}: {n} frames in the payload, n_frames says {w.n_frames}")
+        parts += frames
+    return np.concatenate(parts) if parts else np.zeros((0, 16), np.int64)

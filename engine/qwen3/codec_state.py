@@ -106,9 +106,10 @@ class CodecStatePool:
         self.state = torch.zeros(max_slots, width, dtype=dtype, device=device)
         self.positions = torch.zeros(max_slots, dtype=torch.int64, device=device)
 
-    def reset(self, slot: int) -> None:
-        self.state[slot].zero_()
-        self.positions[slot].zero_()  # not ``= 0``: on CUDA that waits for the stream's queued work
+    def reset(self, slots: Tensor) -> None:
+        """These rows (slots (n,) int64, on the device) back to a fresh stream's state."""
+        self.state.index_fill_(0, slots, 0)
+        self.positions.index_fill_(0, slots, 0)
 
     def gather(self, slots: Tensor) -> tuple[Tensor, Tensor]:
         return self.state.index_select(0, slots), self.positions.index_select(0, slots)

@@ -28,10 +28,10 @@ def invalid_rows(host: np.ndarray, codebook_size: int, eos_id: int) -> np.ndarra
     """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
     stream). Never expected; checked on the host copy the step makes anyway, so a device-side
     fault fails one stream with an error instead of asserting inside the codec for all."""
-    code0 = host[:, 0]
-    ok0 = ((code0 >= 0) & (code0 < codebook_size)) | (code0 == eos_id)
-    ok_rest = ((host[:, 1:] >= 0) & (host[:, 1:] < codebook_size)).all(axis=1)
-    return ~(ok0 & ok_rest)
+    codes = np.asarray(host, np.int64)
+    bad = np.greater_equal(codes.view(np.uint64), codebook_size)  # negative codes wrap: out of range too
+    np.logical_and(bad[:, 0], codes[:, 0] != eos_id, out=bad[:, 0])  # the EOS stops a stream: not bad
+    return np.asarray(bad.any(axis=1))
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class HostSlot:
         """Model.ready: a step begun now would make progress for this slot (after the begun ones)."""
         if self.done or self.position >= limits.max_seq_len:  # no KV row left for another feed
             return False
-        forced = self.forced(limits)
+        forced = self.forced_frames if self.forced_frames is not None else self.forced(limits)
         if forced is not None and self.frames + self.begun >= forced:
             return False
         if not self.prefilled:
@@ -109,7 +109,8 @@ class HostSlot:
     def record(
         self, slot: int, codes: np.ndarray, looped: bool, limits: FrameLimits, invalid: bool = False
     ) -> GenerateResult:
-        """One frame of this slot, (16,) codes; ``looped``: its codebook 0 repeats (guards.py);
+        """One frame of this slot, (16,) codes, which the result keeps as they are (the caller's to
+        hand over: a row of the step's own copy); ``looped``: its codebook 0 repeats (guards.py);
         ``invalid``: a code the codec cannot decode (``invalid_rows``), which ends the stream with an
         error. A frame of a step begun before an earlier one ended the stream is dropped."""
         self.begun -= 1
@@ -123,8 +124,8 @@ class HostSlot:
             self.done = True
             return GenerateResult(slot, None, 0, True)
         self.frames += 1
-        forced = self.forced(limits)
-        frames = codes[None].copy()
+        forced = self.forced_frames if self.forced_frames is not None else self.forced(limits)
+        frames = codes[None]
         words = self.words_read()
         if forced is not None and self.frames >= forced:
             self.done = True
@@ -143,11 +144,14 @@ class HostSlot:
         the queue, see fed_ids): each spans the frames that read its tokens, from this one. This is
         where the talker read the word, not where its voice says it: the audio trails the reading by
         the talker's lag (not measured here: random weights), so starts are early, never late."""
-        if self.words is None:
+        w = self.words
+        if w is None:
             return ()
         k = self.frames - 1  # the frame just made
         shift = 0 if self.voice is None else self.voice.text_shift
-        w, out = self.words, []
+        if self.words_reported >= len(w.words) or w.first_token[self.words_reported] + shift > k:
+            return ()  # most frames: no word starts here
+        out = []
         while self.words_reported < len(w.words) and max(0, w.first_token[self.words_reported] + shift) <= k:
             i = self.words_reported
             start = max(0, w.first_token[i] + shift) - k  # 0, or < 0 for a word read before (clamped)

@@ -60,6 +60,7 @@ class PagedKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_table = torch.from_numpy(self.pool.table.copy()).to(device)  # all scratch
+        self._table_flat = self.block_table.view(-1)  # the table's entries, as flush scatters them
         self.max_blocks = self.pool.max_blocks_per_slot
         self.max_len = self.max_blocks * page  # positions a table row addresses (>= the stream cap)
         self._kv_heads = torch.arange(kv_heads, device=device)
@@ -88,17 +89,18 @@ class PagedKVCache:
         at, blocks = writes
         packed = to_device([*at.tolist(), *blocks.tolist()], torch.int32, self.block_table.device)
         n = len(at)
-        self.block_table.view(-1).index_copy_(0, packed[:n].long(), packed[n:])
+        self._table_flat.index_copy_(0, packed[:n].long(), packed[n:])
 
     def grow(self, positions: dict[int, int]) -> dict[int, str]:
         """Blocks for each slot's first ``positions[slot]`` positions (what a step is about to write),
         then one flush. Returns the slots the pool could not grow, each with its error: the caller
         ends those streams (their blocks stay theirs until close) and steps the others."""
+        ensure = self.pool.ensure
         full = {
             s: f"KV cache full: no free block for position {n - 1} ({self.pool.usable_blocks} blocks of "
             f"{self.page} positions, all held by open streams)"
             for s, n in positions.items()
-            if not self.pool.ensure(s, n)
+            if not ensure(s, n)
         }
         self.flush()
         return full

@@ -11,7 +11,7 @@ nothing reads it. A block handed to a new owner needs no clearing: attention adm
 positions <= the query's (``key <= position``), and each of those the owner wrote itself first.
 
 Changes to the table collect as dirty entries and go to the device in one copy per step
-(``take_writes``, then ``PagedKVCache.flush``), the way SlotState.flush_text uploads text.
+(``take_writes``, then ``PagedKVCache.flush``), the way SlotState.flush uploads text.
 """
 
 from __future__ import annotations
@@ -66,12 +66,12 @@ class KVPool:
     def ensure(self, slot: int, positions: int) -> bool:
         """Give ``slot`` the blocks for its first ``positions`` positions. False (and nothing taken)
         when the pool has too few free blocks; a slot past max_positions is the caller's bug."""
-        need = blocks_for(positions, self.page) - len(self._owned[slot])
+        owned = self._owned[slot]
+        need = -(-positions // self.page) - len(owned)  # blocks_for, inline: every slot, every step
         if need <= 0:
             return True
         if need > len(self._free):
             return False
-        owned = self._owned[slot]
         if len(owned) + need > self.max_blocks_per_slot:
             raise ValueError(
                 f"slot {slot}: {positions} positions > the table's {self.max_blocks_per_slot} blocks"

@@ -36,7 +36,6 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import cast
 
@@ -61,6 +60,7 @@ from ..model import (
 from ..word_timing import TokenWords
 from .clone_prefill import prefill_embedded, slot_voice
 from .codec_runner import CodecRunner
+from .codes_to_host import CodesToHost
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
@@ -72,7 +72,7 @@ from .options import ServeOptions, default_decode_buckets
 from .prompt import Prompt
 from .slot_request import parse_request
 from .slot_state import SlotState
-from .tokenizer import TextStream, TextTokenizer
+from .tokenizer import MemoTokenizer, TextStream, TextTokenizer
 from .voice_clone import VoiceCloner
 from .weights import Modules
 
@@ -171,7 +171,8 @@ class Qwen3TTSModel(Model):
         )
         self.repetition = RepetitionDetector(options.max_slots)
         self.invalid_code_rows = 0  # rows of sampled codes rejected by invalid_rows (expected: 0)
-        self._codes_wait_s = 0.0  # the worker blocked in _to_host (device_wait_s)
+        self.codes_to_host = CodesToHost(options.max_batch_size, t.num_code_groups)
+        self._text_tokenizer = MemoTokenizer(tokenizer)  # streamed text's splits and ids, remembered
 
     # --- slot life ---------------------------------------------------------------------------------
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -199,7 +200,7 @@ class Qwen3TTSModel(Model):
         if req.profile is not None and req.profile.ref_codes is not None:
             self.codec_runner.prime(slot, req.profile.ref_codes.cpu().numpy().astype(np.int64))
         self._slots[slot] = HostSlot(
-            text=TextStream(self.tokenizer),
+            text=TextStream(self._text_tokenizer),
             language_id=req.language_id,
             speaker_id=req.speaker_id,
             instruct_ids=req.instruct_ids,
@@ -207,7 +208,7 @@ class Qwen3TTSModel(Model):
             greedy=req.sampling.greedy,
             whole_text=req.whole_text,
             guard=guard,
-            words=None if req.whole_text else TokenWords(self.tokenizer.split, self.tokenizer.encode),
+            words=None if req.whole_text else TokenWords(self._text_tokenizer.split, self._text_tokenizer.encode),
             voice=None
             if (profile := req.profile) is None
             else slot_voice(
@@ -259,12 +260,17 @@ class Qwen3TTSModel(Model):
         results: dict[int, GenerateResult] = {}
         prompts: dict[int, Prompt] = {}  # the new slots', built once for the length check and the prefill
         running: list[int] = []
+        grow: dict[int, int] = {}  # positions each slot will have written: the running ones first
+        hosts, limits = self._slots, self.limits
         for s in slots:
-            st = self._slot(s)
-            if not self.ready(s):
+            st = hosts.get(s)
+            if st is None:
+                raise ModelError(s, f"slot {s} is not open")
+            if not st.ready(limits):
                 results[s] = GenerateResult(s, None, 0, st.done)
             elif st.prefilled:
                 running.append(s)
+                grow[s] = st.position + 1
             elif not st.text.ids:  # the text ended empty
                 st.done = True
                 results[s] = GenerateResult(s, None, 0, True)
@@ -273,32 +279,38 @@ class Qwen3TTSModel(Model):
                 raise ModelError(s, f"prompt longer than max_seq_len {self.options.max_seq_len}")
             else:
                 prompts[s] = prompt
-        grow = {s: self._slots[s].position + 1 for s in running} | {s: len(p) for s, p in prompts.items()}
-        for s, error in self.kv.grow(grow).items():  # no block for its next position: this one ends
-            self._slots[s].done = True
+        grow.update((s, len(p)) for s, p in prompts.items())
+        full = self.kv.grow(grow)
+        for s, error in full.items():  # no block for its next position: this one ends
+            hosts[s].done = True
             results[s] = GenerateResult(s, None, 0, True, error=error)
-        running = [s for s in running if s not in results]
+        if full:
+            running = [s for s in running if s not in results]
         new = [s for s in prompts if s not in results]
-        self.state.flush_text()  # the text the step's feeds read (add_text queues it)
+        self.state.flush()  # the rows and text the step's feeds read (open_slot and add_text queue them)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
         per_call = self.prefill_batches[-1]
         for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):
             self._run_prefill(group, [prompts[s] for s in group], staged)
         batch = running + new  # new slots make their first frame in the same decode call
         size = self.decode_buckets[-1]
-        parts = [self._run_decode(batch[i : i + size], staged) for i in range(0, len(batch), size)]
+        parts: list[Tensor] = []
+        for i in range(0, len(batch), size):
+            if parts:  # the next call may replay the same graph, overwriting the static output
+                parts[-1] = parts[-1].clone()
+            parts.append(self._run_decode(batch[i : i + size], staged))
         if not batch:
             return Queued.finished([results[s] for s in slots])
-        codes = self._to_host(parts[0] if len(parts) == 1 else torch.cat(parts))
+        codes = self.codes_to_host.start(parts[0] if len(parts) == 1 else torch.cat(parts))
 
         def finish() -> list[GenerateResult]:
-            host = codes()
+            host = codes()  # (B, 16), the caller's own: each row becomes its slot's frame
             staged.clear()
             bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
-            self.invalid_code_rows += int(bad.sum())
+            self.invalid_code_rows += int(np.count_nonzero(bad))
             looped = self.repetition.push(np.asarray(batch), host[:, 0])
-            for i, s in enumerate(batch):
-                results[s] = self._slots[s].record(s, host[i], bool(looped[i]), self.limits, bool(bad[i]))
+            for s, row, loops, invalid in zip(batch, host, looped.tolist(), bad.tolist(), strict=True):
+                results[s] = hosts[s].record(s, row, loops, limits, invalid)
             return [results[s] for s in slots]
 
         return Queued(finish, codes.done)
@@ -308,11 +320,13 @@ class Qwen3TTSModel(Model):
         rows = np.full(b, self.pad_slot, np.int64)
         rows[: len(group)] = group
         codes = self.graphs.run(("decode", b), rows, staged)
+        hosts = self._slots
         for s in group:
-            st = self._slots[s]
+            st = hosts[s]
             st.position += 1
             st.begun += 1
-        return codes[: len(group)].clone()  # the static output is overwritten by the next replay
+        # a view of the static output: the copy to the host is queued before the next step's replay
+        return codes[: len(group)]
 
     def _run_prefill(self, group: list[int], prompts: list[Prompt], staged: list[Tensor]) -> None:
         """The group's prompts but their last positions into the KV cache; those wait as first feeds
@@ -350,24 +364,6 @@ class Qwen3TTSModel(Model):
         staged.append(x)
         return x.to(self.device, non_blocking=True)
 
-    def _to_host(self, codes: Tensor) -> Queued[np.ndarray]:
-        """The step's one device->host copy, (B, 16) codes through pinned memory, queued; calling the
-        result waits for it."""
-        if codes.device.type != "cuda":
-            return Queued.finished(codes.numpy())
-        host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
-        host.copy_(codes, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-
-        def wait() -> np.ndarray:
-            t0 = time.perf_counter()
-            done.synchronize()
-            self._codes_wait_s += time.perf_counter() - t0
-            return host.numpy()
-
-        return Queued(wait, done.query)
-
     def _register_graphs(self) -> None:
         """Every bucket's body with padding-slot example rows (captured in ``warmup``)."""
         pad = self.pad_slot
@@ -395,7 +391,7 @@ class Qwen3TTSModel(Model):
 
     def device_wait_s(self) -> float:
         """The waits for each step's codes and each tick's PCM (Model.device_wait_s)."""
-        return self._codes_wait_s + self.codec_runner.wait_s
+        return self.codes_to_host.wait_s + self.codec_runner.wait_s
 
     # --- cloning -------------------------------------------------------------------------------------
     def clone_voice(self, pcm: np.ndarray, sample_rate_hz: int, ref_text: str) -> ClonedVoice:

@@ -5,8 +5,8 @@ batch bucket that no stream uses point at it, so a captured graph always runs it
 the padding writes land where nobody reads (its position and frame count are re-zeroed after each
 step, so its KV writes stay in range).
 
-The host writes a row when a stream opens (sampling parameters, flags) and, before each step, the
-text that arrived since the last (token ids, every slot's in one copy); the frame step
+Before each step the host writes the rows of the streams opened since the last (sampling
+parameters, flags) and the text that arrived meanwhile (token ids), every slot's at once; the frame step
 (frame_step.py) reads and advances the rest on the device: no per-stream value crosses to the host
 during a step except the sampled codes. The prefill leaves one row for the decode
 step: the input of the prompt's last position (``first_feed``), which that step feeds instead of a
@@ -72,32 +72,22 @@ class SlotState:
         self.penalty = torch.ones(n, dtype=torch.float32, device=dev)
         self.seed = torch.zeros(n, dtype=torch.int64, device=dev)
         self.eos_masked = torch.zeros(n, dtype=torch.bool, device=dev)
-        # text arrived since the last step, uploaded together before the next one (flush_text):
-        # per slot, its first new position and the ids from there
+        # what the host wrote since the last step, uploaded together before the next one (flush):
+        # the rows of the slots opened, and per slot its new text (its first new position and the
+        # ids from there)
+        self._opens: dict[int, tuple[SamplingRow, bool]] = {}
         self._text_writes: dict[int, tuple[int, list[int]]] = {}
 
     def open(self, slot: int, row: SamplingRow, whole_text: bool) -> None:
-        """Reset a slot's row for a new stream (a few small host->device writes, once per stream).
-        Scalars go in by ``fill_``: ``t[slot] = value`` on a CUDA tensor is a pageable copy of one
-        element, which waits for everything queued on the stream (the frame steps in flight)."""
-        _upload(self.greedy[slot], row.greedy, torch.bool)
-        _upload(self.temperature[slot], row.temperature, torch.float32)
-        _upload(self.top_k[slot], row.top_k, torch.int64)
-        _upload(self.top_p[slot], row.top_p, torch.float32)
-        self.penalty[slot].fill_(row.repetition_penalty)
-        self.seed[slot].fill_(row.seed)
-        self.eos_masked[slot].fill_(row.eos_always_masked)
-        self.whole_text[slot].fill_(whole_text)
-        self.seen[slot].fill_(False)
-        self.first_feed_pending[slot].fill_(False)
-        self.position[slot].zero_()
-        self.frames[slot].zero_()
-        self.text_len[slot].zero_()
+        """Reset a slot's row for a new stream, with the next ``flush``: every slot opened since the
+        last step in a few copies and scatters, not a dozen small writes of each (hundreds of opens
+        a second at load)."""
+        self._opens[slot] = (row, whole_text)
         self._text_writes.pop(slot, None)  # a closed stream's text, never stepped
 
     def append_text(self, slot: int, start: int, ids: Sequence[int]) -> None:
         """Token ids ``start .. start + len(ids)`` of a slot's text arrived (the host checked the room);
-        they reach the device with the next ``flush_text``."""
+        they reach the device with the next ``flush``."""
         if not ids:
             return
         first, queued = self._text_writes.setdefault(slot, (start, []))
@@ -105,11 +95,60 @@ class SlotState:
             raise ValueError(f"slot {slot}: text from position {start}, expected {first + len(queued)}")
         queued.extend(ids)
 
-    def flush_text(self) -> None:
-        """The text appended since the last flush onto the device, all slots in one copy and two
-        scatters: text streamed a word at a time comes as a push per word, thousands a second at
-        load, and a write of its own for each (a pinned block, a copy and a fill) is worker time
-        per word rather than per step."""
+    def flush(self) -> None:
+        """The opens and the text since the last flush onto the device (before a step, whose feeds
+        read them): queued through pinned memory, never waited for (``t[slot] = value`` on a CUDA
+        tensor is a pageable copy of one element, which waits for everything queued on the
+        stream: the frame steps in flight)."""
+        self._flush_opens()
+        self._flush_text()
+
+    def _flush_opens(self) -> None:
+        """Each opened slot's sampling row and flags, its counters zeroed: one copy of the integers,
+        one of the floats, then a scatter (or fill) per row tensor, however many slots opened."""
+        if not self._opens:
+            return
+        slots, rows = list(self._opens), list(self._opens.values())
+        self._opens = {}
+        dev = self.text.device
+        ints = to_device(  # (8, m): slot | top_k x2 | seed | greedy x2, eos_masked, whole_text as 0/1
+            [
+                slots,
+                *zip(*(r.top_k for r, _ in rows), strict=True),
+                [r.seed for r, _ in rows],
+                *zip(*(r.greedy for r, _ in rows), strict=True),
+                [r.eos_always_masked for r, _ in rows],
+                [whole for _, whole in rows],
+            ],
+            torch.int64,
+            dev,
+        )
+        floats = to_device(  # (5, m): temperature x2 | top_p x2 | repetition penalty
+            [
+                *zip(*(r.temperature for r, _ in rows), strict=True),
+                *zip(*(r.top_p for r, _ in rows), strict=True),
+                [r.repetition_penalty for r, _ in rows],
+            ],
+            torch.float32,
+            dev,
+        )
+        at, flags = ints[0], ints[4:].bool()
+        self.top_k.index_copy_(0, at, ints[1:3].T)
+        self.seed.index_copy_(0, at, ints[3])
+        self.greedy.index_copy_(0, at, flags[0:2].T)
+        self.eos_masked.index_copy_(0, at, flags[2])
+        self.whole_text.index_copy_(0, at, flags[3])
+        self.temperature.index_copy_(0, at, floats[0:2].T)
+        self.top_p.index_copy_(0, at, floats[2:4].T)
+        self.penalty.index_copy_(0, at, floats[4])
+        for t in (self.seen, self.first_feed_pending, self.position, self.frames, self.text_len):
+            t.index_fill_(0, at, 0)
+
+    def _flush_text(self) -> None:
+        """The text appended since the last flush, all slots in one copy and two scatters: text
+        streamed a word at a time comes as a push per word, thousands a second at load, and a write
+        of its own for each (a pinned block, a copy and a fill) is worker time per word rather than
+        per step."""
         if not self._text_writes:
             return
         width = self.max_text_tokens
@@ -129,21 +168,10 @@ class SlotState:
         self.frames[self.pad_slot].zero_()
 
 
-def _upload(dst: torch.Tensor, values: Sequence[object], dtype: torch.dtype) -> None:
-    """Host values into a device view without blocking the host: a copy from pageable memory first
-    waits for the work queued on the stream, which between steps is the codec's tick (a slot's
-    open queues a wait for it), so opens and text pushes would hold the worker that long. From
-    pinned memory the copy is queued in order; torch keeps the pinned block until it has run."""
-    src = torch.tensor(values, dtype=dtype)
-    if dst.is_cuda:
-        src = src.pin_memory()
-    dst.copy_(src, non_blocking=True)
-
-
 def to_device(values: Sequence[object], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list as a tensor on ``device``, queued through pinned memory without blocking the
     host (``torch.tensor(values, device=cuda)`` copies from pageable memory: it waits for the
-    stream's queued work, as ``_upload`` says)."""
+    stream's queued work, as ``SlotState.flush`` says)."""
     src = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
         return src

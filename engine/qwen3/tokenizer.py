@@ -18,6 +18,7 @@ complete words, so the next character is a space or punctuation and cannot exten
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import unicodedata
@@ -189,6 +190,33 @@ class StandInTokenizer:
 
     def instruct_ids(self, instruct: str) -> list[int]:
         return self.encode(f"{IM_START}user\n{instruct}{IM_END}\n")
+
+
+class MemoTokenizer:
+    """A tokenizer whose ``split`` and ``encode`` of short texts are remembered: streamed text comes
+    a word or two a push, and the same words ("the", " and", ...) come back in every stream's text,
+    each push splitting and encoding its words several times (TextStream, word timings). Both are
+    pure, so a remembered answer is the answer; long texts (whole replies) are not kept."""
+
+    def __init__(self, tokenizer: TextTokenizer, entries: int = 1 << 16, longest_chars: int = 48) -> None:
+        self._tok = tokenizer
+        self._longest = longest_chars
+        self._split = functools.lru_cache(maxsize=entries)(tokenizer.split)
+        self._encode = functools.lru_cache(maxsize=entries)(tokenizer.encode)
+
+    def split(self, text: str) -> list[tuple[str, tuple[int, int]]]:
+        return self._split(text) if len(text) <= self._longest else self._tok.split(text)
+
+    def encode(self, text: str) -> list[int]:
+        """The ids (shared with later callers: not to be changed)."""
+        return self._encode(text) if len(text) <= self._longest else self._tok.encode(text)
+
+    @property
+    def role_ids(self) -> list[int]:
+        return self._tok.role_ids
+
+    def instruct_ids(self, instruct: str) -> list[int]:
+        return self._tok.instruct_ids(instruct)
 
 
 class TextStream:

@@ -1,8 +1,11 @@
 """The scheduler is plain Python: tested with fake generate results, no model, no torch."""
 
+import random
+import time
+
 from voicewire.engine.config import ChunkSchedule
 from voicewire.engine.model import GenerateResult
-from voicewire.engine.scheduler import Request, Scheduler
+from voicewire.engine.scheduler import AHEAD_S, Request, Scheduler
 
 
 def _req(sid: int, t: float) -> Request:
@@ -113,3 +116,48 @@ def test_a_stream_far_ahead_waits_while_another_tenants_is_due() -> None:
     assert s.plan_generate({1, 2}).generate_streams == [2]  # room in the batch, but the caller is due
     s.add(Request(stream_id=3, slot=3, t_arrival=time.perf_counter(), tenant="reader"))
     assert s.plan_generate({1, 3}).generate_streams == [3]  # the caller's, though not ready, still counts
+
+
+def test_least_frames_is_the_chunk_at_no_slack_and_never_more_than_any_slack_asks() -> None:
+    sched = ChunkSchedule(slack_frames=((0.0, 3), (2.0, 24), (6.0, 48)))
+    for i in range(8):
+        for first in (None, 2):
+            least = sched.least_frames(i, first)
+            assert least == ChunkSchedule().frames_for(i, first)  # the same chunks without slack sizes
+            assert all(least <= sched.frames_for(i, first, s) for s in (-1.0, 0.0, 1.0, 3.0, 9.0))
+
+
+def test_plans_equal_sorting_every_stream_by_deadline_first() -> None:
+    """The plans look at each stream once and sort only what they choose: the same batches and
+    chunks, in the same order (ties too), as sorting every stream by deadline and then choosing."""
+    rnd = random.Random(0)
+    sched = ChunkSchedule(slack_frames=((2.0, 24), (6.0, 48)))
+    for trial in range(30):
+        s = Scheduler(sched, max_batch_size=rnd.choice((2, 8, 64)))
+        for sid in range(40):
+            r = Request(stream_id=sid, slot=sid, t_arrival=float(rnd.randint(0, 5)), tenant=rnd.choice("ab"))
+            if rnd.random() < 0.6:  # playing: deadlines tie now and then, some far ahead
+                r.t_first_emit, r.samples_emitted = float(rnd.randint(0, 3)), 24_000 * rnd.choice((0, 1, 8, 30))
+            r.chunks_decoded, r.first_chunk_frames = rnd.randint(0, 6), rnd.choice((None, 2))
+            r.pending, r.pending_frames = ["f"] * (n := rnd.randint(0, 30)), n
+            r.generation_done = rnd.random() < 0.2
+            r.final_sent = r.generation_done and rnd.random() < 0.3
+            s.add(r)
+        ready = {sid for sid in s.requests if rnd.random() < 0.7}
+        now = 3.0 + trial
+        everyone = sorted(s.requests.values(), key=Request.deadline)  # stable: ties in the order added
+        ahead = {r.stream_id for r in everyone if r.t_first_emit is not None and r.deadline() - time.perf_counter() > AHEAD_S}
+        want_gen = [r.stream_id for r in everyone if r.stream_id in ready and not r.generation_done]
+        if not ahead & set(want_gen) and len(want_gen) <= s._max_batch:  # no stream held back, no share
+            assert s.plan_generate(ready).generate_streams == want_gen
+        want_dec = [
+            r.stream_id
+            for r in everyone
+            if not r.final_sent
+            and (
+                r.generation_done
+                or r.pending_frames
+                >= sched.frames_for(r.chunks_decoded, r.first_chunk_frames, r.deadline() - now if r.t_first_emit is not None else 0.0)
+            )
+        ]
+        assert [d.stream_id for d in s.plan_decode(now)] == want_dec

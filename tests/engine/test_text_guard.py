@@ -1,3 +1,4 @@
+import random
 import unicodedata
 
 import pytest
@@ -70,3 +71,18 @@ def test_cut_to_length_prefers_the_last_space_and_cuts_hard_without_one() -> Non
     assert cut_to_length("", 10) == []
     pieces = cut_to_length("word " * 500, 300)
     assert all(len(p) <= 300 for p in pieces) and " ".join(pieces) == ("word " * 500).strip()
+
+
+def test_plain_ascii_takes_the_shortcut_to_the_same_text_and_state() -> None:
+    """Printable ASCII skips the per-character loop: the same output and the same carried run, for
+    runs up to, at and past the limit, across deltas."""
+    rnd = random.Random(0)
+    alphabet = "ab .,\t\n\rxyz-'"
+    for max_word_chars in (0, 1, 3, 8):
+        fast, slow = guard(max_word_chars=max_word_chars), guard(max_word_chars=max_word_chars)
+        slow.feed = slow._feed_chars  # type: ignore[method-assign]
+        for _ in range(400):
+            delta = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))
+            assert fast.feed(delta) == slow.feed(delta), (max_word_chars, delta)
+            assert (fast._run_chars, fast._marks) == (slow._run_chars, slow._marks)
+        assert fast.feed("e\u0301") == slow.feed("e\u0301")  # not ASCII: the loop for both

@@ -12,7 +12,7 @@ from voicewire.engine.models.hibari_graph import DURATION_TENSOR, with_durations
 from voicewire.engine.models.hibari_voice import HibariModel, speakable
 from voicewire.engine.models.hibari_words import match_words
 from voicewire.engine.qwen3.tokenizer import StandInTokenizer
-from voicewire.engine.word_timing import TokenWords
+from voicewire.engine.word_timing import TokenWords, WordTiming, shifted
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +86,13 @@ def test_token_words_follow_split_pieces_across_pushes() -> None:
     assert words.words == ["Hello,", "world", "and", "the", "rest."]
     assert words.first_token[0] == 0 and words.n_tokens == sum(words.token_counts)
     assert words.first_token == [sum(words.token_counts[:i]) for i in range(len(words.words))]
+
+
+def test_shifted_by_nothing_keeps_the_words_and_clamps_as_any_shift() -> None:
+    words = [WordTiming("a", 0, 3), WordTiming("b", 3, 3)]
+    assert shifted(words, 0) == words
+    assert shifted([WordTiming("c", -2, 1), WordTiming("d", 4, 2)], 0) == [
+        WordTiming("c", 0, 1),
+        WordTiming("d", 4, 4),
+    ]
+    assert shifted(words, 5, 2) == [WordTiming("a", 5, 11), WordTiming("b", 11, 11)]

@@ -105,7 +105,7 @@ def prefill_reference(model: Qwen3TTSModel, slot: int, text: str, params: Stream
     assert params.forced_frames is not None
     model.open_slot(slot, params)
     model.add_text(slot, [text], True)
-    model.state.flush_text()  # as generate_start does: the decode steps below read the device text
+    model.state.flush()  # as generate_start does: the decode steps below read the device rows and text
     assert not model.kv.grow({slot: model.options.max_seq_len})  # KV blocks, as generate_start takes them
     prompt = model._prompt(model._slots[slot])
     step, dev, n = model.step, model.device, len(prompt)

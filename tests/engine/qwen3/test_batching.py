@@ -11,7 +11,7 @@ import torch
 
 from voicewire.engine.model import DecodeWork, GenerateResult, StreamParams
 from voicewire.engine.qwen3 import Qwen3TTSModel
-from voicewire.engine.qwen3.host_slot import HostSlot
+from voicewire.engine.qwen3.host_slot import HostSlot, invalid_rows
 from voicewire.engine.qwen3.tokenizer import TextStream
 
 from .conftest import run_stream
@@ -160,3 +160,21 @@ def test_a_frame_begun_after_the_step_that_ended_the_stream_is_dropped(tiny: Qwe
     assert (first.n_frames, first.finished) == (0, True)
     assert (second.n_frames, second.finished, second.frames) == (0, True, None)
     assert st.frames == 0 and st.begun == 0 and not st.ready(limits)
+
+
+def test_invalid_rows_flags_codes_the_codec_cannot_decode() -> None:
+    """Out of range either way (a negative code too) in any codebook, except EOS in codebook 0."""
+    eos, size = 2150, 2048
+    rows = np.full((6, 16), 7, np.int64)
+    rows[1, 0] = eos  # the stop code: fine in codebook 0
+    rows[2, 5] = eos  # not in codebooks 1..15
+    rows[3, 0] = -1
+    rows[4, 15] = size
+    rows[5, 0] = size - 1
+    assert invalid_rows(rows, size, eos).tolist() == [False, False, True, True, True, False]
+    rng = np.random.default_rng(0)
+    many = rng.integers(-3, size + 3, (64, 16))
+    many[::3, 0] = eos
+    ok0 = ((many[:, 0] >= 0) & (many[:, 0] < size)) | (many[:, 0] == eos)
+    ok_rest = ((many[:, 1:] >= 0) & (many[:, 1:] < size)).all(axis=1)
+    np.testing.assert_array_equal(invalid_rows(many, size, eos), ~(ok0 & ok_rest))

@@ -225,6 +225,7 @@ def test_a_long_graph_in_parts_equals_one_call(tiny: Qwen3TTSModel, monkeypatch:
     for longest in (t, 4):  # one call, then three of 4 frames from the same fresh states
         for s in range(len(n)):
             runner.open(s)
+        runner.reset_opened()  # as the next decode_start does
         monkeypatch.setattr(codec_runner, "LONGEST_CALL_FRAMES", longest)
         pcm = runner.body(torch.from_numpy(rows).to(tiny.device))
         results.append((pcm, *runner.states.gather(slots)))

@@ -21,6 +21,7 @@ import torch
 from voicewire.engine.model import StreamParams
 from voicewire.engine.qwen3 import slot_state
 from voicewire.engine.qwen3.model import Qwen3TTSModel
+from voicewire.engine.qwen3.slot_request import parse_request
 
 
 @contextmanager
@@ -74,6 +75,7 @@ def test_streamed_text_reaches_the_device_with_the_next_step_all_slots_in_one_co
     try:
         for s in slots:
             tiny.open_slot(s, StreamParams(seed=s, forced_frames=8))
+        tiny.state.flush()  # the opened rows: uploaded with the next step too (test below)
         with monkeypatch.context() as m:
             m.setattr(torch.Tensor, "copy_", record)
             for word in ("Hello ", "there, ", "my ", "good "):
@@ -96,4 +98,47 @@ def test_streamed_text_reaches_the_device_with_the_next_step_all_slots_in_one_co
         assert int(tiny.state.text_len[slots[0]]) == len(ids)
     finally:
         for s in slots:
+            tiny.close_slot(s)
+
+
+def test_opened_rows_reach_the_device_with_the_next_step_every_slot_at_once(
+    tiny: Qwen3TTSModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each open's sampling row and flags wait on the host; the flush before a step writes every
+    opened slot's at once (two uploads), and zeroes the counters its previous owner left."""
+    params = {
+        1: StreamParams(seed=11, extra={"temperature": 0.7, "top_k": 5, "subtalker_top_p": 0.5}),
+        3: StreamParams(seed=12, greedy=True, forced_frames=4, extra={"repetition_penalty": 1.3}),
+        4: StreamParams(seed=2**32 - 1, extra={"whole_text": True, "top_k": 0}),
+    }
+    st = tiny.state
+    for s in params:  # what a previous owner leaves
+        for t in (st.seen, st.first_feed_pending):
+            t[s] = True
+        for t in (st.position, st.frames, st.text_len):
+            t[s] = 7
+    try:
+        with monkeypatch.context() as m:
+            uploads: list[int] = []
+            upload = slot_state.to_device
+            m.setattr(slot_state, "to_device", lambda v, *a: uploads.append(len(v)) or upload(v, *a))
+            for s, p in params.items():
+                tiny.open_slot(s, p)
+            assert uploads == []
+            st.flush()
+            assert len(uploads) == 2  # the integers and the floats of all three
+        for s, p in params.items():
+            want = parse_request(tiny.cfg, tiny.tokenizer, tiny.info.voices, s, p, tiny.random_weights).sampling
+            assert st.greedy[s].tolist() == list(want.greedy)
+            assert st.temperature[s].tolist() == torch.tensor(want.temperature, dtype=torch.float32).tolist()
+            assert st.top_k[s].tolist() == list(want.top_k)
+            assert st.top_p[s].tolist() == torch.tensor(want.top_p, dtype=torch.float32).tolist()
+            assert float(st.penalty[s]) == torch.tensor(want.repetition_penalty, dtype=torch.float32).item()
+            assert int(st.seed[s]) == want.seed
+            assert bool(st.eos_masked[s]) == want.eos_always_masked
+            assert bool(st.whole_text[s]) == bool(p.extra.get("whole_text", False))
+            assert not st.seen[s].any() and not st.first_feed_pending[s]
+            assert int(st.position[s]) == int(st.frames[s]) == int(st.text_len[s]) == 0
+    finally:
+        for s in params:
             tiny.close_slot(s)

@@ -13,6 +13,7 @@ from voicewire.engine.qwen3.testing import write_tokenizer_files
 from voicewire.engine.qwen3.tokenizer import (
     MISTRAL_FIX_SPLIT,
     QWEN2_SPLIT,
+    MemoTokenizer,
     Qwen2Tokenizer,
     StandInTokenizer,
     TextStream,
@@ -167,3 +168,19 @@ def test_a_prompt_that_does_not_fit_fails_only_its_own_stream(device: str) -> No
     assert err.value.slot == 0
     model.close_slot(0)
     assert run_stream(model, 1, ["Short."], StreamParams(greedy=True, forced_frames=3)).shape == (3, 16)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "stand-in"])
+def test_a_remembering_tokenizer_gives_what_the_tokenizer_gives(bpe: Qwen2Tokenizer, kind: str) -> None:
+    """Short texts remembered, long ones not: the same splits, ids and streams either way."""
+    tok = bpe if kind == "bpe" else StandInTokenizer()
+    memo = MemoTokenizer(tok, entries=8, longest_chars=12)
+    for text in [TEXT, " the", " the", "Hello world,", " world, this is", "", *TEXT.split(" ")] * 2:
+        assert memo.split(text) == tok.split(text)
+        assert memo.encode(text) == tok.encode(text)
+    assert memo.role_ids == tok.role_ids and memo.instruct_ids("calm") == tok.instruct_ids("calm")
+    feeder, stream = WordFeeder(), TextStream(memo)
+    for delta in _llm_deltas(TEXT, 3):
+        stream.push(feeder.feed(delta), final=False)
+    stream.push(feeder.flush(), final=True)
+    assert stream.ids == tok.encode(TEXT)
