@@ -19,6 +19,9 @@
 #                          with the served model's host time a call (host), and with 2 ms more a request's
 #                          open (host-open2: the H200 profile's command time), at 150, 200 and 240 req/s
 #                                                                                   -> h200_sim_cpu.json
+#     host                 the real Qwen3-TTS host code with its device short-circuited (host_overhead.py
+#                          --device qwen3), 320 turns at once, whole texts and a word a delta at 30/s;
+#                          BASE=<git ref> alternates rounds with that commit's tree -> qwen3_host_cpu.json
 #
 # Files go to $OUT (default benchmarks/results, where the README's rows point), each with a "meta"
 # object first (command, commit, machine, date: benchmarks/meta.sh). Each benchmark starts its own
@@ -107,6 +110,69 @@ json.dump(out, open(sys.argv[1], "w"), indent=1)
 EOF
   CMD=$(printf '%s; ' "${runs[@]}") CMD=${CMD%; }
   stamp "$OUT/h200_sim_cpu.json"
+fi
+
+if want host; then
+  # BASE's tree is imported ahead of the installed one through a link tree, as on the device (gpu.sh)
+  sides=(head)
+  if [ -n "${BASE:-}" ]; then
+    base_dir=$(mktemp -d /tmp/vwbase-XXXX)
+    git worktree add -q --detach "$base_dir/tree" "$BASE"
+    mkdir -p "$base_dir/vw/voicewire"
+    for d in engine realtime kernels web; do ln -sfn "$base_dir/tree/$d" "$base_dir/vw/voicewire/$d"; done
+    sides+=(base)
+  fi
+  runs=()
+  for round in 1 2; do
+    for side in "${sides[@]}"; do
+      for v in whole words30; do
+        flags=()
+        [ $v = words30 ] && flags=(--words-per-s 30)
+        root=. pypath=${PYTHONPATH:-}
+        [ $side = base ] && root=$base_dir/tree pypath=$base_dir/vw
+        step "host-$side-$v-$round" 300 env PYTHONPATH="$pypath" "$PY" "$root/benchmarks/host_overhead.py" \
+          --device qwen3 --concurrency 320 --duration-s 8 "${flags[@]}" --out "/tmp/host_${side}_${v}_$round.json"
+        runs+=("$CMD")
+      done
+    done
+  done
+  HOST_BASE=$(git rev-parse --short "${BASE:-HEAD}") "$PY" - "$OUT/qwen3_host_cpu.json" << 'EOF'
+import json, os, statistics, sys
+out = {"what": "the Qwen3-TTS host code per step and per command, device short-circuited (host_overhead.py "
+       "--device qwen3 --concurrency 320): medians of 2 alternating rounds; steps of 256 rows",
+       "base": os.environ["HOST_BASE"], "variants": {}}
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
+
+
+for side in ("head", "base"):
+    for v in ("whole", "words30"):
+        runs = []
+        for r in (1, 2):
+            try:
+                runs.append(json.load(open(f"/tmp/host_{side}_{v}_{r}.json")))
+            except (OSError, ValueError):
+                pass
+        if not runs:
+            continue
+        full = [next((b for k, b in d["step_ms_by_rows"].items() if k.startswith("256")), {}) for d in runs]
+        out["variants"].setdefault(v, {})[side] = {
+            "ms_per_step_256": med([b.get("ms_per_step") for b in full]),
+            "ms_per_step_256_less_commands": med([b.get("ms_per_step_less_commands") for b in full]),
+            "cpu_ms_per_step_256": med([b.get("cpu_ms_per_step") for b in full]),
+            "us_per_command": med([d["us_per_command"] for d in runs]),
+            "frames_per_s": med([d["frames_per_s"] for d in runs]),
+            "runs": [{k: d[k] for k in ("step_ms_by_rows", "us_per_command", "frames_per_s", "rows_per_step")} for d in runs],
+        }
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+print(json.dumps({v: {s: {k: x for k, x in f.items() if k != "runs"} for s, f in d.items()} for v, d in out["variants"].items()}))
+EOF
+  CMD=$(printf '%s; ' "${runs[@]}") CMD=${CMD%; }
+  stamp "$OUT/qwen3_host_cpu.json"
+  if [ -n "${BASE:-}" ]; then git worktree remove --force "$base_dir/tree"; rm -rf "$base_dir"; fi
 fi
 
 if want queue; then
