@@ -140,39 +140,36 @@ def _engine_counters(base: str) -> dict[str, float]:
 
 
 def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res: Path) -> dict[str, Any]:
-    before = _engine_counters(base)
     cmd = [
         sys.executable, "-m", "voicewire.realtime.cli", "probe", "--url", base, "--rate", str(rate),
         "--duration", str(duration_s), "--session-per-turn", "--clients", str(CLIENTS), *text_args, "--out", str(res), "--plot", "",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 120)
-    row: dict[str, Any] = {"rate": rate, "command": " ".join(["voicewire", *cmd[3:]]), "rc": proc.returncode}
-    if res.exists():
-        row["result"] = json.loads(res.read_text()).get("summary")
-    else:
-        row["stderr"] = proc.stderr[-2000:]
-    # what the engine did for this sweep point: the worker's time in steps, codec and commands
-    after = _engine_counters(base)
-    row["engine"] = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
-    print(f"[{' '.join(text_args)} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
-    return row
+    return _sweep_point(base, rate, cmd, ["voicewire", *cmd[3:]], duration_s + 120, res, " ".join(text_args))
 
 
 def _http(base: str, rate: float, duration_s: float, res: Path) -> dict[str, Any]:
-    before = _engine_counters(base)
     cmd = [
         sys.executable, "-m", "benchmarks.tts_bench_compat", "--base-url", base, "--rate", str(rate),
         "--duration-s", str(duration_s), "--clients", str(CLIENTS), "--out", str(res),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 180)
-    row: dict[str, Any] = {"rate": rate, "command": " ".join(["python", *cmd[1:]]), "rc": proc.returncode}
+    return _sweep_point(base, rate, cmd, ["python", *cmd[1:]], duration_s + 180, res, "http")
+
+
+def _sweep_point(
+    base: str, rate: float, cmd: list[str], shown: list[str], timeout_s: float, res: Path, label: str
+) -> dict[str, Any]:
+    """One load client's run to completion: its summary, and what the engine did meanwhile (the
+    worker's time in steps, codec and commands)."""
+    before = _engine_counters(base)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    row: dict[str, Any] = {"rate": rate, "command": " ".join(shown), "rc": proc.returncode}
     if res.exists():
-        row["result"] = json.loads(res.read_text())["summary"]
+        row["result"] = json.loads(res.read_text()).get("summary")
     else:
         row["stderr"] = proc.stderr[-2000:]
     after = _engine_counters(base)
     row["engine"] = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
-    print(f"[http {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
+    print(f"[{label} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
     return row
 
 
