@@ -18,7 +18,7 @@ token per frame, so the frame that reads a word's first token is where the word 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -29,9 +29,11 @@ class WordTiming:
     end: int  # one past its last
 
 
-def shifted(words: Iterable[WordTiming], by: int, scale: int = 1) -> list[WordTiming]:
+def shifted(words: Sequence[WordTiming], by: int, scale: int = 1) -> list[WordTiming]:
     """``words`` with ``(x * scale + by)`` for start and end; starts never below 0, ends never
     before their start (a word cut into by a trim keeps its place at the cut)."""
+    if not words:  # most chunks and frames: called a few times for each, every step
+        return []
     if by == 0 and scale == 1 and all(0 <= w.start <= w.end for w in words):
         return list(words)  # nothing moves (a chunk after the lead-in trim): the same words
     out = []
