@@ -17,6 +17,7 @@ when its chunk schedule says the next chunk is complete, or when it has finished
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -83,16 +84,11 @@ class Scheduler:
         """``ready``: stream ids whose model slot can make progress now."""
         # (deadline, request) of each candidate, each deadline computed once; a stable sort on the
         # deadline alone keeps ties in the order the streams were added
-        keyed = [
-            # Request.deadline, inline (every stream, every step)
-            (r.t_arrival if r.t_first_emit is None else r.t_first_emit + r.samples_emitted / r.sample_rate_hz, r)
-            for r in self.requests.values()
-            if r.stream_id in ready and not r.generation_done
-        ]
-        keyed.sort(key=_first)
+        keyed = [(r.deadline(), r) for r in self.requests.values() if r.stream_id in ready and not r.generation_done]
+        keyed.sort(key=_FIRST)
         now = time.perf_counter()
         candidates = [r for _, r in keyed]
-        ahead = [r.t_first_emit is not None and d - now > AHEAD_S for d, r in keyed]  # as _ahead
+        ahead = [_ahead_by(d, r, now) for d, r in keyed]
         if any(ahead):
             due = {r.tenant for r in self.requests.values() if not r.generation_done and not self._ahead(r, now)}
             # an ahead stream stays when no other tenant has a stream that is not ahead
@@ -118,12 +114,12 @@ class Scheduler:
             if c is None:
                 c = cost[r.tenant] = self._tenant_cost(r.tenant, now)
             ranked.append((n, c, i, r))
-        ranked.sort(key=_first_three)
+        ranked.sort(key=operator.itemgetter(0, 1, 2))
         return [x[3] for x in ranked[: self._max_batch]]
 
     @staticmethod
     def _ahead(r: Request, now: float) -> bool:
-        return r.t_first_emit is not None and r.deadline() - now > AHEAD_S
+        return _ahead_by(r.deadline(), r, now)
 
     def _tenant_cost(self, tenant: str, now: float) -> float:
         cost, t = self._cost.get(tenant, (0.0, now))
@@ -139,8 +135,7 @@ class Scheduler:
             if res.compute_s:
                 self._cost[req.tenant] = (self._tenant_cost(req.tenant, now) + res.compute_s, now)
             if res.n_frames:
-                if res.words:
-                    req.pending_words += shifted(res.words, req.pending_frames)
+                req.pending_words += shifted(res.words, req.pending_frames)
                 req.pending.append(res.frames)
                 req.pending_frames += res.n_frames
                 if res.text_spoken:
@@ -169,7 +164,7 @@ class Scheduler:
             if req.pending_frames >= need or req.generation_done:
                 ready.append((deadline, req, slack_s))
         # deadline order; the sort is stable, so ties keep the order the streams were added
-        ready.sort(key=_first)
+        ready.sort(key=_FIRST)
         due: list[DecodeWork] = []
         for _, req, slack_s in ready:
             due.append(
@@ -194,9 +189,9 @@ class Scheduler:
         return due
 
 
-def _first(x: tuple[float, Request] | tuple[float, Request, float]) -> float:
-    return x[0]
+_FIRST = operator.itemgetter(0)  # (deadline, ...) tuples by deadline
 
 
-def _first_three(x: tuple[int, float, int, Request]) -> tuple[int, float, int]:
-    return x[0], x[1], x[2]
+def _ahead_by(deadline: float, r: Request, now: float) -> bool:
+    """``r`` (its ``deadline()`` given) has played out more than AHEAD_S beyond ``now``."""
+    return r.t_first_emit is not None and deadline - now > AHEAD_S

@@ -12,6 +12,7 @@ microseconds of host time per tick.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 
 from .cuda_graphs import bucket_for
@@ -61,14 +62,10 @@ def plan_codec_calls(
         options = []
         for j in range(i):  # classes [j, i) share calls, padded to class j's frame count
             options.append((best[j][0] + cost(classes[j][0], upto[i] - upto[j]), j))
-        ms, j = min(options, key=_first)
+        ms, j = min(options, key=operator.itemgetter(0))
         best.append((ms, [*best[j][1], j]))
     starts = [upto[c] for c in [*best[-1][1], len(classes)]]
     groups: list[list[int]] = []
     for a, b in itertools.pairwise(starts):
         groups += [list(range(j, min(j + biggest, b))) for j in range(a, b, biggest)]
     return groups
-
-
-def _first(option: tuple[float, int]) -> float:
-    return option[0]

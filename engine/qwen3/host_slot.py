@@ -28,10 +28,10 @@ def invalid_rows(host: np.ndarray, codebook_size: int, eos_id: int) -> np.ndarra
     """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
     stream). Never expected; checked on the host copy the step makes anyway, so a device-side
     fault fails one stream with an error instead of asserting inside the codec for all."""
-    codes = np.asarray(host, np.int64)
-    bad = np.greater_equal(codes.view(np.uint64), codebook_size)  # negative codes wrap: out of range too
-    np.logical_and(bad[:, 0], codes[:, 0] != eos_id, out=bad[:, 0])  # the EOS stops a stream: not bad
-    return np.asarray(bad.any(axis=1))
+    code0 = host[:, 0]
+    ok0 = ((code0 >= 0) & (code0 < codebook_size)) | (code0 == eos_id)
+    ok_rest = ((host[:, 1:] >= 0) & (host[:, 1:] < codebook_size)).all(axis=1)
+    return np.asarray(~(ok0 & ok_rest))
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class HostSlot:
         """Model.ready: a step begun now would make progress for this slot (after the begun ones)."""
         if self.done or self.position >= limits.max_seq_len:  # no KV row left for another feed
             return False
-        forced = self.forced_frames if self.forced_frames is not None else self.forced(limits)
+        forced = self.forced(limits)
         if forced is not None and self.frames + self.begun >= forced:
             return False
         if not self.prefilled:
@@ -124,7 +124,7 @@ class HostSlot:
             self.done = True
             return GenerateResult(slot, None, 0, True)
         self.frames += 1
-        forced = self.forced_frames if self.forced_frames is not None else self.forced(limits)
+        forced = self.forced(limits)
         frames = codes[None]
         words = self.words_read()
         if forced is not None and self.frames >= forced:

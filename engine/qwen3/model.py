@@ -263,9 +263,7 @@ class Qwen3TTSModel(Model):
         grow: dict[int, int] = {}  # positions each slot will have written: the running ones first
         hosts, limits = self._slots, self.limits
         for s in slots:
-            st = hosts.get(s)
-            if st is None:
-                raise ModelError(s, f"slot {s} is not open")
+            st = self._slot(s)
             if not st.ready(limits):
                 results[s] = GenerateResult(s, None, 0, st.done)
             elif st.prefilled:
