@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    rates = [float(r) for r in args.rates.split(",")]
+    rates = _points(args.rates, args.duration_s)
     base = f"http://127.0.0.1:{PORT}"
     serve_cmd = [sys.executable, "-m", "voicewire.realtime.cli", "serve", "--port", str(PORT), *serve_args]
     out: dict[str, Any] = {"serve_command": " ".join(["voicewire serve", "--port", str(PORT), *serve_args])}
@@ -87,21 +87,22 @@ def main() -> None:
             print(f"[front door] ready after {out['ready_s']} s: {out['healthz']}", flush=True)
             sweeps = [("gateway", rates, ["--whole"])]
             if args.words_rates:
-                words = [float(r) for r in args.words_rates.split(",")]
+                words = _points(args.words_rates, args.duration_s)
                 sweeps.append(
                     ("gateway_words", words, ["--tokens-per-s", str(args.tokens_per_s), "--barge-in", str(args.barge_in)])
                 )
             if args.words_first:
                 sweeps.reverse()
-            for key, sweep_rates, text_args in sweeps:
+            for key, points, text_args in sweeps:
                 out[key] = []
-                for rate in sweep_rates:
-                    out[key].append(_probe(base, rate, args.duration_s, text_args, work / f"{key}_{rate:g}.json"))
+                for rate, secs, seed in points:
+                    res = work / f"{key}_{rate:g}_{seed}.json"
+                    out[key].append(_probe(base, rate, secs, [*text_args, "--seed", str(seed)], res))
                     save()
             if args.http_rates:
                 out["http"] = []
-                for rate in (float(r) for r in args.http_rates.split(",")):
-                    out["http"].append(_http(base, rate, args.duration_s, work / f"http_{rate:g}.json"))
+                for rate, secs, seed in _points(args.http_rates, args.duration_s):
+                    out["http"].append(_http(base, rate, secs, seed, work / f"http_{rate:g}_{seed}.json"))
                     save()
         finally:
             server.send_signal(signal.SIGTERM)
@@ -128,6 +129,18 @@ def main() -> None:
         plot(out, args.plot)
 
 
+def _points(spec: str, duration_s: float) -> list[tuple[float, float, int]]:
+    """A sweep's points from "RATE[:SECONDS],...": each rate with its own duration where given (a
+    low rate needs longer for a p95), and a seed per repeat of a rate, so that "400,400,400" is
+    three Poisson draws rather than one draw three times."""
+    points: list[tuple[float, float, int]] = []
+    for item in spec.split(","):
+        rate, _, secs = item.partition(":")
+        r = float(rate)
+        points.append((r, float(secs) if secs else duration_s, sum(p[0] == r for p in points)))
+    return points
+
+
 def _engine_counters(base: str) -> dict[str, float]:
     """The engine cores' counters on /metrics (summed over replicas): steps, frames, the worker's
     seconds in frame steps, codec waits and stream commands."""
@@ -147,10 +160,10 @@ def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res:
     return _sweep_point(base, rate, cmd, ["voicewire", *cmd[3:]], duration_s + 120, res, " ".join(text_args))
 
 
-def _http(base: str, rate: float, duration_s: float, res: Path) -> dict[str, Any]:
+def _http(base: str, rate: float, duration_s: float, seed: int, res: Path) -> dict[str, Any]:
     cmd = [
         sys.executable, "-m", "benchmarks.tts_bench_compat", "--base-url", base, "--rate", str(rate),
-        "--duration-s", str(duration_s), "--clients", str(CLIENTS), "--out", str(res),
+        "--duration-s", str(duration_s), "--clients", str(CLIENTS), "--seed", str(seed), "--out", str(res),
     ]  # fmt: skip
     return _sweep_point(base, rate, cmd, ["python", *cmd[1:]], duration_s + 180, res, "http")
 

@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=10.0)
     p.add_argument("--procs", type=int, default=4, help="client processes of the open loop")
     p.add_argument("--clients", type=int, default=64, help="loopback addresses the open loop comes from")
+    p.add_argument("--seed", type=int, default=0, help="the open loop's draw of arrival times")
     p.add_argument("--out", default="", help="the open loop's summary and requests (JSON)")
     args = p.parse_args(argv)
     if args.rate > 0:
@@ -308,7 +309,7 @@ def _main_open_loop(args: argparse.Namespace, texts: list[str]) -> int:
     start_at = time.time() + 1.0  # every process begins at once
     jobs = [
         (args.base_url, texts[k:] + texts[:k], args.rate / procs, args.duration_s, args.target,
-         addresses[k::procs], start_at, k)
+         addresses[k::procs], start_at, args.seed * procs + k)
         for k in range(procs)
     ]  # fmt: skip
     with ProcessPoolExecutor(procs) as pool:
