@@ -95,4 +95,8 @@ def test_bodies_warmed_on_other_threads_are_captured_with_their_timed_convs() ->
         torch.backends.cudnn.benchmark = before
     two = np.full(1, 2, np.int64)
     for k, body in bodies.items():
-        torch.testing.assert_close(graphs.run(("conv", k), two).clone(), body(torch.from_numpy(two).to(dev)))
+        # the eager call takes cuDNN's heuristic algorithm on this thread, the graph the one timed on
+        # its warming thread: the same conv up to the algorithm's rounding (~1e-5 relative seen)
+        torch.testing.assert_close(
+            graphs.run(("conv", k), two).clone(), body(torch.from_numpy(two).to(dev)), rtol=1e-4, atol=1e-3
+        )
