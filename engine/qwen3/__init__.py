@@ -173,6 +173,13 @@ def load_qwen3(
         cloner=_cloner(cfg, checkpoint, speaker_weights, seed, dev, dt),
     )
     log.info("built in %.1f s", time.perf_counter() - t0)
+    if dev.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
+        # Beside a CUDA model the host's torch work is small ops between launches, and torch's
+        # default of an OpenMP thread per core spins them all up on each: cores taken from the
+        # worker, the codec lanes and the gateway. A core placed by Ray (OMP_NUM_THREADS=1 there)
+        # served 240 turns/s with no underrun where the same core as a plain process underran
+        # at 120 (front_door_1.7b_h100.json, front_door_1.7b_ray_h100.json).
+        torch.set_num_threads(1)
     if warmup:
         model.warmup()
     return model
