@@ -176,9 +176,9 @@ def load_qwen3(
     if dev.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
         # Beside a CUDA model the host's torch work is small ops between launches, and torch's
         # default of an OpenMP thread per core spins them all up on each: cores taken from the
-        # worker, the codec lanes and the gateway. A core placed by Ray (OMP_NUM_THREADS=1 there)
-        # served 240 turns/s with no underrun where the same core as a plain process underran
-        # at 120 (front_door_1.7b_h100.json, front_door_1.7b_ray_h100.json).
+        # worker, the codec lanes and the gateway. At 120 turns/s on an H100 the worker spent
+        # 16.4 ms a step with them and 6.5 ms without, and turns underran only with them
+        # (front_door_1.7b_omp16_h100.json against front_door_1.7b_h100.json).
         torch.set_num_threads(1)
     if warmup:
         model.warmup()
