@@ -173,16 +173,23 @@ def load_qwen3(
         cloner=_cloner(cfg, checkpoint, speaker_weights, seed, dev, dt),
     )
     log.info("built in %.1f s", time.perf_counter() - t0)
-    if dev.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
-        # Beside a CUDA model the host's torch work is small ops between launches, and torch's
-        # default of an OpenMP thread per core spins them all up on each: cores taken from the
-        # worker, the codec lanes and the gateway. At 120 turns/s on an H100 the worker spent
-        # 16.4 ms a step with them and 6.5 ms without, and turns underran only with them
-        # (front_door_1.7b_omp16_h100.json against front_door_1.7b_h100.json).
-        torch.set_num_threads(1)
+    host_threads(dev)
     if warmup:
         model.warmup()
     return model
+
+
+def host_threads(dev: torch.device) -> None:
+    """One intra-op torch thread beside a CUDA model, unless ``OMP_NUM_THREADS`` says otherwise.
+
+    The host's torch work beside a CUDA model is small ops between launches, and torch's default
+    of an OpenMP thread per core spins them all up on each: cores taken from the worker, the codec
+    lanes and the gateway. At 120 turns/s on an H100 the worker spent 16.4 ms a step with them and
+    6.5 ms without, and turns underran only with them (front_door_1.7b_omp16_h100.json against
+    front_door_1.7b_h100.json). A model on the CPU keeps them: its work is the model itself.
+    """
+    if dev.type == "cuda" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
 
 
 def _cloner(
