@@ -30,7 +30,9 @@ from fractions import Fraction
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame
+from av import AudioFrame, Packet
+
+from .audio import OpusEncoder
 
 SAMPLE_RATE_HZ = 48_000  # Opus's native rate: aiortc's encoder then only duplicates mono to stereo
 FRAME_MS = 20  # aiortc's AUDIO_PTIME, one Opus packet
@@ -100,12 +102,20 @@ class PacerStats:
 
 
 class PacedAudioTrack(MediaStreamTrack):
-    """A live audio track of 48 kHz mono s16 frames, 20 ms each, silence when nothing is queued."""
+    """A live audio track of 48 kHz mono 20-ms frames, silence when nothing is queued: Opus packets
+    (``encode``, what a peer connection sends), or the s16 frames themselves.
+
+    The track encodes each frame itself, on the loop, when its slot comes: aiortc would encode a
+    frame in the loop's thread pool (a round trip through another thread per packet, and a stereo
+    resample at 96 kb/s first), and one gateway process's packets then waited on those threads and
+    the GIL: late packets from 16 peers up. A packet handed to the sender leaves as it is.
+    """
 
     kind = "audio"
 
-    def __init__(self) -> None:
+    def __init__(self, encode: bool = True) -> None:
         super().__init__()
+        self._opus = OpusEncoder(SAMPLE_RATE_HZ) if encode else None
         self._queue: deque[_Queued] = deque()
         self._anchor_s: float | None = None  # monotonic time at which frame 0 of the timeline left
         self._index = 0  # frames of the current timeline already sent
@@ -159,7 +169,7 @@ class PacedAudioTrack(MediaStreamTrack):
         super().stop()
 
     # --- consumer side (aiortc's RTCRtpSender) -------------------------------------------------------
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> AudioFrame | Packet:
         if self.readyState != "live":
             raise MediaStreamError
         if (sent := self._in_flight) is not None:
@@ -182,7 +192,7 @@ class PacedAudioTrack(MediaStreamTrack):
             if self.readyState != "live":
                 raise MediaStreamError
         self._index += 1
-        return self._frame(self._next_samples())
+        return self._out(self._next_samples())
 
     def _restart(self, now_s: float) -> None:
         self._anchor_s = now_s
@@ -232,10 +242,14 @@ class PacedAudioTrack(MediaStreamTrack):
         self.stats.frames_out += 1
         return item.samples
 
-    def _frame(self, samples: np.ndarray) -> AudioFrame:
-        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE_HZ
-        frame.pts = self._pts
-        frame.time_base = TIME_BASE
+    def _out(self, samples: np.ndarray) -> AudioFrame | Packet:
+        out: AudioFrame | Packet
+        if self._opus is None:
+            out = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+            out.sample_rate = SAMPLE_RATE_HZ
+        else:
+            (out,) = (Packet(p) for p in self._opus.encode(samples))  # libopus: one packet a frame
+        out.pts = self._pts
+        out.time_base = TIME_BASE
         self._pts += FRAME_SAMPLES
-        return frame
+        return out

@@ -31,7 +31,7 @@ async def _pull(track: PacedAudioTrack, n: int) -> tuple[list[float], list[np.nd
 
 
 async def test_frames_are_exact_20ms_on_the_wall_clock_with_contiguous_pts() -> None:
-    track = PacedAudioTrack()
+    track = PacedAudioTrack(encode=False)
     times, frames, pts = await _pull(track, 26)
     assert all(f.size == FRAME_SAMPLES for f in frames)
     assert pts == [i * FRAME_SAMPLES for i in range(26)]
@@ -46,7 +46,7 @@ async def test_frames_are_exact_20ms_on_the_wall_clock_with_contiguous_pts() -> 
 
 
 async def test_turn_plays_in_order_and_drains_after_its_last_frame_was_taken() -> None:
-    track = PacedAudioTrack()
+    track = PacedAudioTrack(encode=False)
     pb = Playback()
     tone = _tone(5)
     for f in tone[:-1]:
@@ -63,7 +63,7 @@ async def test_turn_plays_in_order_and_drains_after_its_last_frame_was_taken() -
 
 
 async def test_an_idle_track_sends_the_first_audio_frame_at_once() -> None:
-    track = PacedAudioTrack()
+    track = PacedAudioTrack(encode=False)
     await _pull(track, 3)  # silence: the track is idle
     pb = Playback()
 
@@ -85,7 +85,7 @@ async def test_an_idle_track_sends_the_first_audio_frame_at_once() -> None:
 
 
 async def test_a_loop_stall_restarts_the_clock_instead_of_bursting() -> None:
-    track = PacedAudioTrack()
+    track = PacedAudioTrack(encode=False)
     pb = Playback()
     for f in _tone(20):
         track.enqueue(pb, f)
@@ -100,7 +100,7 @@ async def test_a_loop_stall_restarts_the_clock_instead_of_bursting() -> None:
 
 
 async def test_barge_in_flag_clears_the_queue_at_the_next_frame() -> None:
-    track = PacedAudioTrack()
+    track = PacedAudioTrack(encode=False)
     cancelled = False
     pb = Playback(is_cancelled=lambda: cancelled)
     for f in _tone(50):
@@ -117,7 +117,7 @@ async def test_barge_in_flag_clears_the_queue_at_the_next_frame() -> None:
 
 
 async def test_drop_and_stop_release_waiters() -> None:
-    track = PacedAudioTrack()
+    track = PacedAudioTrack(encode=False)
     pb = Playback()
     for f in _tone(10):
         track.enqueue(pb, f)
