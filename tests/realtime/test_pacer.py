@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from fractions import Fraction
 
+import av
 import numpy as np
 import pytest
 from aiortc.mediastreams import MediaStreamError
@@ -138,3 +140,23 @@ async def test_drop_and_stop_release_waiters() -> None:
     assert pb2.drained.is_set()
     with pytest.raises(ValueError):
         track.enqueue(Playback(), np.zeros(480, "<i2"))
+
+
+async def test_the_peer_connections_track_hands_out_opus_packets_of_its_frames() -> None:
+    track = PacedAudioTrack()  # what a peer connection sends
+    pb = Playback()
+    tone = _tone(10)
+    for f in tone:
+        track.enqueue(pb, f)
+    decoder = av.CodecContext.create("libopus", "r")
+    pts, decoded = [], []
+    for _ in range(12):
+        packet = await track.recv()
+        assert isinstance(packet, av.Packet) and packet.time_base == Fraction(1, SAMPLE_RATE_HZ)
+        pts.append(packet.pts)
+        decoded.append(np.concatenate([f.to_ndarray().reshape(-1) for f in decoder.decode(packet)]))
+    assert pts == [i * FRAME_SAMPLES for i in range(12)]
+    level = [float(np.sqrt(np.mean(d.astype(np.float64) ** 2))) for d in decoded]
+    # the tone's rms is 8000 / sqrt(2); Opus's look-ahead moves a few ms of it into the packets after
+    assert min(level[2:9]) > 4000 and level[-1] < 500, f"frame levels {np.round(level)}"
+    track.stop()
