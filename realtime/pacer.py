@@ -60,8 +60,8 @@ class Playback:
         self.is_cancelled = is_cancelled
         self.queued_samples = 0  # real samples (padding excluded) queued so far
         self.played_samples = 0  # real samples handed to the sender (they cannot be recalled)
-        # Queued, plus the frame the sender is encoding. That one counts as gone once the sender
-        # asks for the next frame: aiortc's loop is recv -> encode -> send -> recv.
+        # Queued, plus the frame the sender holds. That one counts as gone once the sender asks
+        # for the next frame: aiortc's loop is recv -> send -> recv.
         self.pending_frames = 0
         self.finished = False  # the owner queued its last frame
         self.dropped = False  # cleared by barge-in (or the track stopped)

@@ -58,7 +58,7 @@ async def test_turn_plays_in_order_and_drains_after_its_last_frame_was_taken() -
     _, frames, _ = await _pull(track, 5)
     assert all(np.array_equal(a, b) for a, b in zip(frames, tone, strict=True))
     assert pb.played_samples == 4 * FRAME_SAMPLES + 300
-    assert not pb.drained.is_set(), "the last frame is still with the encoder"
+    assert not pb.drained.is_set(), "the last frame is still with the sender"
     _, after, _ = await _pull(track, 1)
     assert pb.drained.is_set() and not after[0].any()
     track.stop()
@@ -131,7 +131,7 @@ async def test_drop_and_stop_release_waiters() -> None:
     for f in _tone(2):
         track.enqueue(pb2, f)
     track.finish(pb2)
-    await track.recv()  # one frame with the encoder, one queued
+    await track.recv()  # one frame with the sender, one queued
     recv = asyncio.create_task(track.recv())
     await asyncio.sleep(0.005)
     track.stop()
