@@ -59,7 +59,8 @@
 # and says so. Each JSON gets a "meta" object first: the step's exact command, the mode, commit,
 # source_sha1 (sha1 over the tree's .py files, to check the copy against a commit where COMMIT was not
 # given), machine (GPU, driver, torch / CUDA / Triton / Python), date, rc and seconds. The full output
-# of every step goes to $OUT/<mode>.log; stdout shows progress lines and a summary last. At most 8
+# of every step goes to $OUT/<mode>.log; stdout shows progress lines and a summary last. Files end in
+# the card that made them (_h200 as above, _h100 where the device lent an H100). At most 8
 # files come back from $OUT: every mode writes fewer. Copy the JSONs (and PNGs) into benchmarks/results/
 # unchanged; the README's rows name the file and key they come from.
 set -o pipefail
@@ -93,6 +94,9 @@ fi
 . benchmarks/meta.sh
 meta_init "bash benchmarks/gpu.sh $MODE"
 COMMIT=$VW_COMMIT
+# the files are named by the card that made them (h200, or h100 where the device lent one)
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1 | grep -oiE 'H[0-9]{3}' | tr 'A-Z' 'a-z')
+CARD=${CARD:-h200}
 echo "[$MODE] commit $VW_COMMIT, source_sha1 $VW_SOURCE_SHA1, machine $VW_MACHINE" | tee -a "$LOG"
 
 want() { [ ${#STEPS[@]} -eq 0 ] || [[ " ${STEPS[*]} " == *" $1 "* ]]; }
@@ -171,21 +175,21 @@ if [ "$MODE" = headline ]; then
   if want serving; then
     step serving 330 python3 benchmarks/serving_bench.py --size 1.7b --sections step,codec,single,serve \
       --step-variants fused --step-batches 1,8,32,64,128 --rates 1,20,40,60,80,100 --rate-duration-s 8 \
-      --concurrency 64,128 --closed-duration-s 6 --out "$OUT/serving_h200.json" --plot "$OUT/serving_h200.png"
-    stamp "$OUT/serving_h200.json"
+      --concurrency 64,128 --closed-duration-s 6 --out "$OUT/serving_${CARD}.json" --plot "$OUT/serving_${CARD}.png"
+    stamp "$OUT/serving_${CARD}.json"
   fi
   if want step-0.6b; then
     step step-0.6b 90 python3 benchmarks/serving_bench.py --size 0.6b --sections step --step-variants fused \
-      --step-batches 1,64 --out "$OUT/step_0.6b_h200.json"
-    stamp "$OUT/step_0.6b_h200.json"
+      --step-batches 1,64 --out "$OUT/step_0.6b_${CARD}.json"
+    stamp "$OUT/step_0.6b_${CARD}.json"
   fi
-  if want tests; then gpu_tests "$OUT/gpu_tests_h200.json"; fi
+  if want tests; then gpu_tests "$OUT/gpu_tests_${CARD}.json"; fi
 fi
 
 if [ "$MODE" = throughput ]; then
   if want levers; then
     SIZE=${SIZE:-1.7b}
-    name=throughput$([ "$SIZE" = 1.7b ] || echo "_$SIZE")_h200
+    name=throughput$([ "$SIZE" = 1.7b ] || echo "_$SIZE")_${CARD}
     step levers 420 python3 benchmarks/serving_bench.py --size "$SIZE" --sections codec,serve \
       --serve-variants "${VARIANTS:-serial-b128,serial,overlap,served}" --max-batch "${MAX_BATCH:-256}" --max-slots 512 \
       --max-prefill-batch "${PREFILL_BATCH:-32}" \
@@ -194,8 +198,8 @@ if [ "$MODE" = throughput ]; then
   fi
   if want tests; then
     step tests 300 python3 -m pytest -q -p no:cacheprovider tests/engine/qwen3/test_gpu.py ${TESTS_K:+-k "$TESTS_K"}
-    suites_json "$OUT/gpu_tests_qwen3_h200.json" "the Qwen3 GPU tests on the lent GPU" "$CMD|$RC|$SECS"
-    stamp "$OUT/gpu_tests_qwen3_h200.json"
+    suites_json "$OUT/gpu_tests_qwen3_${CARD}.json" "the Qwen3 GPU tests on the lent GPU" "$CMD|$RC|$SECS"
+    stamp "$OUT/gpu_tests_qwen3_${CARD}.json"
   fi
 fi
 
@@ -213,7 +217,7 @@ if [ "$MODE" = front-door ] || [ "$MODE" = startup ] || [ "$MODE" = gateways ]; 
 fi
 
 if [ "$MODE" = startup ]; then
-  name="startup_${SIZE}${TAG:+_$TAG}_h200"
+  name="startup_${SIZE}${TAG:+_$TAG}_${CARD}"
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   step startup 570 python3 benchmarks/startup.py --starts "${STARTS:-2}" --cache-dir "${CACHE_DIR:-}" --out "$OUT/$name.json" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
@@ -221,7 +225,7 @@ if [ "$MODE" = startup ]; then
 fi
 
 if [ "$MODE" = front-door ]; then
-  name="front_door_${SIZE}${TAG:+_$TAG}_h200"
+  name="front_door_${SIZE}${TAG:+_$TAG}_${CARD}"
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   step front-door 570 python3 benchmarks/front_door.py --rates "${RATES-1,60,80,90,100,110}" \
     --words-rates "${WORDS_RATES-1,80}" --http-rates "${HTTP_RATES:-}" --duration-s "${DURATION_S:-10}" ${WORDS_FIRST:+--words-first} \
@@ -232,7 +236,7 @@ if [ "$MODE" = front-door ]; then
 fi
 
 if [ "$MODE" = gateways ]; then
-  name="gateway_workers_${SIZE}_h200"
+  name="gateway_workers_${SIZE}_${CARD}"
   step gateways 570 python3 benchmarks/gateway_workers.py --workers "${WORKERS:-1,4}" \
     --peers "${PEERS:-16,32,48,64,96,128}" --out "$OUT/$name.json" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights
@@ -241,16 +245,16 @@ fi
 
 if [ "$MODE" = kernels ]; then
   if want attention; then
-    step attention 150 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_h200.json"
-    stamp "$OUT/kernels_h200.json"
+    step attention 150 python3 benchmarks/kernels_bench.py --out "$OUT/kernels_${CARD}.json"
+    stamp "$OUT/kernels_${CARD}.json"
   fi
   if want linear; then
-    step linear 150 python3 benchmarks/linear_bench.py --rows 1,64 --out "$OUT/linear_h200.json"
-    stamp "$OUT/linear_h200.json"
+    step linear 150 python3 benchmarks/linear_bench.py --rows 1,64 --out "$OUT/linear_${CARD}.json"
+    stamp "$OUT/linear_${CARD}.json"
   fi
   if want gemv; then
-    step gemv 170 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_h200.json"
-    stamp "$OUT/gemv_h200.json"
+    step gemv 170 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_${CARD}.json"
+    stamp "$OUT/gemv_${CARD}.json"
   fi
   if want codec; then
     # the codec is the same for both sizes: the 0.6B build captures its graphs fastest
@@ -265,7 +269,7 @@ if [ "$MODE" = kernels ]; then
         --max-slots 64 "${flags[@]}" --out "/tmp/codec_$v.json"
       cmds+=("$CMD")
     done
-    python3 - "$OUT/codec_h200.json" << 'EOF'
+    python3 - "$OUT/codec_${CARD}.json" << 'EOF'
 import json, os, sys
 variants = {}
 for v, what in (("torch-ops", "SnakeBeta, norms and SwiGLU as torch ops, cuDNN's heuristic conv algorithms"),
@@ -280,18 +284,18 @@ json.dump({"what": "codec decode per CUDA-graph call (streams x frames), ms", "v
           open(sys.argv[1], "w"), indent=1)
 EOF
     CMD=$(printf '%s; ' "${cmds[@]}") CMD=${CMD%; }
-    stamp "$OUT/codec_h200.json"
+    stamp "$OUT/codec_${CARD}.json"
   fi
 fi
 
 if [ "$MODE" = side-by-side ]; then
   if oracle_site; then
     step side-by-side 560 python3 benchmarks/side_by_side.py --size 1.7b --oracle-site /tmp/oracle_site \
-      --workdir /tmp/sbs --out "$OUT/side_by_side_h200.json" --official-timeout-s 200 --ours-timeout-s 330 \
+      --workdir /tmp/sbs --out "$OUT/side_by_side_${CARD}.json" --official-timeout-s 200 --ours-timeout-s 330 \
       --official-args=--e2e-batch -- --sections step,single,serve --step-variants fused \
       --step-batches 1,64,128,256 --max-batch 256 --max-slots 512 --rates 1,200 --rate-duration-s 8 \
-      --concurrency 128,256 --closed-duration-s 6 --bursts 256,512 --plot "$OUT/side_by_side_h200.png"
-    stamp "$OUT/side_by_side_h200.json"
+      --concurrency 128,256 --closed-duration-s 6 --bursts 256,512 --plot "$OUT/side_by_side_${CARD}.png"
+    stamp "$OUT/side_by_side_${CARD}.json"
     cp /tmp/sbs/official.log "$OUT/official.log" 2> /dev/null
     tail -c 2000000 /tmp/sbs/ours.log > "$OUT/ours.log" 2> /dev/null
   fi
@@ -300,8 +304,8 @@ fi
 if [ "$MODE" = parity ]; then
   if oracle_site; then
     step parity 500 python3 benchmarks/gpu_qwen3_check.py --oracle-site /tmp/oracle_site --out /tmp/parity
-    cp /tmp/parity/results.json "$OUT/parity_h200.json" 2> /dev/null
-    stamp "$OUT/parity_h200.json"
+    cp /tmp/parity/results.json "$OUT/parity_${CARD}.json" 2> /dev/null
+    stamp "$OUT/parity_${CARD}.json"
   fi
 fi
 
@@ -316,13 +320,13 @@ if [ "$MODE" = clone ]; then
       step clone-parity 300 env VOICEWIRE_TEST_DEVICE=cuda VOICEWIRE_ORACLE_DIR=/tmp/oracle_dir \
         PYTHONPATH="$PYTHONPATH:/tmp/ours_site" python3 -m pytest -q -p no:cacheprovider -rs \
         tests/engine/qwen3/test_clone_parity.py
-      suites_json "$OUT/clone_parity_h200.json" "voice cloning parity with qwen-tts 0.1.1, fp32 on CUDA" "$CMD|$RC|$SECS"
-      stamp "$OUT/clone_parity_h200.json"
+      suites_json "$OUT/clone_parity_${CARD}.json" "voice cloning parity with qwen-tts 0.1.1, fp32 on CUDA" "$CMD|$RC|$SECS"
+      stamp "$OUT/clone_parity_${CARD}.json"
     fi
     if want clone-precision; then
       step clone-precision 150 env PYTHONPATH="$PYTHONPATH:/tmp/ours_site" python3 benchmarks/clone_precision.py \
-        --size 1.7b --device cuda --out "$OUT/clone_precision_h200.json"
-      stamp "$OUT/clone_precision_h200.json"
+        --size 1.7b --device cuda --out "$OUT/clone_precision_${CARD}.json"
+      stamp "$OUT/clone_precision_${CARD}.json"
     fi
   fi
 fi
@@ -330,14 +334,14 @@ fi
 if [ "$MODE" = profile ]; then
   if want step; then
     step profile 200 python3 benchmarks/profile_step.py --size 1.7b --variants fused --batches 1,64 \
-      --out "$OUT/profile_h200.json"
-    stamp "$OUT/profile_h200.json"
+      --out "$OUT/profile_${CARD}.json"
+    stamp "$OUT/profile_${CARD}.json"
   fi
   if want serve; then
     step profile-serve 420 python3 benchmarks/profile_serve.py --size 1.7b --rates "${RATES:-170}" \
       --variants "${VARIANTS:-served,serial}" --duration-s 5 ${SECTIONS:+--sections "$SECTIONS"} \
-      --out "$OUT/profile_serve_h200.json"
-    stamp "$OUT/profile_serve_h200.json"
+      --out "$OUT/profile_serve_${CARD}.json"
+    stamp "$OUT/profile_serve_${CARD}.json"
   fi
 fi
 
@@ -345,11 +349,11 @@ fi
 {
   echo "== summary: gpu.sh $MODE ${STEPS[*]} (commit $COMMIT, $SECONDS s)"
   printf '  %s\n' "${STATUS[@]}"
-  python3 - "$OUT" "$MODE" << 'EOF'
+  python3 - "$OUT" "$MODE" "$CARD" << 'EOF'
 import json, os, sys
-out, mode = sys.argv[1:3]
-MINE = {"headline": ("serving_h200.json", "step_0.6b_h200.json", "gpu_tests_h200.json"),
-        "side-by-side": ("side_by_side_h200.json",)}.get(mode, ())
+out, mode, card = sys.argv[1:4]
+MINE = {"headline": (f"serving_{card}.json", f"step_0.6b_{card}.json", f"gpu_tests_{card}.json"),
+        "side-by-side": (f"side_by_side_{card}.json",)}.get(mode, ())
 def load(name):
     if name not in MINE:  # only this call's files: $OUT may hold another mode's
         return None
@@ -359,8 +363,8 @@ def load(name):
         return None
 def f(x, n=2):
     return "-" if x is None else f"{x:.{n}f}"
-s = load("serving_h200.json")
-for name, d in (("1.7B", s), ("0.6B", load("step_0.6b_h200.json"))):
+s = load(f"serving_{card}.json")
+for name, d in (("1.7B", s), ("0.6B", load(f"step_0.6b_{card}.json"))):
     for b, r in ((d or {}).get("step", {}).get("variants", {}).get("fused", {}).get("batches", {}) or {}).items():
         print(f"  step {name} B={b}: GPU {f(r.get('step_gpu_ms'))} ms, call {f(r.get('generate_wall_ms_median'))} ms "
               f"(talker {f(r.get('talker_gpu_ms'))}, code predictor {f(r.get('code_predictor_gpu_ms'))}, "
@@ -379,9 +383,9 @@ if s:
     for p in serve.get("closed_loop", []):
         print(f"  closed {p.get('concurrency')}: TTFP p95 {f(p.get('ttfp_ms_p95'), 1)} ms, underruns "
               f"{p.get('underrun_requests')} of {p.get('requests')}, {f(p.get('audio_s_per_s'), 1)} audio-s/s")
-for suite in (load("gpu_tests_h200.json") or {}).get("suites", []):
+for suite in (load(f"gpu_tests_{card}.json") or {}).get("suites", []):
     print(f"  tests: {suite['summary']} (rc {suite['rc']}) {' '.join(suite['failed'][:5])}")
-c = (load("side_by_side_h200.json") or {}).get("comparison")
+c = (load(f"side_by_side_{card}.json") or {}).get("comparison")
 if c:
     print("  side by side:", json.dumps({k: {r: v[r] for r in v if r.startswith("ratio")}
                                          for k, v in c.items() if isinstance(v, dict)}))
