@@ -105,12 +105,12 @@ class PacedAudioTrack(MediaStreamTrack):
     """A live audio track of 48 kHz mono 20-ms frames, silence when nothing is queued: Opus packets
     (``encode``, what a peer connection sends), or the s16 frames themselves.
 
-    The track encodes each frame itself, on the loop, when its slot comes (~0.1 ms): aiortc would
-    encode a frame in the loop's thread pool (a round trip through another thread a packet, after
-    a stereo resample, at 96 kb/s), and one gateway process's packets waited on those threads: at
-    16 peers on 2 cores, 30-32 of 48 turns had a p99 packet gap over 30 ms, 11-17 now
-    (gateway_pacer_ab_cpu.json). A packet handed to the sender leaves as it is (mono Opus in
-    the opus/48000/2 payload, as RFC 7587 allows).
+    The track encodes each frame itself, on the loop, when its slot comes (~0.1 ms), because
+    aiortc's sender encodes a frame in the loop's thread pool (a thread round trip a packet, after
+    a stereo resample, at 96 kb/s) and one gateway process's packets wait on those threads: with
+    16 peers on 2 cores that doubles the turns whose p99 packet gap passes 30 ms
+    (gateway_pacer_ab_cpu.json). A packet handed to the sender leaves as it is (mono Opus in the
+    opus/48000/2 payload, as RFC 7587 allows). This can go if aiortc's sender encodes inline.
     """
 
     kind = "audio"
