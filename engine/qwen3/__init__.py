@@ -135,6 +135,7 @@ def load_qwen3(
         tokenizer = StandInTokenizer()
         mods = build_modules(cfg, dev, dt, cdt)
         randomize(mods, seed)
+    t_weights = time.perf_counter()
     if options is None:
         pool = (
             _auto_pool(cfg, mods, dev, max_seq_len, memory_share)
@@ -151,7 +152,9 @@ def load_qwen3(
             codec_mode=codec_mode,
             windowed_left_context=windowed_left_context,
             codec_batch_buckets=powers_of_two(min(batch, CODEC_MAX_BATCH)),
-            codec_graph_frames=CODEC_MAX_FRAMES_CUDA if dev.type == "cuda" else ServeOptions.codec_graph_frames,
+            codec_graph_frames=CODEC_MAX_FRAMES_CUDA
+            if dev.type == "cuda"
+            else ServeOptions.codec_graph_frames,
         )
     log.info(
         "qwen3-tts %s: %s, %s on %s, %d slots of %d positions, batch %d",
@@ -163,6 +166,7 @@ def load_qwen3(
         options.max_seq_len,
         options.max_batch_size,
     )
+    t_model = time.perf_counter()
     model = Qwen3TTSModel(
         cfg,
         mods,
@@ -172,7 +176,16 @@ def load_qwen3(
         speaker_encoder_weights=speaker_weights,
         cloner=_cloner(cfg, checkpoint, speaker_weights, seed, dev, dt),
     )
-    log.info("built in %.1f s", time.perf_counter() - t0)
+    t_end = time.perf_counter()
+    # where a start's build goes: the weights (CUDA's own start-up included), the slots and KV pool
+    # sized from free memory, the model's buffers and kernels' packed weights
+    log.info(
+        "built in %.1f s: weights %.1f s, pool %.1f s, model %.1f s",
+        t_end - t0,
+        t_weights - t0,
+        t_model - t_weights,
+        t_end - t_model,
+    )
     host_threads(dev)
     if warmup:
         model.warmup()
