@@ -512,6 +512,11 @@ def main() -> None:
         help="the codec's SnakeBeta, norms and SwiGLU on torch ops, not kernels",
     )
     ap.add_argument(
+        "--codec-conv-kernel",
+        action="store_true",
+        help="the codec's dense convs on kernels/conv1d.py, not cuDNN",
+    )
+    ap.add_argument(
         "--cudnn-heuristics", action="store_true", help="codec graphs on cuDNN's heuristic conv algorithms"
     )
     ap.add_argument(
@@ -597,6 +602,7 @@ def main() -> None:
                 compile_elementwise=args.compile,
                 fused_kernels=not args.no_fused,
                 codec_kernels=False if args.codec_torch_ops else None,
+                codec_conv_kernel=args.codec_conv_kernel,
                 warm_threads=args.warm_threads,
                 codec_warm_threads=args.codec_warm_threads,
             ),
@@ -608,6 +614,7 @@ def main() -> None:
             "compile_elementwise": args.compile,
             "fused_kernels": not args.no_fused,
             "codec_kernels": not args.codec_torch_ops,
+            "codec_conv_kernel": args.codec_conv_kernel,
             "codec_cudnn_benchmark": not args.cudnn_heuristics,
             "warm_threads": args.warm_threads,
             "codec_warm_threads": args.codec_warm_threads,

@@ -60,17 +60,25 @@ class CausalConv(nn.Module):
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
         self.history = (kernel - 1) * dilation
         self.cin = cin
-        # the weight as ``_conv_nhwc`` takes it (a 1x1 conv's as a matmul's (Cin, Cout)), and the bias in
-        # float32 for the SnakeBeta after it to add (``shift``); derived in ``prepare``, never saved
+        # the weight as ``_conv_nhwc`` takes it (a 1x1 conv's as a matmul's (Cin, Cout)), the taps as
+        # kernels/conv1d.py takes them (when it runs this conv), and the bias in float32 for the
+        # SnakeBeta after it to add (``shift``); derived in ``prepare``, never saved
         self.register_buffer("w4", torch.empty(0), persistent=False)
+        self.register_buffer("taps", torch.empty(0), persistent=False)
         self.register_buffer("bias32", torch.empty(0), persistent=False)
 
     @torch.no_grad()
-    def prepare(self) -> None:
+    def prepare(self, conv_kernel: bool = False) -> None:
+        """``conv_kernel``: a dense conv of k > 1 runs on kernels/conv1d.py instead of cuDNN."""
         w = self.conv.weight
         self.w4 = w[:, :, 0].T.contiguous() if w.shape[-1] == 1 else w[:, :, None].contiguous(
             memory_format=torch.channels_last
         )
+        self.taps = w.new_zeros(0)
+        if conv_kernel and self.conv.groups == 1 and w.shape[-1] > 1:
+            from voicewire.kernels.conv1d import stack_taps  # Triton only where asked for
+
+            self.taps = stack_taps(w.detach())
         self.bias32 = self.conv.bias.detach().to(torch.float32, copy=True) if self.conv.bias is not None else w.new_zeros(0)
 
     def forward(self, x: Tensor, io: StateIO, bias: bool = True) -> Tensor:
@@ -83,6 +91,10 @@ class CausalConv(nn.Module):
     def run(self, xx: Tensor, bias: bool = False) -> Tensor:
         """The conv of its whole input xx (B, history + T, C), history included (no state touched)."""
         c = self.conv
+        if self.taps.numel():
+            from voicewire.kernels.conv1d import conv1d_tm
+
+            return conv1d_tm(xx, self.taps, c.kernel_size[0], c.dilation[0], c.bias if bias else None)
         return _conv_nhwc(xx, self.w4, c.bias if bias else None, c.dilation[0], c.groups)
 
 
@@ -255,10 +267,11 @@ class CodecDecoder(nn.Module):
         self.state_width = 0
 
     @torch.no_grad()
-    def prepare(self, kernels: bool | None = None) -> None:
+    def prepare(self, kernels: bool | None = None, conv_kernel: bool = False) -> None:
         """Fold the RVQ normalization and output projections into one (Q, V, codebook_dim) table and
         each transformer layer's weights (``CodecLayer``), and run the SnakeBeta activations, RMS norms
-        and SwiGLU activations on their Triton kernels (``kernels``; None = on CUDA) or torch ops.
+        and SwiGLU activations on their Triton kernels (``kernels``; None = on CUDA) or torch ops, and
+        the dense k > 1 convs on kernels/conv1d.py (``conv_kernel``) or cuDNN.
 
         Call after loading weights (the model does), and again after changing their dtype or device.
         Sum-then-project in the reference becomes project-then-sum here, and a layer scale multiplies
@@ -268,7 +281,9 @@ class CodecDecoder(nn.Module):
         for m in self.modules():
             if isinstance(m, SnakeBeta):
                 m.prepare(kernel)
-            elif isinstance(m, CausalConv | CausalTransConv):
+            elif isinstance(m, CausalConv):
+                m.prepare(conv_kernel)
+            elif isinstance(m, CausalTransConv):
                 m.prepare()
             elif isinstance(m, CodecLayer):
                 m.prepare(kernel)
