@@ -58,19 +58,21 @@ def _conv_kernel(
     # each output position's first input row: the division is per row of the tile, not per element
     first = ((m // T) * L + m % T).to(tl.int64) * CIN
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for j in tl.static_range(K):
-        rows = first + j * DIL * CIN
-        for c0 in range(0, CIN, BLOCK_K):
-            c = c0 + kk
-            if EVEN_K:
-                a_ok = m_ok[:, None]
-                w_ok = n_ok[None, :]
-            else:
-                a_ok = m_ok[:, None] & (c < CIN)[None, :]
-                w_ok = (c < CIN)[:, None] & n_ok[None, :]
-            a = tl.load(x_ptr + rows[:, None] + c[None, :], mask=a_ok, other=0.0)
-            w = tl.load(w_ptr + (j * CIN + c).to(tl.int64)[:, None] * COUT + n[None, :], mask=w_ok, other=0.0)
-            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+    # one loop over (tap, channel block), so the compiler pipelines its loads across taps too (the
+    # codec's 96 channels are 3 blocks a tap)
+    blocks = tl.cdiv(CIN, BLOCK_K)
+    for i in range(0, K * blocks):
+        j = i // blocks
+        c = (i - j * blocks) * BLOCK_K + kk
+        if EVEN_K:
+            a_ok = m_ok[:, None]
+            w_ok = n_ok[None, :]
+        else:
+            a_ok = m_ok[:, None] & (c < CIN)[None, :]
+            w_ok = (c < CIN)[:, None] & n_ok[None, :]
+        a = tl.load(x_ptr + (first + j * DIL * CIN)[:, None] + c[None, :], mask=a_ok, other=0.0)
+        w = tl.load(w_ptr + (j * CIN + c).to(tl.int64)[:, None] * COUT + n[None, :], mask=w_ok, other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + m.to(tl.int64)[:, None] * COUT + n[None, :]
@@ -84,12 +86,18 @@ def stack_taps(weight: torch.Tensor) -> torch.Tensor:
 
 
 def tiles(cin: int, cout: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K) for these channel widths: the output channels in as few column
-    tiles as fit 128 (the codec's 96 in one, its last conv's 1 in the 16 a dot needs), the input
-    channels in steps that divide them where 64 or 32 do."""
-    block_n = min(128, max(MIN_DOT_DIM, triton.next_power_of_2(cout)))
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for these channel widths: up to 128 output channels in one column
+    tile (the codec's 96 in 128, its last conv's 1 in the 16 a dot needs: each input tile read
+    once), more in tiles of 128 or 64 that divide them (192 in three of 64); the input channels in
+    steps that divide them where 64 or 32 do."""
+    if cout <= 128:
+        block_n = max(MIN_DOT_DIM, triton.next_power_of_2(cout))
+    else:
+        block_n = 128 if cout % 128 == 0 or cout % 64 else 64
     block_k = 64 if cin % 64 == 0 else 32 if cin % 32 == 0 else min(64, max(MIN_DOT_DIM, triton.next_power_of_2(cin)))
-    block_m = 64 if block_n == 128 else 128
+    # wide layers (the first stages' 768-1,536 channels) are compute-bound: a 128 x 128 tile on 8
+    # warps; the last stages' 96-192 channels are bound by reading their long inputs: 64 x 128 on 4
+    block_m = 128 if block_n < 128 or cin >= 256 else 64
     if interpreter_enabled():  # the interpreter runs programs one after another: few, wide ones
         block_m = INTERPRETER_BLOCK_N
     return block_m, block_n, block_k

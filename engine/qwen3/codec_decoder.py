@@ -15,7 +15,8 @@ conv its last input frame (its output for frame i needs frames i and i-1), each 
 keys/values of its last window-1 frames (stored rotated, at their absolute positions).
 
 Activations are time-major, (B, T, C), from the codebook lookup to the last conv: the convs run as
-cuDNN's NHWC kernels on that memory, the 1x1 convs and transposed convs as matmuls, and a conv's bias
+cuDNN's NHWC kernels on that memory (or the dense k > 1 ones on kernels/conv1d.py's implicit GEMM,
+``prepare(conv_kernel=True)``), the 1x1 convs and transposed convs as matmuls, and a conv's bias
 is added by the SnakeBeta after it, which also writes its output with the next conv's history in
 front (kernels/snake.py). So no layout transform, concatenation or bias pass runs over the large
 activations (a profile of the (N, C, T) form had those at about two thirds of a codec call). With that
