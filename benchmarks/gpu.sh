@@ -279,7 +279,7 @@ variants = {}
 for v, what in (("torch-ops", "SnakeBeta, norms and SwiGLU as torch ops, cuDNN's heuristic conv algorithms"),
                 ("kernel-heuristics", "the codec's kernels, cuDNN's heuristic conv algorithms"),
                 ("served", "the codec's kernels, conv algorithms timed by cuDNN during capture (served)"),
-                ("conv-kernel", "the dense convs on kernels/conv1d.py, the depthwise and k=3 ones timed by cuDNN"),
+                ("conv-kernel", "the dense convs on kernels/conv1d.py, the depthwise ones timed by cuDNN"),
                 ("conv-kernel-heuristics", "the dense convs on kernels/conv1d.py, the rest on cuDNN's heuristics")):
     if not os.path.exists(f"/tmp/codec_{v}.json") and v not in os.environ.get("CODEC_VARIANTS", "served conv-kernel conv-kernel-heuristics").split():
         continue

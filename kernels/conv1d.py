@@ -5,7 +5,7 @@
 xx (B, L, Cin) is a causal conv's whole input (its history, then the new steps), W (K Cin, Cout) the
 taps stacked: output positions are the GEMM's rows (B x T of them, across batch rows), each tap's
 input rows are the same positions shifted by j d, read where they lie (no im2col buffer, no layout
-transform). The codec decoder's k = 7 convs run on it (engine/qwen3/codec_decoder.py).
+transform). The codec decoder's dense convs (k = 3 and 7) can run on it (engine/qwen3/codec_decoder.py).
 
 Why not cuDNN: cuDNN's fast algorithm for these shapes differs per (rows, length), and torch finds
 it only by timing candidates in the process, once per shape, on every start; with a graph per
