@@ -61,6 +61,11 @@ def main() -> None:
         action="store_true",
         help="the words sweep before the whole replies: its first rate is then the first load of a just-ready server",
     )
+    ap.add_argument(
+        "--rates-again",
+        default="",
+        help="whole replies once more after the other sweeps (is a server slower after a words load?)",
+    )
     ap.add_argument("--plot", default="", help="PNG of the sweeps ('' for none)")
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--ready-timeout-s", type=float, default=300.0)
@@ -93,6 +98,8 @@ def main() -> None:
                 )
             if args.words_first:
                 sweeps.reverse()
+            if args.rates_again:
+                sweeps.append(("gateway_again", _points(args.rates_again, args.duration_s), ["--whole"]))
             for key, points, text_args in sweeps:
                 out[key] = []
                 for rate, secs, seed in points:
@@ -141,6 +148,9 @@ def _points(spec: str, duration_s: float) -> list[tuple[float, float, int]]:
     return points
 
 
+GC_SINCE_READY = "gc_pause_max_since_ready_seconds"
+
+
 def _engine_counters(base: str) -> dict[str, float]:
     """The engine cores' counters on /metrics (summed over replicas): steps, frames, the worker's
     seconds in frame steps, codec waits and stream commands."""
@@ -149,6 +159,9 @@ def _engine_counters(base: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for m in re.finditer(r"^voicewire_engine_(\w+)_total\{[^}]*\} (\S+)$", text, re.M):
         out[m[1]] = round(out.get(m[1], 0.0) + float(m[2]), 3)
+    # a gauge, not a counter: the longest collection since ready so far (the largest over replicas)
+    for m in re.finditer(rf"^voicewire_engine_{GC_SINCE_READY}\{{[^}}]*\}} (\S+)$", text, re.M):
+        out[GC_SINCE_READY] = max(out.get(GC_SINCE_READY, 0.0), round(float(m[1]), 4))
     return out
 
 
@@ -181,7 +194,7 @@ def _sweep_point(
     else:
         row["stderr"] = proc.stderr[-2000:]
     after = _engine_counters(base)
-    row["engine"] = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+    row["engine"] = {k: v if k == GC_SINCE_READY else round(v - before.get(k, 0.0), 3) for k, v in after.items()}
     print(f"[{label} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
     return row
 
@@ -193,7 +206,11 @@ def plot(out: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in (("gateway", "gateway, whole replies"), ("gateway_words", "gateway, words streamed")):
+    for key, label in (
+        ("gateway", "gateway, whole replies"),
+        ("gateway_words", "gateway, words streamed"),
+        ("gateway_again", "gateway, whole replies again"),
+    ):
         rows = [r for r in out.get(key, []) if r.get("result")]
         if rows:
             x = [r["rate"] for r in rows]

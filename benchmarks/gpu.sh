@@ -31,6 +31,8 @@
 #       needs the gateway's packages carried (.whl/site.tar.xz: benchmarks/device_site.sh); each half builds
 #       and captures the model (~200 s), so ENGINE_ONLY='' (no engine-only half) leaves the call for the gateway
 #       WORDS_FIRST=1: the words sweep first (its first rate the first load after ready)
+#       RATES_AGAIN: whole replies once more after the other sweeps, the same Poisson draws as RATES'
+#       (a server after a words load with barge-ins against the fresh one)
 #       HTTP_RATES: then HTTP speech as the tts_bench harness sends it, open loop (tts_bench_compat.py)
 #       SERVE_FLAGS=--ray TAG=ray: the same with the core placed by Ray (a local cluster in-process; Ray
 #       carried in .whl/site.tar.xz: benchmarks/device_site.sh)
@@ -230,7 +232,7 @@ if [ "$MODE" = front-door ]; then
   name="front_door_${SIZE}${TAG:+_$TAG}_${CARD}"
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   step front-door 570 python3 benchmarks/front_door.py --rates "${RATES-1,60,80,90,100,110}" \
-    --words-rates "${WORDS_RATES-1,80}" --http-rates "${HTTP_RATES:-}" --duration-s "${DURATION_S:-10}" ${WORDS_FIRST:+--words-first} \
+    --words-rates "${WORDS_RATES-1,80}" --http-rates "${HTTP_RATES:-}" --duration-s "${DURATION_S:-10}" ${WORDS_FIRST:+--words-first} ${RATES_AGAIN:+--rates-again "$RATES_AGAIN"} \
     --engine-only "${ENGINE_ONLY---size $SIZE --max-batch 256 --max-slots 512 --max-seq-len 1536 --length-scale 0.74}" \
     --out "$OUT/$name.json" --plot "$OUT/$name.png" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
