@@ -152,9 +152,7 @@ def load_qwen3(
             codec_mode=codec_mode,
             windowed_left_context=windowed_left_context,
             codec_batch_buckets=powers_of_two(min(batch, CODEC_MAX_BATCH)),
-            codec_graph_frames=CODEC_MAX_FRAMES_CUDA
-            if dev.type == "cuda"
-            else ServeOptions.codec_graph_frames,
+            codec_graph_frames=CODEC_MAX_FRAMES_CUDA if dev.type == "cuda" else ServeOptions.codec_graph_frames,
         )
     log.info(
         "qwen3-tts %s: %s, %s on %s, %d slots of %d positions, batch %d",
