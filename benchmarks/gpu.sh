@@ -13,6 +13,8 @@
 #       attention  decode / sliding-window attention against SDPA          -> kernels_h200.json
 #       linear     the fused decode linear against cuBLAS, 1 and 64 rows   -> linear_h200.json
 #       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
+#       conv       the codec's dense convs alone at the inputs of 1x1 .. 64x24 codec calls: cuDNN timed
+#                  per shape, cuDNN heuristics, kernels/conv1d.py; each shape's cuDNN timing seconds -> conv_h200.json
 #       codec      codec graphs and their warm-up seconds: the served convs (cuDNN, algorithms timed per
 #                  shape) against kernels/conv1d.py (CODEC_VARIANTS: served conv-kernel conv-kernel-heuristics
 #                  kernel-heuristics torch-ops)                         -> codec_h200.json
@@ -259,6 +261,10 @@ if [ "$MODE" = kernels ]; then
   if want gemv; then
     step gemv 170 python3 benchmarks/gemv_bench.py --out "$OUT/gemv_${CARD}.json"
     stamp "$OUT/gemv_${CARD}.json"
+  fi
+  if want conv; then
+    step conv 120 python3 benchmarks/conv_bench.py --out "$OUT/conv_${CARD}.json"
+    stamp "$OUT/conv_${CARD}.json"
   fi
   if want codec; then
     # the codec is the same for both sizes: the 0.6B build captures its graphs fastest
