@@ -1,4 +1,4 @@
-"""The codec decoder's dense convs alone, each at the input a codec call of (rows, frames) gives it:
+"""The codec decoder's convs of k > 1 alone (dense and depthwise), each at the input a codec call of (rows, frames) gives it:
 cuDNN with its algorithms timed for that shape (what the served graphs capture), cuDNN's heuristic
 pick (no timing), and kernels/conv1d.py's implicit GEMM (one compiled variant for every length).
 
@@ -6,7 +6,7 @@ pick (no timing), and kernels/conv1d.py's implicit GEMM (one compiled variant fo
     python3 benchmarks/conv_bench.py --smoke --out /tmp/conv.json   # CPU, Triton interpreter, tiny codec
 
 The inputs are the real decoder's: one streamed call of random codes through the codec (random
-weights) records every dense conv's whole input (its history, then the call's steps); each is then
+weights) records every such conv's whole input (its history, then the call's steps); each is then
 run alone per variant, CUDA events around ``--iters`` back-to-back calls, the median of 3 repeats.
 Also each layer's cuDNN-timing seconds (its first call with benchmark on: a start-up cost per shape)
 and the kernel's difference from cuDNN. Smoke mode checks the script, not the speed.
@@ -37,12 +37,12 @@ from voicewire.kernels.conv1d import conv1d_tm, stack_taps
 
 
 def record_inputs(codec: CodecDecoder, rows: int, frames: int, seed: int) -> list[tuple[CausalConv, torch.Tensor]]:
-    """Every dense conv's whole input in one streamed call of ``rows`` x ``frames`` random codes."""
+    """Every k > 1 conv's whole input in one streamed call of ``rows`` x ``frames`` random codes."""
     seen: list[tuple[CausalConv, torch.Tensor]] = []
     run = CausalConv.run
 
     def recording(self: CausalConv, xx: torch.Tensor, bias: bool = False) -> torch.Tensor:
-        if self.conv.groups == 1 and self.conv.kernel_size[0] > 1:
+        if self.conv.kernel_size[0] > 1:
             seen.append((self, xx.clone()))
         return run(self, xx, bias)
 
@@ -85,15 +85,16 @@ def bench_layer(m: CausalConv, xx: torch.Tensor, iters: int, cuda: bool) -> dict
     cudnn = torch.backends.cudnn
 
     def on_cudnn() -> torch.Tensor:
-        return _conv_nhwc(xx, m.w4, None, d)
+        return _conv_nhwc(xx, m.w4, None, d, c.groups)
 
     def on_kernel() -> torch.Tensor:
-        return conv1d_tm(xx, taps, k, d)
+        return conv1d_tm(xx, taps, k, d, depthwise=c.groups > 1)
 
     row: dict[str, Any] = {
         "cin": c.in_channels,
         "cout": c.out_channels,
         "kernel": k,
+        "groups": c.groups,
         "dilation": d,
         "rows": xx.shape[0],
         "positions": xx.shape[1] - m.history,
@@ -138,7 +139,7 @@ def main() -> None:
             p.normal_(0, 0.02)
     codec.to(dtype).prepare(kernels=cuda)
     res: dict[str, Any] = {
-        "what": "the codec's dense convs alone, ms a call: cuDNN timed per shape, cuDNN heuristics, kernels/conv1d.py",
+        "what": "the codec's convs of k > 1 alone, ms a call: cuDNN timed per shape, cuDNN heuristics, kernels/conv1d.py",
         "command": " ".join([sys.executable, *sys.argv]),
         "device": torch.cuda.get_device_name() if cuda else "cpu (smoke: not a speed)",
         "dtype": str(dtype).removeprefix("torch."),

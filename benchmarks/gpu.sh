@@ -13,11 +13,11 @@
 #       attention  decode / sliding-window attention against SDPA          -> kernels_h200.json
 #       linear     the fused decode linear against cuBLAS, 1 and 64 rows   -> linear_h200.json
 #       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
-#       conv       the codec's dense convs alone at the inputs of 1x1 .. 64x24 codec calls: cuDNN timed
+#       conv       the codec's k > 1 convs alone at the inputs of 1x1 .. 64x24 codec calls: cuDNN timed
 #                  per shape, cuDNN heuristics, kernels/conv1d.py; each shape's cuDNN timing seconds -> conv_h200.json
 #       codec      codec graphs and their warm-up seconds: the served convs (cuDNN, algorithms timed per
-#                  shape) against kernels/conv1d.py (CODEC_VARIANTS: served conv-kernel conv-kernel-heuristics
-#                  kernel-heuristics torch-ops)                         -> codec_h200.json
+#                  shape) against kernels/conv1d.py (CODEC_VARIANTS: served conv-kernel kernel-heuristics
+#                  torch-ops)                         -> codec_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh throughput [STEP...] # README "Throughput levers" (~8 min)
 #       levers     the engine alone (SIZE, default 1.7b), open loop past the knee, one build: the served engine
 #                  against the same engine with each lever off (VARIANTS, RATES, MAX_BATCH, PREFILL_BATCH
@@ -269,12 +269,11 @@ if [ "$MODE" = kernels ]; then
   if want codec; then
     # the codec is the same for both sizes: the 0.6B build captures its graphs fastest
     cmds=()
-    for v in ${CODEC_VARIANTS:-served conv-kernel conv-kernel-heuristics}; do
+    for v in ${CODEC_VARIANTS:-served conv-kernel}; do
       case $v in
         torch-ops) flags=(--codec-torch-ops --cudnn-heuristics) ;;
         kernel-heuristics) flags=(--cudnn-heuristics) ;;
         conv-kernel) flags=(--codec-conv-kernel) ;;
-        conv-kernel-heuristics) flags=(--codec-conv-kernel --cudnn-heuristics) ;;
         served) flags=() ;;
       esac
       step "codec-$v" 110 python3 benchmarks/serving_bench.py --size 0.6b --sections codec --max-batch 64 \
@@ -287,9 +286,8 @@ variants = {}
 for v, what in (("torch-ops", "SnakeBeta, norms and SwiGLU as torch ops, cuDNN's heuristic conv algorithms"),
                 ("kernel-heuristics", "the codec's kernels, cuDNN's heuristic conv algorithms"),
                 ("served", "the codec's kernels, conv algorithms timed by cuDNN during capture (served)"),
-                ("conv-kernel", "the dense convs on kernels/conv1d.py, the depthwise ones timed by cuDNN"),
-                ("conv-kernel-heuristics", "the dense convs on kernels/conv1d.py, the rest on cuDNN's heuristics")):
-    if not os.path.exists(f"/tmp/codec_{v}.json") and v not in os.environ.get("CODEC_VARIANTS", "served conv-kernel conv-kernel-heuristics").split():
+                ("conv-kernel", "the k > 1 convs on kernels/conv1d.py, the 1x1 ones as matmuls")):
+    if not os.path.exists(f"/tmp/codec_{v}.json") and v not in os.environ.get("CODEC_VARIANTS", "served conv-kernel").split():
         continue
     try:
         d = json.load(open(f"/tmp/codec_{v}.json"))

@@ -79,8 +79,44 @@ def _conv_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+# the same over one channel per group (the codec's ConvNeXt convs): K products per output element, no
+# dot; a tile of positions x channels, loads along the channels
+@triton.jit(do_not_specialize=["M", "T", "L"])
+def _depthwise_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    T,
+    L,
+    C,
+    DIL,
+    K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_ok = m < M
+    c_ok = c < C
+    ok = m_ok[:, None] & c_ok[None, :]
+    first = ((m // T) * L + m % T).to(tl.int64) * C
+    acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+    for j in tl.static_range(K):
+        x = tl.load(x_ptr + (first + j * DIL * C)[:, None] + c[None, :], mask=ok, other=0.0)
+        w = tl.load(w_ptr + j * C + c, mask=c_ok, other=0.0)
+        acc += x.to(tl.float32) * w.to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + m.to(tl.int64)[:, None] * C + c[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def stack_taps(weight: torch.Tensor) -> torch.Tensor:
-    """A Conv1d's weight (Cout, Cin, K) -> the (K Cin, Cout) matrix ``conv1d_tm`` takes."""
+    """A Conv1d's weight (Cout, Cin / groups, K) -> the (K Cin / groups, Cout) matrix ``conv1d_tm``
+    takes: (K, C) for a depthwise conv."""
     cout, cin, k = weight.shape
     return weight.permute(2, 1, 0).reshape(k * cin, cout).contiguous()
 
@@ -104,18 +140,31 @@ def tiles(cin: int, cout: int) -> tuple[int, int, int]:
 
 
 def conv1d_tm(
-    xx: torch.Tensor, taps: torch.Tensor, kernel: int, dilation: int = 1, bias: torch.Tensor | None = None
+    xx: torch.Tensor,
+    taps: torch.Tensor,
+    kernel: int,
+    dilation: int = 1,
+    bias: torch.Tensor | None = None,
+    depthwise: bool = False,
 ) -> torch.Tensor:
-    """xx (B, L, Cin) contiguous, taps (K Cin, Cout) from ``stack_taps`` in xx's dtype, bias (Cout,) or
-    None -> (B, L - (K - 1) dilation, Cout) contiguous in xx's dtype, float32 accumulation."""
+    """xx (B, L, Cin) contiguous, taps (K Cin, Cout) from ``stack_taps`` in xx's dtype ((K, C) for a
+    ``depthwise`` conv, Cin = Cout = C groups), bias (Cout,) or None -> (B, L - (K - 1) dilation, Cout)
+    contiguous in xx's dtype, float32 accumulation."""
     if xx.dim() != 3 or not xx.is_contiguous():
         raise ValueError(f"xx must be a contiguous (B, L, Cin), got {tuple(xx.shape)} strides {xx.stride()}")
     if xx.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"xx must be one of {SUPPORTED_DTYPES}, got {xx.dtype}")
     b, length, cin = xx.shape
-    if taps.dim() != 2 or taps.shape[0] != kernel * cin or taps.dtype != xx.dtype or not taps.is_contiguous():
+    rows, cols = (kernel, cin) if depthwise else (kernel * cin, None)
+    if (
+        taps.dim() != 2
+        or taps.shape[0] != rows
+        or (cols is not None and taps.shape[1] != cols)
+        or taps.dtype != xx.dtype
+        or not taps.is_contiguous()
+    ):
         raise ValueError(
-            f"taps must be a contiguous ({kernel * cin}, Cout) {xx.dtype} matrix, got {taps.dtype} {tuple(taps.shape)}"
+            f"taps must be a contiguous ({rows}, {cols or 'Cout'}) {xx.dtype} matrix, got {taps.dtype} {tuple(taps.shape)}"
         )
     cout = taps.shape[1]
     if bias is not None and (bias.shape != (cout,) or not bias.is_contiguous()):
@@ -130,12 +179,22 @@ def conv1d_tm(
     out = torch.empty(b, t, cout, device=xx.device, dtype=xx.dtype)
     if out.numel() == 0:
         return out
+    bias_ptr = taps if bias is None else bias  # never read without a bias
+    if depthwise:
+        block_c = 64 if cout % 64 == 0 else 32 if cout % 32 == 0 else min(64, triton.next_power_of_2(cout))
+        block_m = 4096 // block_c
+        grid = (triton.cdiv(b * t, block_m), triton.cdiv(cout, block_c))
+        _depthwise_kernel[grid](
+            xx, taps, bias_ptr, out, b * t, t, length, cout, dilation,
+            K=kernel, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_C=block_c,
+        )  # fmt: skip
+        return out
     block_m, block_n, block_k = tiles(cin, cout)
     grid = (triton.cdiv(b * t, block_m), triton.cdiv(cout, block_n))
     _conv_kernel[grid](
         xx,
         taps,
-        taps if bias is None else bias,  # never read without a bias
+        bias_ptr,
         out,
         b * t,
         t,

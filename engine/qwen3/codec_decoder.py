@@ -15,8 +15,8 @@ conv its last input frame (its output for frame i needs frames i and i-1), each 
 keys/values of its last window-1 frames (stored rotated, at their absolute positions).
 
 Activations are time-major, (B, T, C), from the codebook lookup to the last conv: the convs run as
-cuDNN's NHWC kernels on that memory (or the dense k > 1 ones on kernels/conv1d.py's implicit GEMM,
-``prepare(conv_kernel=True)``), the 1x1 convs and transposed convs as matmuls, and a conv's bias
+cuDNN's NHWC kernels on that memory (or, with ``prepare(conv_kernel=True)``, those of k > 1 on
+kernels/conv1d.py's implicit GEMM and depthwise kernels), the 1x1 convs and transposed convs as matmuls, and a conv's bias
 is added by the SnakeBeta after it, which also writes its output with the next conv's history in
 front (kernels/snake.py). So no layout transform, concatenation or bias pass runs over the large
 activations (a profile of the (N, C, T) form had those at about two thirds of a codec call). With that
@@ -70,13 +70,14 @@ class CausalConv(nn.Module):
 
     @torch.no_grad()
     def prepare(self, conv_kernel: bool = False) -> None:
-        """``conv_kernel``: a dense conv of k > 1 runs on kernels/conv1d.py instead of cuDNN."""
+        """``conv_kernel``: a conv of k > 1, dense or depthwise, runs on kernels/conv1d.py instead of cuDNN."""
         w = self.conv.weight
         self.w4 = w[:, :, 0].T.contiguous() if w.shape[-1] == 1 else w[:, :, None].contiguous(
             memory_format=torch.channels_last
         )
         self.taps = w.new_zeros(0)
-        if conv_kernel and self.conv.groups == 1 and w.shape[-1] > 1:
+        groups = self.conv.groups
+        if conv_kernel and w.shape[-1] > 1 and (groups == 1 or groups == self.cin == self.conv.out_channels):
             from voicewire.kernels.conv1d import stack_taps  # Triton only where asked for
 
             self.taps = stack_taps(w.detach())
@@ -95,7 +96,8 @@ class CausalConv(nn.Module):
         if self.taps.numel():
             from voicewire.kernels.conv1d import conv1d_tm
 
-            return conv1d_tm(xx, self.taps, c.kernel_size[0], c.dilation[0], c.bias if bias else None)
+            k, d = c.kernel_size[0], c.dilation[0]
+            return conv1d_tm(xx, self.taps, k, d, c.bias if bias else None, depthwise=c.groups > 1)
         return _conv_nhwc(xx, self.w4, c.bias if bias else None, c.dilation[0], c.groups)
 
 
@@ -272,7 +274,7 @@ class CodecDecoder(nn.Module):
         """Fold the RVQ normalization and output projections into one (Q, V, codebook_dim) table and
         each transformer layer's weights (``CodecLayer``), and run the SnakeBeta activations, RMS norms
         and SwiGLU activations on their Triton kernels (``kernels``; None = on CUDA) or torch ops, and
-        the dense k > 1 convs on kernels/conv1d.py (``conv_kernel``) or cuDNN.
+        the k > 1 convs on kernels/conv1d.py (``conv_kernel``) or cuDNN.
 
         Call after loading weights (the model does), and again after changing their dtype or device.
         Sum-then-project in the reference becomes project-then-sum here, and a layer scale multiplies

@@ -59,7 +59,7 @@ class ExperimentalOptions:
     # the codec's SnakeBeta activations, RMS norms and SwiGLU activations on their Triton kernels
     # (kernels/snake.py, kernels/fused_linear.py's row kernels): None = on CUDA; False = torch ops
     codec_kernels: bool | None = None
-    # the codec's dense convs (k > 1) on kernels/conv1d.py (one compiled kernel for every length, kept in
+    # the codec's convs of k > 1 on kernels/conv1d.py (one compiled kernel for every length, kept in
     # the compile cache) instead of cuDNN's algorithms timed per graph shape at every start
     codec_conv_kernel: bool = False
     # positions per KV block; 0 = kv_pool.PAGE. ServeOptions.max_seq_len is the slot-contiguous layout

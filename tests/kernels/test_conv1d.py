@@ -42,6 +42,29 @@ def test_conv_matches_torch(device: str, shape: tuple[int, ...], with_bias: bool
     assert rel_err(out, _reference(xx, weight, bias, d)) < REL_TOL[dtype]
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 64, 7, 1), (1, 9, 24, 7, 3), (3, 1, 96, 7, 9)])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_depthwise_conv_matches_torch(
+    device: str, shape: tuple[int, ...], with_bias: bool, dtype: torch.dtype
+) -> None:
+    b, t, c, k, d = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    xx = torch.randn(b, t + (k - 1) * d, c, generator=g).to(device, dtype)
+    weight = (torch.randn(c, 1, k, generator=g) / k**0.5).to(device, dtype)
+    bias = torch.randn(c, generator=g).to(device, dtype) if with_bias else None
+    out = conv1d_tm(xx, stack_taps(weight), k, d, bias, depthwise=True)
+    ref = F.conv1d(
+        xx.double().transpose(1, 2),
+        weight.double(),
+        None if bias is None else bias.double(),
+        dilation=d,
+        groups=c,
+    ).transpose(1, 2)
+    assert out.shape == (b, t, c) and out.dtype == dtype and out.is_contiguous()
+    assert rel_err(out, ref) < REL_TOL[dtype]
+
+
 def test_rows_do_not_read_each_other(device: str) -> None:
     """Output positions of one batch row read only that row's input: a row of zeros stays zeros
     beside rows of large values, whatever tile the positions share."""
@@ -61,6 +84,8 @@ def test_conv_rejects_bad_inputs() -> None:
         conv1d_tm(torch.zeros(1, 10, 5), taps, 7)
     with pytest.raises(ValueError, match="history"):
         conv1d_tm(torch.zeros(1, 5, 4), taps, 7)
+    with pytest.raises(ValueError, match="taps"):
+        conv1d_tm(torch.zeros(1, 10, 4), torch.zeros(7, 5), 7, depthwise=True)
     with pytest.raises(ValueError, match="bias"):
         conv1d_tm(torch.zeros(1, 10, 4), taps, 7, bias=torch.zeros(3))
     with pytest.raises(TypeError):
@@ -68,7 +93,7 @@ def test_conv_rejects_bad_inputs() -> None:
 
 
 def test_codec_on_the_conv_kernel_decodes_like_cudnn(device: str) -> None:
-    """The whole streaming decoder (tiny shapes, fp32), its dense convs on the kernel: the offline
+    """The whole streaming decoder (tiny shapes, fp32), its convs on the kernels: the offline
     decode and a stream of two chunks, against the same decoder on torch's convs."""
     torch.manual_seed(0)
     codec = CodecDecoder(preset("tiny").codec).to(device)
