@@ -131,9 +131,10 @@ def tiles(cin: int, cout: int) -> tuple[int, int, int]:
     else:
         block_n = 128 if cout % 128 == 0 or cout % 64 else 64
     block_k = 64 if cin % 64 == 0 else 32 if cin % 32 == 0 else min(64, max(MIN_DOT_DIM, triton.next_power_of_2(cin)))
-    # wide layers (the first stages' 768-1,536 channels) are compute-bound: a 128 x 128 tile on 8
-    # warps; the last stages' 96-192 channels are bound by reading their long inputs: 64 x 128 on 4
-    block_m = 128 if block_n < 128 or cin >= 256 else 64
+    # 128 positions a tile: every program reads all K x Cin x BLOCK_N of its weights (from L2), so
+    # more positions a tile read them fewer times; the last stages' millions of positions at 96
+    # channels are where that counts
+    block_m = 128
     if interpreter_enabled():  # the interpreter runs programs one after another: few, wide ones
         block_m = INTERPRETER_BLOCK_N
     return block_m, block_n, block_k
@@ -209,7 +210,7 @@ def conv1d_tm(
         BLOCK_K=block_k,
         EVEN_K=cin % block_k == 0,
         DOT_PRECISION="ieee" if xx.dtype == torch.float32 else "tf32",
-        num_warps=8 if block_m * block_n >= 128 * 128 else 4,
+        num_warps=8 if block_m * block_n >= 128 * 128 else 4,  # 128 x 128 fp32 accumulators: 64 a thread
         num_stages=3,
     )
     return out
