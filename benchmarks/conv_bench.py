@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serving_bench import gpu_ms
 
 from voicewire.engine.qwen3.codec_decoder import CausalConv, CodecDecoder, _conv_nhwc
 from voicewire.engine.qwen3.presets import preset
@@ -58,27 +58,7 @@ def record_inputs(codec: CodecDecoder, rows: int, frames: int, seed: int) -> lis
     return seen
 
 
-def timed_ms(fn: Callable[[], torch.Tensor], iters: int, cuda: bool) -> float:
-    fn()
-    samples = []
-    for _ in range(3):
-        if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end) / iters)
-        else:
-            t = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            samples.append((time.perf_counter() - t) * 1e3 / iters)
-    return round(statistics.median(samples), 4)
-
-
-def bench_layer(m: CausalConv, xx: torch.Tensor, iters: int, cuda: bool) -> dict[str, Any]:
+def bench_layer(m: CausalConv, xx: torch.Tensor, iters: int) -> dict[str, Any]:
     c = m.conv
     k, d = c.kernel_size[0], c.dilation[0]
     taps = stack_taps(c.weight.detach())
@@ -104,16 +84,16 @@ def bench_layer(m: CausalConv, xx: torch.Tensor, iters: int, cuda: bool) -> dict
         cudnn.benchmark = True
         t = time.perf_counter()
         ref = on_cudnn()  # cuDNN times its algorithms for this shape on this first call
-        if cuda:
+        if xx.is_cuda:
             torch.cuda.synchronize()
         row["cudnn_timing_s"] = round(time.perf_counter() - t, 3)
-        row["timed_ms"] = timed_ms(on_cudnn, iters, cuda)
+        row["timed_ms"] = round(gpu_ms(on_cudnn, xx.device, iters), 4)
         cudnn.benchmark = False
-        row["heuristic_ms"] = timed_ms(on_cudnn, iters, cuda)
+        row["heuristic_ms"] = round(gpu_ms(on_cudnn, xx.device, iters), 4)
     finally:
         cudnn.benchmark = before
     out = on_kernel()
-    row["kernel_ms"] = timed_ms(on_kernel, iters, cuda)
+    row["kernel_ms"] = round(gpu_ms(on_kernel, xx.device, iters), 4)
     row["kernel_rel_err"] = float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
     row["kernel_over_timed"] = round(row["kernel_ms"] / row["timed_ms"], 3) if row["timed_ms"] else None
     return row
@@ -147,7 +127,7 @@ def main() -> None:
     }
     with torch.no_grad():
         for rows, frames in shapes:
-            layers = [bench_layer(m, xx, iters, cuda) for m, xx in record_inputs(codec, rows, frames, seed=rows)]
+            layers = [bench_layer(m, xx, iters) for m, xx in record_inputs(codec, rows, frames, seed=rows)]
             total = {v: round(sum(r[v] for r in layers), 3) for v in ("timed_ms", "heuristic_ms", "kernel_ms")}
             total["cudnn_timing_s"] = round(sum(r["cudnn_timing_s"] for r in layers), 2)
             res["shapes"][f"{rows}x{frames}"] = {"total": total, "layers": layers}

@@ -7,6 +7,9 @@ import os
 import pytest
 import torch
 
+from voicewire.engine.qwen3.codec_decoder import CodecDecoder
+from voicewire.engine.qwen3.presets import preset
+
 # CPU tensors reach a kernel only through the Triton interpreter (enabled by conftest.py without CUDA)
 needs_interpreter = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
@@ -29,3 +32,15 @@ def skip_unsupported(device: str, dtype: torch.dtype) -> None:
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     assert torch.isfinite(out).all(), "kernel output has NaN/inf: an unwritten or poisoned entry leaked"
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def tiny_codec(device: str, frames: int) -> tuple[CodecDecoder, torch.Tensor]:
+    """The tiny preset's codec decoder with random weights (large enough that every layer counts) on
+    ``device``, unprepared, and random codes (2, 16, frames) for it."""
+    torch.manual_seed(0)
+    codec = CodecDecoder(preset("tiny").codec).to(device)
+    with torch.no_grad():
+        for p in codec.parameters():
+            p.normal_(0, 0.05)
+    codes = torch.randint(0, codec.cfg.codebook_size, (2, codec.cfg.num_quantizers, frames), device=device)
+    return codec, codes

@@ -6,9 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported
-from voicewire.engine.qwen3.codec_decoder import CodecDecoder
-from voicewire.engine.qwen3.presets import preset
+from tests.kernels.common import REL_TOL, needs_interpreter, rel_err, skip_unsupported, tiny_codec
 from voicewire.kernels.conv1d import conv1d_tm, stack_taps
 
 
@@ -95,12 +93,7 @@ def test_conv_rejects_bad_inputs() -> None:
 def test_codec_on_the_conv_kernel_decodes_like_cudnn(device: str) -> None:
     """The whole streaming decoder (tiny shapes, fp32), its convs on the kernels: the offline
     decode and a stream of two chunks, against the same decoder on torch's convs."""
-    torch.manual_seed(0)
-    codec = CodecDecoder(preset("tiny").codec).to(device)
-    with torch.no_grad():
-        for p in codec.parameters():
-            p.normal_(0, 0.05)
-    codes = torch.randint(0, codec.cfg.codebook_size, (2, codec.cfg.num_quantizers, 5), device=device)
+    codec, codes = tiny_codec(device, frames=5)
     codec.prepare(kernels=False)
     ref = codec.decode(codes)
     codec.prepare(kernels=False, conv_kernel=True)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.common import needs_interpreter, rel_err
-from voicewire.engine.qwen3.codec_decoder import CodecDecoder
-from voicewire.engine.qwen3.presets import preset
+from tests.kernels.common import needs_interpreter, rel_err, tiny_codec
 from voicewire.kernels.snake import snake, snake_reference
 
 
@@ -95,12 +93,7 @@ def test_snake_kernel_rejects_bad_inputs() -> None:
 def test_codec_on_its_kernels_decodes_like_the_torch_ops(device: str) -> None:
     """The whole streaming decoder (tiny shapes, fp32) with every SnakeBeta, RMS norm and SwiGLU
     activation on its kernel."""
-    torch.manual_seed(0)
-    codec = CodecDecoder(preset("tiny").codec).to(device)
-    with torch.no_grad():
-        for p in codec.parameters():
-            p.normal_(0, 0.05)
-    codes = torch.randint(0, codec.cfg.codebook_size, (2, codec.cfg.num_quantizers, 3), device=device)
+    codec, codes = tiny_codec(device, frames=3)
     codec.prepare(kernels=False)
     ref = codec.decode(codes)
     codec.prepare(kernels=True)
