@@ -19,6 +19,9 @@
 #                          with the served model's host time a call (host), and with 2 ms more a request's
 #                          open (host-open2: the H200 profile's command time), at 150, 200 and 240 req/s
 #                                                                                   -> h200_sim_cpu.json
+#     ahead                the same simulation with the model's host time, a second frame step queued behind
+#                          any step (min rows 0) against only behind steps of 64+ rows (the default), at 1,
+#                          20, 80, 200 and 240 req/s                                -> queue_ahead_sim_cpu.json
 #     host                 the real Qwen3-TTS host code with its device short-circuited (host_overhead.py
 #                          --device qwen3), 320 turns at once, whole texts and a word a delta at 30/s;
 #                          BASE=<git ref> alternates rounds with that commit's tree -> qwen3_host_cpu.json
@@ -110,6 +113,36 @@ json.dump(out, open(sys.argv[1], "w"), indent=1)
 EOF
   CMD=$(printf '%s; ' "${runs[@]}") CMD=${CMD%; }
   stamp "$OUT/h200_sim_cpu.json"
+fi
+
+if want ahead; then
+  runs=()
+  for m in 0 64; do
+    for r in 1 20 80 200 240; do
+      secs=$([ "$r" -le 20 ] && echo 15 || echo 8)  # enough turns at the low rates for a p95
+      step "ahead-$m-$r" 200 "$PY" benchmarks/host_overhead.py --device h200 --host-work --rate "$r" \
+        --duration-s "$secs" --queue-ahead-min-rows "$m" --out "/tmp/ahead_${m}_$r.json"
+      runs+=("$CMD")
+    done
+  done
+  "$PY" - "$OUT/queue_ahead_sim_cpu.json" << 'EOF'
+import json, sys
+out = {"what": "the engine (this CPU) around a simulated H200 with the model's host time: a second frame step "
+               "queued behind any step (queue_ahead_min_rows 0) or only behind steps of 64+ rows, per rate",
+       "variants": {}}
+for m in (0, 64):
+    for r in (1, 20, 80, 200, 240):
+        try:
+            d = json.load(open(f"/tmp/ahead_{m}_{r}.json"))
+            d.pop("worker_top", None), d.pop("worker_top_cumulative", None)
+            d["load"].pop("stalls", None)
+        except (OSError, ValueError, KeyError) as err:
+            d = {"error": repr(err)}
+        out["variants"].setdefault(f"min_rows_{m}", {})[str(r)] = d
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+EOF
+  CMD=$(printf '%s; ' "${runs[@]}") CMD=${CMD%; }
+  stamp "$OUT/queue_ahead_sim_cpu.json"
 fi
 
 if want host; then

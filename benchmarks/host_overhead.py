@@ -48,6 +48,7 @@ from qwen3_null_device import null_device_qwen3
 from simulated_h200 import H200_HOST_MS, H200Model
 from torch.overrides import TorchFunctionMode
 
+from voicewire.engine.config import EngineConfig
 from voicewire.engine.engine import Engine
 from voicewire.engine.model import Model
 
@@ -173,6 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "null",
         args.max_slots,
         queue_ahead=not args.no_queue_ahead,
+        queue_ahead_min_rows=args.queue_ahead_min_rows,
         max_decodes_in_flight=args.decodes_in_flight,
         freeze_heap=not args.no_freeze_heap,
     )
@@ -244,6 +246,7 @@ def main() -> None:
     )
     ap.add_argument("--words-per-s", type=float, default=None, help="stream each turn's text a word a delta")
     ap.add_argument("--no-queue-ahead", action="store_true", help="EngineConfig.queue_ahead off")
+    ap.add_argument("--queue-ahead-min-rows", type=int, default=EngineConfig.queue_ahead_min_rows)
     ap.add_argument("--no-freeze-heap", action="store_true", help="EngineConfig.freeze_heap off (heap.py)")
     ap.add_argument("--decodes-in-flight", type=int, default=1, help="EngineConfig.max_decodes_in_flight")
     ap.add_argument(

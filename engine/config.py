@@ -103,6 +103,9 @@ class EngineConfig:
     # model allows it (Model.steps_in_flight): the device runs steps back to back while the worker
     # records, plans and hands out audio; a stream that ends in one step may run one more, discarded
     queue_ahead: bool = True
+    # ... but only behind a step of at least this many rows: a new stream's first frame waits for
+    # every step queued before it, and at a few rows the device has time to spare for a gap
+    queue_ahead_min_rows: int = 64
     # codec work begun and not yet handed out, past which the worker waits for the oldest: a stage 2
     # that falls behind holds the frame steps back instead of letting its audio, and a new stream's
     # first chunk queued behind it, grow later and later

@@ -140,6 +140,7 @@ class Engine:
         self._scheduler = Scheduler(chunks, batch)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
         self._stepping.ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
+        self._stepping.ahead_min_rows = self.config.queue_ahead_min_rows
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         # Set before the thread runs so a caller may open streams as soon as start() returns;
         # the worker clears it when it exits (stop, or an error it cannot outlive).

@@ -23,6 +23,7 @@ class FrameStage:
     ) -> None:
         self._steps: deque[tuple[StepPlan, Queued[list[GenerateResult]]]] = deque()
         self.ahead = 1  # frame steps begun at once: set by Engine.start from the config and the model
+        self.ahead_min_rows = 0  # the rows a step needs for another to be queued behind it (Engine.start)
         self._codec = codec  # its urgent pieces are handed out while a step is waited for
         self._record = record  # a step's results, to its streams and the scheduler
         self._failed = failed  # a step that failed to begin or to finish: its streams fail
@@ -32,7 +33,9 @@ class FrameStage:
         return len(self._steps)
 
     def has_room(self) -> bool:
-        return len(self._steps) < self.ahead
+        if not self._steps:
+            return True
+        return len(self._steps) < self.ahead and len(self._steps[-1][0].generate_slots) >= self.ahead_min_rows
 
     def begin(self, model: Model, slots: SlotPool, plan: StepPlan) -> bool:
         """The step begun; False when there is nothing to run, or it failed to begin."""
