@@ -12,7 +12,8 @@ two steps (a step is a few ms for the embedded voice).
 
 A model whose stage 2 runs on a device queue of its own (Qwen3-TTS on CUDA) is driven as a pipeline:
 
-    begin step k (queued behind step k - 1 where the model allows two in flight)
+    begin step k (queued behind step k - 1 where the model allows two in flight and step k - 1
+    is a loaded one: EngineConfig.queue_ahead_min_rows)
     -> take commands -> hand out finished codec work -> take step k - 1's codes and record them
     -> begin the codec work of the chunks they completed -> hand out finished codec work
 
