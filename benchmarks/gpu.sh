@@ -13,11 +13,8 @@
 #       attention  decode / sliding-window attention against SDPA          -> kernels_h200.json
 #       linear     the fused decode linear against cuBLAS, 1 and 64 rows   -> linear_h200.json
 #       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
-#       conv       the codec's k > 1 convs alone at the inputs of 1x1 .. 64x24 codec calls: cuDNN timed
-#                  per shape, cuDNN heuristics, kernels/conv1d.py; each shape's cuDNN timing seconds -> conv_h200.json
-#       codec      codec graphs and their warm-up seconds: the served convs (cuDNN, algorithms timed per
-#                  shape) against kernels/conv1d.py (CODEC_VARIANTS: served conv-kernel kernel-heuristics
-#                  torch-ops)                         -> codec_h200.json
+#       conv       the codec's k > 1 convs alone: cuDNN timed per shape / heuristic / kernels/conv1d.py -> conv_h200.json
+#       codec      codec graphs and warm-up seconds, CODEC_VARIANTS (served conv-kernel) -> codec_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh throughput [STEP...] # README "Throughput levers" (~8 min)
 #       levers     the engine alone (SIZE, default 1.7b), open loop past the knee, one build: the served engine
 #                  against the same engine with each lever off (VARIANTS, RATES, MAX_BATCH, PREFILL_BATCH
@@ -33,8 +30,7 @@
 #       needs the gateway's packages carried (.whl/site.tar.xz: benchmarks/device_site.sh); each half builds
 #       and captures the model (~200 s), so ENGINE_ONLY='' (no engine-only half) leaves the call for the gateway
 #       WORDS_FIRST=1: the words sweep first (its first rate the first load after ready)
-#       RATES_AGAIN: whole replies once more after the other sweeps, the same Poisson draws as RATES'
-#       (a server after a words load with barge-ins against the fresh one)
+#       RATES_AGAIN: whole replies again after the other sweeps (the same Poisson draws as RATES')
 #       HTTP_RATES: then HTTP speech as the tts_bench harness sends it, open loop (tts_bench_compat.py)
 #       SERVE_FLAGS=--ray TAG=ray: the same with the core placed by Ray (a local cluster in-process; Ray
 #       carried in .whl/site.tar.xz: benchmarks/device_site.sh)
@@ -269,7 +265,8 @@ if [ "$MODE" = kernels ]; then
   if want codec; then
     # the codec is the same for both sizes: the 0.6B build captures its graphs fastest
     cmds=()
-    for v in ${CODEC_VARIANTS:-served conv-kernel}; do
+    export CODEC_VARIANTS=${CODEC_VARIANTS:-served conv-kernel}
+    for v in $CODEC_VARIANTS; do
       case $v in
         torch-ops) flags=(--codec-torch-ops --cudnn-heuristics) ;;
         kernel-heuristics) flags=(--cudnn-heuristics) ;;
@@ -283,12 +280,12 @@ if [ "$MODE" = kernels ]; then
     python3 - "$OUT/codec_${CARD}.json" << 'EOF'
 import json, os, sys
 variants = {}
-for v, what in (("torch-ops", "SnakeBeta, norms and SwiGLU as torch ops, cuDNN's heuristic conv algorithms"),
-                ("kernel-heuristics", "the codec's kernels, cuDNN's heuristic conv algorithms"),
-                ("served", "the codec's kernels, conv algorithms timed by cuDNN during capture (served)"),
-                ("conv-kernel", "the k > 1 convs on kernels/conv1d.py, the 1x1 ones as matmuls")):
-    if not os.path.exists(f"/tmp/codec_{v}.json") and v not in os.environ.get("CODEC_VARIANTS", "served conv-kernel").split():
-        continue
+whats = {"torch-ops": "SnakeBeta, norms and SwiGLU as torch ops, cuDNN's heuristic conv algorithms",
+         "kernel-heuristics": "the codec's kernels, cuDNN's heuristic conv algorithms",
+         "served": "the codec's kernels, conv algorithms timed by cuDNN during capture (served)",
+         "conv-kernel": "the k > 1 convs on kernels/conv1d.py, the 1x1 ones as matmuls"}
+for v in os.environ["CODEC_VARIANTS"].split():
+    what = whats.get(v, v)
     try:
         d = json.load(open(f"/tmp/codec_{v}.json"))
         variants[v] = {"what": what, "command": d.get("command"), "serve_model": d.get("serve_model"), "codec": d.get("codec")}
