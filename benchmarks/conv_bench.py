@@ -33,7 +33,7 @@ from serving_bench import gpu_ms
 
 from voicewire.engine.qwen3.codec_decoder import CausalConv, CodecDecoder, _conv_nhwc
 from voicewire.engine.qwen3.presets import preset
-from voicewire.kernels.conv1d import conv1d_tm, stack_taps
+from voicewire.kernels.conv1d import conv1d_tm, stack_taps, tiles
 
 
 def record_inputs(codec: CodecDecoder, rows: int, frames: int, seed: int) -> list[tuple[CausalConv, torch.Tensor]]:
@@ -58,7 +58,9 @@ def record_inputs(codec: CodecDecoder, rows: int, frames: int, seed: int) -> lis
     return seen
 
 
-def bench_layer(m: CausalConv, xx: torch.Tensor, iters: int) -> dict[str, Any]:
+def bench_layer(
+    m: CausalConv, xx: torch.Tensor, iters: int, other_tiles: list[tuple[int, int, int]]
+) -> dict[str, Any]:
     c = m.conv
     k, d = c.kernel_size[0], c.dilation[0]
     taps = stack_taps(c.weight.detach())
@@ -96,6 +98,12 @@ def bench_layer(m: CausalConv, xx: torch.Tensor, iters: int) -> dict[str, Any]:
     row["kernel_ms"] = round(gpu_ms(on_kernel, xx.device, iters), 4)
     row["kernel_rel_err"] = float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
     row["kernel_over_timed"] = round(row["kernel_ms"] / row["timed_ms"], 3) if row["timed_ms"] else None
+    row["tile"] = "x".join(map(str, tiles(c.in_channels, c.out_channels)))
+    if c.groups == 1 and other_tiles:  # the dense kernel at other tiles: which would serve this layer best
+        row["kernel_ms_by_tile"] = {
+            "x".join(map(str, t)): round(gpu_ms(lambda t=t: conv1d_tm(xx, taps, k, d, tile=t), xx.device, iters), 4)
+            for t in other_tiles
+        }
     return row
 
 
@@ -104,6 +112,11 @@ def main() -> None:
     ap.add_argument("--size", default="1.7b", help="preset whose codec to build (the codec is the same for all sizes)")
     ap.add_argument("--shapes", default="1x1,16x4,16x12,64x12,64x24", help="codec calls, ROWSxFRAMES")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument(
+        "--tiles",
+        default="64x128x32,128x128x64,128x64x32,64x64x64,256x64x32",
+        help="other BLOCK_MxBLOCK_NxBLOCK_K of the dense kernel to time at each layer ('' for none)",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny codec on the CPU, 1 iteration, fp32")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -112,6 +125,9 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     size, iters = ("tiny", 1) if args.smoke else (args.size, args.iters)
     shapes = [tuple(int(v) for v in s.split("x")) for s in ("1x1,2x2" if args.smoke else args.shapes).split(",")]
+    others = [(int(a), int(b), int(c)) for a, b, c in (t.split("x") for t in args.tiles.split(",") if t)]
+    if args.smoke:
+        others = others[:1]
     torch.manual_seed(0)
     codec = CodecDecoder(preset(size).codec).to(dev)
     with torch.no_grad():
@@ -127,7 +143,7 @@ def main() -> None:
     }
     with torch.no_grad():
         for rows, frames in shapes:
-            layers = [bench_layer(m, xx, iters) for m, xx in record_inputs(codec, rows, frames, seed=rows)]
+            layers = [bench_layer(m, xx, iters, others) for m, xx in record_inputs(codec, rows, frames, seed=rows)]
             total = {v: round(sum(r[v] for r in layers), 3) for v in ("timed_ms", "heuristic_ms", "kernel_ms")}
             total["cudnn_timing_s"] = round(sum(r["cudnn_timing_s"] for r in layers), 2)
             res["shapes"][f"{rows}x{frames}"] = {"total": total, "layers": layers}

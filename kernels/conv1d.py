@@ -147,10 +147,12 @@ def conv1d_tm(
     dilation: int = 1,
     bias: torch.Tensor | None = None,
     depthwise: bool = False,
+    tile: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """xx (B, L, Cin) contiguous, taps (K Cin, Cout) from ``stack_taps`` in xx's dtype ((K, C) for a
     ``depthwise`` conv, Cin = Cout = C groups), bias (Cout,) or None -> (B, L - (K - 1) dilation, Cout)
-    contiguous in xx's dtype, float32 accumulation."""
+    contiguous in xx's dtype, float32 accumulation. ``tile``: (BLOCK_M, BLOCK_N, BLOCK_K) of a dense
+    conv instead of ``tiles``' choice (benchmarks/conv_bench.py tries others)."""
     if xx.dim() != 3 or not xx.is_contiguous():
         raise ValueError(f"xx must be a contiguous (B, L, Cin), got {tuple(xx.shape)} strides {xx.stride()}")
     if xx.dtype not in SUPPORTED_DTYPES:
@@ -190,7 +192,7 @@ def conv1d_tm(
             K=kernel, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_C=block_c,
         )  # fmt: skip
         return out
-    block_m, block_n, block_k = tiles(cin, cout)
+    block_m, block_n, block_k = tile or tiles(cin, cout)
     grid = (triton.cdiv(b * t, block_m), triton.cdiv(cout, block_n))
     _conv_kernel[grid](
         xx,

@@ -63,6 +63,16 @@ def test_depthwise_conv_matches_torch(
     assert rel_err(out, ref) < REL_TOL[dtype]
 
 
+@pytest.mark.parametrize("tile", [(16, 16, 16), (64, 32, 32)])
+def test_conv_gives_the_same_at_other_tiles(device: str, tile: tuple[int, int, int]) -> None:
+    """Tiles smaller than the channels, the positions and a row (the masks and loops at their edges)."""
+    g = torch.Generator().manual_seed(11)
+    xx = torch.randn(3, 40 + 6 * 3, 48, generator=g).to(device)
+    weight = (torch.randn(40, 48, 7, generator=g) / (48 * 7) ** 0.5).to(device)
+    taps = stack_taps(weight)
+    assert rel_err(conv1d_tm(xx, taps, 7, 3, tile=tile), _reference(xx, weight, None, 3)) < 1e-5
+
+
 def test_rows_do_not_read_each_other(device: str) -> None:
     """Output positions of one batch row read only that row's input: a row of zeros stays zeros
     beside rows of large values, whatever tile the positions share."""
