@@ -148,21 +148,24 @@ def _points(spec: str, duration_s: float) -> list[tuple[float, float, int]]:
     return points
 
 
-GC_SINCE_READY = "gc_pause_max_since_ready_seconds"
+def _metrics(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+        return str(r.read().decode())
 
 
-def _engine_counters(base: str) -> dict[str, float]:
+def _engine_counters(text: str) -> dict[str, float]:
     """The engine cores' counters on /metrics (summed over replicas): steps, frames, the worker's
     seconds in frame steps, codec waits and stream commands."""
-    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
-        text = r.read().decode()
     out: dict[str, float] = {}
     for m in re.finditer(r"^voicewire_engine_(\w+)_total\{[^}]*\} (\S+)$", text, re.M):
         out[m[1]] = round(out.get(m[1], 0.0) + float(m[2]), 3)
-    # a gauge, not a counter: the longest collection since ready so far (the largest over replicas)
-    for m in re.finditer(rf"^voicewire_engine_{GC_SINCE_READY}\{{[^}}]*\}} (\S+)$", text, re.M):
-        out[GC_SINCE_READY] = max(out.get(GC_SINCE_READY, 0.0), round(float(m[1]), 4))
     return out
+
+
+def _gc_max_since_ready(text: str) -> float:
+    """The longest collection since ready so far, the largest over replicas (a gauge)."""
+    found = re.findall(r"^voicewire_engine_gc_pause_max_since_ready_seconds\{[^}]*\} (\S+)$", text, re.M)
+    return round(max(map(float, found), default=0.0), 4)
 
 
 def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res: Path) -> dict[str, Any]:
@@ -186,15 +189,16 @@ def _sweep_point(
 ) -> dict[str, Any]:
     """One load client's run to completion: its summary, and what the engine did meanwhile (the
     worker's time in steps, codec and commands)."""
-    before = _engine_counters(base)
+    before = _engine_counters(_metrics(base))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     row: dict[str, Any] = {"rate": rate, "command": " ".join(shown), "rc": proc.returncode}
     if res.exists():
         row["result"] = json.loads(res.read_text()).get("summary")
     else:
         row["stderr"] = proc.stderr[-2000:]
-    after = _engine_counters(base)
-    row["engine"] = {k: v if k == GC_SINCE_READY else round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+    text = _metrics(base)
+    row["engine"] = {k: round(v - before.get(k, 0.0), 3) for k, v in _engine_counters(text).items()}
+    row["engine"]["gc_pause_max_since_ready_seconds"] = _gc_max_since_ready(text)
     print(f"[{label} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
     return row
 

@@ -23,7 +23,7 @@ from voicewire.kernels.launch_checks import (
     INTERPRETER_BLOCK_N,
     MIN_DOT_DIM,
     SUPPORTED_DTYPES,
-    check_kernel_device,
+    check_same_device_unit_stride,
     interpreter_enabled,
 )
 
@@ -175,10 +175,8 @@ def conv1d_tm(
     t = length - (kernel - 1) * dilation
     if t < 0:
         raise ValueError(f"{length} input steps, fewer than the {(kernel - 1) * dilation} of the history")
-    for name, tensor in (("taps", taps), ("bias", bias)):
-        if tensor is not None and tensor.device != xx.device:
-            raise ValueError(f"{name} is on {tensor.device}, xx on {xx.device}")
-    check_kernel_device(xx.device)
+    on_device = {"taps": taps} if bias is None else {"taps": taps, "bias": bias}
+    check_same_device_unit_stride(on_device, xx.device)
     out = torch.empty(b, t, cout, device=xx.device, dtype=xx.dtype)
     if out.numel() == 0:
         return out
