@@ -148,7 +148,7 @@ def main() -> None:
             total["cudnn_timing_s"] = round(sum(r["cudnn_timing_s"] for r in layers), 2)
             res["shapes"][f"{rows}x{frames}"] = {"total": total, "layers": layers}
             print(f"[conv {rows}x{frames}] {total}", flush=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+            Path(args.out).write_text(json.dumps(res, indent=1) + "\n")  # each shape kept if a later one times out
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 #       attention  decode / sliding-window attention against SDPA          -> kernels_h200.json
 #       linear     the fused decode linear against cuBLAS, 1 and 64 rows   -> linear_h200.json
 #       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
-#       conv       the codec's k > 1 convs alone: cuDNN timed per shape / heuristic / kernels/conv1d.py -> conv_h200.json
+#       conv       the codec's k > 1 convs alone: cuDNN timed per shape / heuristic / kernels/conv1d.py
+#                  (CONV_FLAGS: conv_bench.py's --shapes, --tiles)                -> conv_h200.json
 #       codec      codec graphs and warm-up seconds, CODEC_VARIANTS (served conv-kernel) -> codec_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh throughput [STEP...] # README "Throughput levers" (~8 min)
 #       levers     the engine alone (SIZE, default 1.7b), open loop past the knee, one build: the served engine
@@ -259,7 +260,7 @@ if [ "$MODE" = kernels ]; then
     stamp "$OUT/gemv_${CARD}.json"
   fi
   if want conv; then
-    step conv 120 python3 benchmarks/conv_bench.py --out "$OUT/conv_${CARD}.json"
+    step conv 150 python3 benchmarks/conv_bench.py ${CONV_FLAGS:-} --out "$OUT/conv_${CARD}.json"
     stamp "$OUT/conv_${CARD}.json"
   fi
   if want codec; then
