@@ -15,7 +15,8 @@
 #       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
 #       conv       the codec's k > 1 convs alone: cuDNN timed per shape / heuristic / kernels/conv1d.py
 #                  (CONV_FLAGS: conv_bench.py's --shapes, --tiles)                -> conv_h200.json
-#       codec      codec graphs and warm-up seconds, CODEC_VARIANTS (served conv-kernel) -> codec_h200.json
+#       codec      codec graphs and warm-up seconds, CODEC_VARIANTS (served cudnn; conv-kernel, kernel-heuristics,
+#                  torch-ops)                                                -> codec_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh throughput [STEP...] # README "Throughput levers" (~8 min)
 #       levers     the engine alone (SIZE, default 1.7b), open loop past the knee, one build: the served engine
 #                  against the same engine with each lever off (VARIANTS, RATES, MAX_BATCH, PREFILL_BATCH
@@ -266,12 +267,13 @@ if [ "$MODE" = kernels ]; then
   if want codec; then
     # the codec is the same for both sizes: the 0.6B build captures its graphs fastest
     cmds=()
-    export CODEC_VARIANTS=${CODEC_VARIANTS:-served conv-kernel}
+    export CODEC_VARIANTS=${CODEC_VARIANTS:-served cudnn}
     for v in $CODEC_VARIANTS; do
       case $v in
-        torch-ops) flags=(--codec-torch-ops --cudnn-heuristics) ;;
-        kernel-heuristics) flags=(--cudnn-heuristics) ;;
-        conv-kernel) flags=(--codec-conv-kernel) ;;
+        torch-ops) flags=(--codec-torch-ops --cudnn-heuristics --codec-conv-kernel off) ;;
+        kernel-heuristics) flags=(--cudnn-heuristics --codec-conv-kernel off) ;;
+        cudnn) flags=(--codec-conv-kernel off) ;;
+        conv-kernel) flags=(--codec-conv-kernel all) ;;
         served) flags=() ;;
       esac
       step "codec-$v" 110 python3 benchmarks/serving_bench.py --size 0.6b --sections codec --max-batch 64 \
@@ -283,8 +285,9 @@ import json, os, sys
 variants = {}
 whats = {"torch-ops": "SnakeBeta, norms and SwiGLU as torch ops, cuDNN's heuristic conv algorithms",
          "kernel-heuristics": "the codec's kernels, cuDNN's heuristic conv algorithms",
-         "served": "the codec's kernels, conv algorithms timed by cuDNN during capture (served)",
-         "conv-kernel": "the k > 1 convs on kernels/conv1d.py, the 1x1 ones as matmuls"}
+         "cudnn": "the codec's kernels, conv algorithms timed by cuDNN during capture",
+         "served": "the codec's kernels, the k > 1 convs on kernels/conv1d.py (cuDNN, timed, for calls of < 32 rows x frames)",
+         "conv-kernel": "the codec's kernels, the k > 1 convs on kernels/conv1d.py at every call"}
 for v in os.environ["CODEC_VARIANTS"].split():
     what = whats.get(v, v)
     try:

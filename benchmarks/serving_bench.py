@@ -513,8 +513,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--codec-conv-kernel",
-        action="store_true",
-        help="the codec's dense convs on kernels/conv1d.py, not cuDNN",
+        choices=("served", "all", "off"),
+        default="served",
+        help="the codec's k > 1 convs on kernels/conv1d.py: as served (cuDNN for the small calls), at "
+        "every call, or never (cuDNN's algorithms, timed per shape)",
     )
     ap.add_argument(
         "--cudnn-heuristics", action="store_true", help="codec graphs on cuDNN's heuristic conv algorithms"
@@ -602,7 +604,10 @@ def main() -> None:
                 compile_elementwise=args.compile,
                 fused_kernels=not args.no_fused,
                 codec_kernels=False if args.codec_torch_ops else None,
-                codec_conv_kernel=args.codec_conv_kernel,
+                codec_conv_kernel=False if args.codec_conv_kernel == "off" else None,
+                codec_conv_kernel_min_frames=(
+                    0 if args.codec_conv_kernel == "all" else ExperimentalOptions.codec_conv_kernel_min_frames
+                ),
                 warm_threads=args.warm_threads,
                 codec_warm_threads=args.codec_warm_threads,
             ),

@@ -88,12 +88,13 @@ class CausalConv(nn.Module):
         xx = x if self.history == 0 else torch.cat((io.take(self.history, self.cin), x), dim=1)
         if self.history:
             io.put(xx, self.history, dim=1)
-        return self.run(xx, bias)
+        return self.run(xx, bias, io.cudnn_convs)
 
-    def run(self, xx: Tensor, bias: bool = False) -> Tensor:
-        """The conv of its whole input xx (B, history + T, C), history included (no state touched)."""
+    def run(self, xx: Tensor, bias: bool = False, cudnn: bool = False) -> Tensor:
+        """The conv of its whole input xx (B, history + T, C), history included (no state touched);
+        ``cudnn``: on cuDNN even where ``prepare`` laid out the kernel's taps."""
         c = self.conv
-        if self.taps.numel():
+        if self.taps.numel() and not cudnn:
             from voicewire.kernels.conv1d import conv1d_tm
 
             k, d = c.kernel_size[0], c.dilation[0]
@@ -200,7 +201,7 @@ class ResidualUnit(nn.Module):
         c1 = self.conv1
         a1 = self.act1(x, shift, prefix=io.take(c1.history, c1.cin))  # conv1's whole input
         io.put(a1, c1.history, dim=1)
-        a2 = self.act2(c1.run(a1), c1.bias32)
+        a2 = self.act2(c1.run(a1, cudnn=io.cudnn_convs), c1.bias32)
         b, t, c = x.shape
         # the residual add inside the GEMM, in place: x is not read again, and an out-of-place addmm
         # first copies its input into the output (a pass over the largest activations, ~5% of a call)
@@ -267,20 +268,26 @@ class CodecDecoder(nn.Module):
         blocks += [SnakeBeta(out_dim), CausalConv(out_dim, 1, 7)]
         self.decoder = nn.ModuleList(blocks)
         self._tables: Tensor | None = None
+        self._conv_kernel_min_frames = 0
         self.state_width = 0
 
     @torch.no_grad()
-    def prepare(self, kernels: bool | None = None, conv_kernel: bool = False) -> None:
+    def prepare(
+        self, kernels: bool | None = None, conv_kernel: bool | None = False, conv_kernel_min_frames: int = 0
+    ) -> None:
         """Fold the RVQ normalization and output projections into one (Q, V, codebook_dim) table and
         each transformer layer's weights (``CodecLayer``), and run the SnakeBeta activations, RMS norms
         and SwiGLU activations on their Triton kernels (``kernels``; None = on CUDA) or torch ops, and
-        the k > 1 convs on kernels/conv1d.py (``conv_kernel``) or cuDNN.
+        the k > 1 convs on kernels/conv1d.py (``conv_kernel``; None = on CUDA) or cuDNN; with the
+        kernel, calls of fewer than ``conv_kernel_min_frames`` rows x frames still run on cuDNN.
 
         Call after loading weights (the model does), and again after changing their dtype or device.
         Sum-then-project in the reference becomes project-then-sum here, and a layer scale multiplies
         its projection's weight instead of its output: the same math, float-rounding differences.
         """
         kernel = self.codebook_sum.is_cuda if kernels is None else kernels
+        conv_kernel = self.codebook_sum.is_cuda if conv_kernel is None else conv_kernel
+        self._conv_kernel_min_frames = conv_kernel_min_frames
         for m in self.modules():
             if isinstance(m, SnakeBeta):
                 m.prepare(kernel)
@@ -324,6 +331,7 @@ class CodecDecoder(nn.Module):
         """
         t = codes.shape[-1]
         io = StateIO(state, codes.shape[0], state.dtype, state.device, t, n_valid)
+        io.cudnn_convs = codes.shape[0] * t < self._conv_kernel_min_frames
         pcm = self._run(codes, start, io)
         return pcm, io.next_flat(), start + (t if n_valid is None else n_valid)
 
@@ -359,4 +367,4 @@ class CodecDecoder(nn.Module):
             x, shift = block(x, shift, io)
         xx = snake(x, shift, prefix=io.take(last.history, last.cin))
         io.put(xx, last.history, dim=1)
-        return last.run(xx, bias=True)[..., 0].clamp(-1.0, 1.0).to(torch.float32)
+        return last.run(xx, bias=True, cudnn=io.cudnn_convs)[..., 0].clamp(-1.0, 1.0).to(torch.float32)

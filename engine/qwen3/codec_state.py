@@ -42,6 +42,9 @@ class StateIO:
     ) -> None:
         self.flat, self.batch, self.dtype, self.device = flat, batch, dtype, device
         self.frames, self.n_valid = frames, n_valid
+        # this call's k > 1 convs on cuDNN even where the conv kernel is prepared (a small call:
+        # CodecDecoder.stream decides)
+        self.cudnn_convs = False
         self.offset = 0
         self.out: list[Tensor] = []
         # (width, steps per frame) -> (B, width) indices of the kept steps; shared by the layers

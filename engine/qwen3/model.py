@@ -100,7 +100,9 @@ class Qwen3TTSModel(Model):
         for m in (self.talker, self.code_predictor, self.codec):
             m.eval().requires_grad_(False)
         experimental = options.experimental
-        self.codec.prepare(experimental.codec_kernels, experimental.codec_conv_kernel)
+        self.codec.prepare(
+            experimental.codec_kernels, experimental.codec_conv_kernel, experimental.codec_conv_kernel_min_frames
+        )
         p = next(self.talker.parameters())
         self.device, self.dtype = p.device, p.dtype
         t = cfg.talker

@@ -60,8 +60,12 @@ class ExperimentalOptions:
     # (kernels/snake.py, kernels/fused_linear.py's row kernels): None = on CUDA; False = torch ops
     codec_kernels: bool | None = None
     # the codec's convs of k > 1 on kernels/conv1d.py (one compiled kernel for every length, kept in
-    # the compile cache) instead of cuDNN's algorithms timed per graph shape at every start
-    codec_conv_kernel: bool = False
+    # the compile cache) instead of cuDNN's algorithms, which torch times per graph shape at every
+    # start (most of a start's graph warm-up): None = on CUDA. Codec calls of fewer rows x frames than
+    # codec_conv_kernel_min_frames keep cuDNN: timing those shapes is quick, and its algorithms run
+    # them 10-18% faster than the kernel (a one-frame first chunk among them)
+    codec_conv_kernel: bool | None = None
+    codec_conv_kernel_min_frames: int = 32
     # positions per KV block; 0 = kv_pool.PAGE. ServeOptions.max_seq_len is the slot-contiguous layout
     # (one page per stream), the reference the paged cache is tested against
     kv_page: int = 0

@@ -112,3 +112,23 @@ def test_codec_on_the_conv_kernel_decodes_like_cudnn(device: str) -> None:
     first, state, start = codec.stream(codes[..., :2], state, start)
     rest, _, _ = codec.stream(codes[..., 2:], state, start)
     assert rel_err(torch.cat((first, rest), dim=1), ref) < 1e-5
+
+
+def test_small_codec_calls_keep_cudnn(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the kernel prepared, a call of fewer rows x frames than ``conv_kernel_min_frames`` runs its
+    convs on cuDNN and a larger one on the kernel; the stream over both equals the offline decode."""
+    from voicewire.kernels import conv1d
+
+    codec, codes = tiny_codec(device, frames=5)
+    codec.prepare(kernels=False)
+    ref = codec.decode(codes)
+    codec.prepare(kernels=False, conv_kernel=True, conv_kernel_min_frames=6)
+    launches: list[int] = []
+    real = conv1d.conv1d_tm
+    monkeypatch.setattr(conv1d, "conv1d_tm", lambda *a, **kw: launches.append(1) or real(*a, **kw))
+    state, start = codec.fresh_state(2)
+    first, state, start = codec.stream(codes[..., :2], state, start)  # 2 rows x 2 frames
+    assert not launches
+    rest, _, _ = codec.stream(codes[..., 2:], state, start)  # 2 x 3
+    assert launches
+    assert rel_err(torch.cat((first, rest), dim=1), ref) < 1e-5
