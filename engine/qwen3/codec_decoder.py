@@ -15,8 +15,8 @@ conv its last input frame (its output for frame i needs frames i and i-1), each 
 keys/values of its last window-1 frames (stored rotated, at their absolute positions).
 
 Activations are time-major, (B, T, C), from the codebook lookup to the last conv: the convs of k > 1
-run on that memory as kernels/conv1d.py's implicit GEMM and depthwise kernels (``prepare(conv_kernel=
-...)``; on CUDA by default) or cuDNN's NHWC kernels, the 1x1 convs and transposed convs as matmuls, and a conv's bias
+run on that memory as kernels/conv1d.py's implicit GEMM and depthwise kernels (``prepare``'s
+``conv_kernel``, served on CUDA) or cuDNN's NHWC kernels, the 1x1 convs and transposed convs as matmuls, and a conv's bias
 is added by the SnakeBeta after it, which also writes its output with the next conv's history in
 front (kernels/snake.py). So no layout transform, concatenation or bias pass runs over the large
 activations (a profile of the (N, C, T) form had those at about two thirds of a codec call). With that
