@@ -193,7 +193,10 @@ def _sweep_point(
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     row: dict[str, Any] = {"rate": rate, "command": " ".join(shown), "rc": proc.returncode}
     if res.exists():
-        row["result"] = json.loads(res.read_text()).get("summary")
+        full = json.loads(res.read_text())
+        row["result"] = full.get("summary")
+        if full.get("turns"):
+            row["late_turns"] = late_digest(full["turns"])
     else:
         row["stderr"] = proc.stderr[-2000:]
     text = _metrics(base)
@@ -201,6 +204,25 @@ def _sweep_point(
     row["engine"]["gc_pause_max_since_ready_seconds"] = _gc_max_since_ready(text)
     print(f"[{label} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
     return row
+
+
+def late_digest(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the late turns of a point had in common, kept in the JSON (the probe's per-turn file stays
+    on the machine that ran it): whether they were cut, how long their stalls were, and in which
+    second of the load they started (clustered: a pause; spread: a rate the engine cannot hold)."""
+    late = [t for t in turns if t.get("underruns")]
+    stalls = sorted(t.get("max_stall_ms", 0.0) for t in late)
+    ttfb = sorted(t["ttfb_ms"] for t in late if t.get("ttfb_ms") is not None)
+    by_second: dict[int, int] = {}
+    for t in late:
+        by_second[int(t["t_start_s"])] = by_second.get(int(t["t_start_s"]), 0) + 1
+    return {
+        "late": len(late),
+        "cut": sum(1 for t in late if t.get("cut_ms") is not None),
+        "max_stall_ms": {"p50": stalls[len(stalls) // 2], "max": stalls[-1]} if stalls else None,
+        "ttfb_ms_p50": ttfb[len(ttfb) // 2] if ttfb else None,
+        "started_by_second": dict(sorted(by_second.items())),
+    }
 
 
 def plot(out: dict[str, Any], path: str) -> None:
