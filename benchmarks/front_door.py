@@ -23,8 +23,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from voicewire.realtime.client.probe_report import summarize
 
 PORT = 18940
 # The load comes from this many loopback addresses: traffic of many users, as the server's
@@ -211,17 +214,12 @@ def late_digest(turns: list[dict[str, Any]]) -> dict[str, Any]:
     on the machine that ran it): whether they were cut, how long their stalls were, and in which
     second of the load they started (clustered: a pause; spread: a rate the engine cannot hold)."""
     late = [t for t in turns if t.get("underruns")]
-    stalls = sorted(t.get("max_stall_ms", 0.0) for t in late)
-    ttfb = sorted(t["ttfb_ms"] for t in late if t.get("ttfb_ms") is not None)
-    by_second: dict[int, int] = {}
-    for t in late:
-        by_second[int(t["t_start_s"])] = by_second.get(int(t["t_start_s"]), 0) + 1
     return {
         "late": len(late),
         "cut": sum(1 for t in late if t.get("cut_ms") is not None),
-        "max_stall_ms": {"p50": stalls[len(stalls) // 2], "max": stalls[-1]} if stalls else None,
-        "ttfb_ms_p50": ttfb[len(ttfb) // 2] if ttfb else None,
-        "started_by_second": dict(sorted(by_second.items())),
+        "max_stall_ms": summarize([t.get("max_stall_ms", 0.0) for t in late]),
+        "ttfb_ms": summarize([t["ttfb_ms"] for t in late if t.get("ttfb_ms") is not None]),
+        "started_by_second": dict(sorted(Counter(int(t["t_start_s"]) for t in late).items())),
     }
 
 

@@ -330,8 +330,8 @@ class CodecDecoder(nn.Module):
         decoding its n_b frames alone; its later samples are meaningless.
         """
         t = codes.shape[-1]
-        io = StateIO(state, codes.shape[0], state.dtype, state.device, t, n_valid)
-        io.cudnn_convs = codes.shape[0] * t < self._conv_kernel_min_frames
+        small = codes.shape[0] * t < self._conv_kernel_min_frames
+        io = StateIO(state, codes.shape[0], state.dtype, state.device, t, n_valid, cudnn_convs=small)
         pcm = self._run(codes, start, io)
         return pcm, io.next_flat(), start + (t if n_valid is None else n_valid)
 

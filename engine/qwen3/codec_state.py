@@ -29,6 +29,7 @@ class StateIO:
 
     ``flat=None`` hands out zeros (a fresh stream) and only measures N. ``frames`` is the call's T;
     ``n_valid`` (B,) int64, each row's valid frames (1..T; 0 keeps the state), None when all are T.
+    ``cudnn_convs``: the call's k > 1 convs on cuDNN even where the conv kernel is prepared.
     """
 
     def __init__(
@@ -39,12 +40,11 @@ class StateIO:
         device: torch.device,
         frames: int = 1,
         n_valid: Tensor | None = None,
+        cudnn_convs: bool = False,
     ) -> None:
         self.flat, self.batch, self.dtype, self.device = flat, batch, dtype, device
         self.frames, self.n_valid = frames, n_valid
-        # this call's k > 1 convs on cuDNN even where the conv kernel is prepared (a small call:
-        # CodecDecoder.stream decides)
-        self.cudnn_convs = False
+        self.cudnn_convs = cudnn_convs  # a small call's (CodecDecoder.stream decides)
         self.offset = 0
         self.out: list[Tensor] = []
         # (width, steps per frame) -> (B, width) indices of the kept steps; shared by the layers
