@@ -101,7 +101,10 @@ class Qwen3TTSModel(Model):
             m.eval().requires_grad_(False)
         experimental = options.experimental
         self.codec.prepare(
-            experimental.codec_kernels, experimental.codec_conv_kernel, experimental.codec_conv_kernel_min_frames
+            experimental.codec_kernels,
+            experimental.codec_conv_kernel,
+            experimental.codec_conv_kernel_min_frames,
+            experimental.codec_conv_snake,
         )
         p = next(self.talker.parameters())
         self.device, self.dtype = p.device, p.dtype
