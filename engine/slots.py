@@ -3,6 +3,12 @@
 A slot released while a frame step the device is running (or has queued) still uses it
 (``Model.generate_start``) stays taken until the results of every such step are in: until then the
 model must not close it, and no new stream may get it. Plain Python, owned by the worker thread.
+
+Free slots are handed out longest free first. A stream cut short (a barge-in) gives its slot back
+while a codec call of its last chunks may still be running on the device; a new owner's first chunk
+must follow that call (its decoder state is reset after it), and on Qwen3-TTS the reset waits on the
+codec's urgent lane, where every new stream's first chunk runs (engine/qwen3/codec_runner.py). Taking
+the slot freed longest ago makes that wait all but never happen while slots are to spare.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections.abc import Iterable
 
 class SlotPool:
     def __init__(self, n: int = 0) -> None:
-        self._free = list(range(n))[::-1]  # popped from the end: slot 0 first
+        self._free = deque(range(n))  # taken from the left (slot 0 first), given back on the right
         self._stepping: deque[frozenset[int]] = deque()  # the slots of each begun step, oldest first
         self._after_step: list[int] = []
 
@@ -22,7 +28,7 @@ class SlotPool:
         return bool(self._free)
 
     def take(self) -> int:
-        return self._free.pop()
+        return self._free.popleft()
 
     def put(self, slot: int) -> None:
         """The slot is free again (closed in the model, or never opened there)."""

@@ -164,6 +164,18 @@ async def test_frames_of_pipelined_steps_reach_each_stream_once_and_in_order(min
     assert eng.active_streams() == 0
 
 
+def test_the_slot_free_longest_is_taken_first() -> None:
+    """A slot just given back (its last codec call may still run) goes to a new stream only after
+    every slot that was free before it."""
+    pool = SlotPool(3)
+    a, b = pool.take(), pool.take()
+    pool.put(a)
+    assert pool.take() == 2  # never used, free since the start
+    pool.put(b)
+    assert [pool.take(), pool.take()] == [a, b]
+    assert not pool
+
+
 def test_a_released_slot_comes_back_after_every_begun_step_that_has_it() -> None:
     pool = SlotPool(4)
     a, b = pool.take(), pool.take()
