@@ -6,7 +6,10 @@ a lone 12-frame chunk next to fifteen 1-frame first chunks makes them all pay fo
 similar sizes are cheaper together than apart. A call costs about CODEC_CALL_MS, plus CODEC_ROW_MS
 per bucket row and CODEC_FRAME_MS per padded frame (bucket rows x frames); chunks of one padded
 size always share calls, so the choice is where to cut the few (<= 7) size classes: a DP over them,
-microseconds of host time per tick.
+microseconds of host time per tick. The rows of a group of classes go into calls of bucket sizes
+chosen the same way: 20 rows of 12 frames run as calls of 16 and 4 rows (~6.9 ms) rather than one of
+32 with 12 padding rows (~8.4 ms); the best split of n rows at T frames depends on (T, n) alone and
+is kept once found.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import operator
 from collections.abc import Sequence
 
 from .cuda_graphs import bucket_for
+
+_Splits = list[tuple[float, int]]  # per row count n: (least estimated ms, rows of its first call)
+_splits: dict[tuple[int, tuple[int, ...]], _Splits] = {}
 
 # Estimated codec call time on the H200 (bf16, graphs): a least-squares fit of
 # benchmarks/results/codec_bench_h200.json [after.calls], 1-64 rows x 1-48 frames, within 10% everywhere
@@ -49,11 +55,7 @@ def plan_codec_calls(
             classes.append((t, 1))
 
     def cost(t: int, rows: int) -> float:
-        full, rest = divmod(rows, biggest)
-        ms = 0.0  # the calls' times summed in order: full calls, then the rest
-        for r in [biggest] * full + ([rest] if rest else []):
-            ms += CODEC_CALL_MS + (CODEC_ROW_MS + CODEC_FRAME_MS * t) * bucket_for(r, buckets)
-        return ms
+        return _row_splits(t, buckets, rows)[rows][0]
 
     upto = list(itertools.accumulate((n for _, n in classes), initial=0))  # chunks in classes [0, i)
     # best[i]: the cheapest split of classes [0, i) -> (estimated ms, the classes that start a call)
@@ -66,6 +68,23 @@ def plan_codec_calls(
         best.append((ms, [*best[j][1], j]))
     starts = [upto[c] for c in [*best[-1][1], len(classes)]]
     groups: list[list[int]] = []
-    for a, b in itertools.pairwise(starts):
-        groups += [list(range(j, min(j + biggest, b))) for j in range(a, b, biggest)]
+    for c, (a, b) in zip(best[-1][1], itertools.pairwise(starts), strict=True):
+        splits = _row_splits(classes[c][0], buckets, b - a)
+        while a < b:
+            n = min(splits[b - a][1], b - a)
+            groups.append(list(range(a, a + n)))
+            a += n
     return groups
+
+
+def _row_splits(t: int, buckets: Sequence[int], rows: int) -> _Splits:
+    """The cheapest calls for 0..``rows`` rows padded to ``t`` frames, grown as needed: a call of
+    bucket b first, then the best for the rows left (the larger first call where costs tie, so the
+    calls come largest first)."""
+    splits = _splits.setdefault((t, tuple(buckets)), [(0.0, 0)])
+    per_row = CODEC_ROW_MS + CODEC_FRAME_MS * t
+    for n in range(len(splits), rows + 1):
+        splits.append(
+            min(((CODEC_CALL_MS + per_row * b + splits[max(0, n - b)][0], b) for b in reversed(buckets)), key=operator.itemgetter(0))
+        )
+    return splits

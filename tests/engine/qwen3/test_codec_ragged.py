@@ -196,6 +196,11 @@ def test_a_tick_splits_only_where_padding_costs_more_than_a_call() -> None:
     # past a full bucket the rest share one call: 7 rows padded to 12 frames cost less than two calls
     assert [len(g) for g in groups([12] * 20 + [1] * 3)] == [16, 7]
     assert [len(g) for g in groups([12] * 20 + [1] * 12)] == [16, 4, 12]
+    # within the largest bucket too: 20 rows of 12 frames as 16 + 4 rather than 32 with 12 padding
+    # rows; of 1 frame, where padding rows cost less than a call, as one call of 32
+    wide = (1, 2, 4, 8, 16, 32)
+    assert [len(g) for g in plan_codec_calls([12] * 20, (1, 2, 4, 8, 12), wide)] == [16, 4]
+    assert [len(g) for g in plan_codec_calls([1] * 20, (1, 2, 4, 8, 12), wide)] == [20]
 
 
 def test_full_rows_match_the_unragged_call(tiny: Qwen3TTSModel) -> None:
