@@ -18,8 +18,6 @@ import itertools
 import operator
 from collections.abc import Sequence
 
-from .cuda_graphs import bucket_for
-
 _Splits = list[tuple[float, int]]  # per row count n: (least estimated ms, rows of its first call)
 _splits: dict[tuple[int, tuple[int, ...]], _Splits] = {}
 
@@ -42,7 +40,6 @@ def plan_codec_calls(
 ) -> list[list[int]]:
     """Chunk frame counts (longest first) -> the codec calls of least estimated time, as lists of
     positions in ``frames_desc``; no call holds more rows than the largest batch bucket."""
-    biggest = buckets[-1]
     classes: list[tuple[int, int]] = []  # (padded frames, chunks), longest first
     padded: dict[int, int] = {}  # chunk sizes repeat (1, 2, 4, 8, 12): each looked up once
     for f in frames_desc:
