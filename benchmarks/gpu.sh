@@ -15,7 +15,7 @@
 #       gemv       the one-/two-row linears as the frame's PDL chains      -> gemv_h200.json
 #       conv       the codec's k > 1 convs alone: cuDNN timed per shape / heuristic / kernels/conv1d.py
 #                  (CONV_FLAGS: conv_bench.py's --shapes, --tiles)                -> conv_h200.json
-#       codec      codec graphs and warm-up seconds, CODEC_VARIANTS (served cudnn; conv-kernel, unfused-snake, kernel-heuristics,
+#       codec      codec graphs and warm-up seconds, CODEC_VARIANTS (served cudnn; conv-kernel, kernel-heuristics,
 #                  torch-ops)                                                -> codec_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh throughput [STEP...] # README "Throughput levers" (~8 min)
 #       levers     the engine alone (SIZE, default 1.7b), open loop past the knee, one build: the served engine
@@ -274,7 +274,6 @@ if [ "$MODE" = kernels ]; then
         kernel-heuristics) flags=(--cudnn-heuristics --codec-conv-kernel off) ;;
         cudnn) flags=(--codec-conv-kernel off) ;;
         conv-kernel) flags=(--codec-conv-kernel all) ;;
-        unfused-snake) flags=(--codec-unfused-snake) ;;
         served) flags=() ;;
       esac
       step "codec-$v" 110 python3 benchmarks/serving_bench.py --size 0.6b --sections codec --max-batch 64 \
@@ -288,8 +287,7 @@ whats = {"torch-ops": "SnakeBeta, norms and SwiGLU as torch ops, cuDNN's heurist
          "kernel-heuristics": "the codec's kernels, cuDNN's heuristic conv algorithms",
          "cudnn": "the codec's kernels, conv algorithms timed by cuDNN during capture",
          "served": "the codec's kernels, the k > 1 convs on kernels/conv1d.py (cuDNN, timed, for calls of < 32 rows x frames)",
-         "conv-kernel": "the codec's kernels, the k > 1 convs on kernels/conv1d.py at every call",
-         "unfused-snake": "as served, the residual units' second SnakeBeta on its own kernel after the conv kernel"}
+         "conv-kernel": "the codec's kernels, the k > 1 convs on kernels/conv1d.py at every call"}
 for v in os.environ["CODEC_VARIANTS"].split():
     what = whats.get(v, v)
     try:

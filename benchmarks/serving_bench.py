@@ -519,11 +519,6 @@ def main() -> None:
         "every call, or never (cuDNN's algorithms, timed per shape)",
     )
     ap.add_argument(
-        "--codec-unfused-snake",
-        action="store_true",
-        help="the residual units' SnakeBeta after their conv on its own kernel, not in the conv kernel's epilogue",
-    )
-    ap.add_argument(
         "--cudnn-heuristics", action="store_true", help="codec graphs on cuDNN's heuristic conv algorithms"
     )
     ap.add_argument(
@@ -613,7 +608,6 @@ def main() -> None:
                 codec_conv_kernel_min_frames=(
                     0 if args.codec_conv_kernel == "all" else ExperimentalOptions.codec_conv_kernel_min_frames
                 ),
-                codec_conv_snake=not args.codec_unfused_snake,
                 warm_threads=args.warm_threads,
                 codec_warm_threads=args.codec_warm_threads,
             ),
@@ -626,7 +620,6 @@ def main() -> None:
             "fused_kernels": not args.no_fused,
             "codec_kernels": not args.codec_torch_ops,
             "codec_conv_kernel": args.codec_conv_kernel,
-            "codec_conv_snake": not args.codec_unfused_snake,
             "codec_cudnn_benchmark": not args.cudnn_heuristics,
             "warm_threads": args.warm_threads,
             "codec_warm_threads": args.codec_warm_threads,

@@ -6,9 +6,6 @@ xx (B, L, Cin) is a causal conv's whole input (its history, then the new steps),
 taps stacked: output positions are the GEMM's rows (B x T of them, across batch rows), each tap's
 input rows are the same positions shifted by j d, read where they lie (no im2col buffer, no layout
 transform). The codec decoder's dense convs (k = 3 and 7) can run on it (engine/qwen3/codec_decoder.py).
-With ``snake`` the output is SnakeBeta of it (kernels/snake.py), the bias its shift, computed on the
-float32 accumulator: the residual units' activation after their dilated conv then costs no pass of
-its own over the activation (a write and a read of it, ~a tenth of a large codec call).
 
 Why not cuDNN: cuDNN's fast algorithm for these shapes differs per (rows, length), and torch finds
 it only by timing candidates in the process, once per shape, on every start; with a graph per
@@ -29,7 +26,6 @@ from voicewire.kernels.launch_checks import (
     check_same_device_unit_stride,
     interpreter_enabled,
 )
-from voicewire.kernels.snake import sin_squared
 
 
 # the lengths change with every call's shape: one compiled variant serves them all (their alignment
@@ -39,8 +35,6 @@ def _conv_kernel(
     x_ptr,
     w_ptr,
     bias_ptr,
-    snake_a_ptr,
-    snake_inv_b_ptr,
     out_ptr,
     M,  # output positions, B * T
     T,  # output positions per batch row
@@ -50,7 +44,6 @@ def _conv_kernel(
     DIL,
     K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    SNAKE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -82,9 +75,6 @@ def _conv_kernel(
         acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if SNAKE:
-        a = tl.load(snake_a_ptr + n, mask=n_ok, other=0.0)
-        acc = tl.fma(tl.load(snake_inv_b_ptr + n, mask=n_ok, other=0.0)[None, :], sin_squared(acc * a[None, :]), acc)
     out = out_ptr + m.to(tl.int64)[:, None] * COUT + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -158,14 +148,11 @@ def conv1d_tm(
     bias: torch.Tensor | None = None,
     depthwise: bool = False,
     tile: tuple[int, int, int] | None = None,
-    snake: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """xx (B, L, Cin) contiguous, taps (K Cin, Cout) from ``stack_taps`` in xx's dtype ((K, C) for a
     ``depthwise`` conv, Cin = Cout = C groups), bias (Cout,) or None -> (B, L - (K - 1) dilation, Cout)
     contiguous in xx's dtype, float32 accumulation. ``tile``: (BLOCK_M, BLOCK_N, BLOCK_K) of a dense
-    conv instead of ``tiles``' choice (benchmarks/conv_bench.py tries others). ``snake``: (a, inv_b),
-    contiguous float32 (Cout,) as kernels/snake.py takes them: the output is SnakeBeta of the conv
-    plus bias (a dense conv's only)."""
+    conv instead of ``tiles``' choice (benchmarks/conv_bench.py tries others)."""
     if xx.dim() != 3 or not xx.is_contiguous():
         raise ValueError(f"xx must be a contiguous (B, L, Cin), got {tuple(xx.shape)} strides {xx.stride()}")
     if xx.dtype not in SUPPORTED_DTYPES:
@@ -189,13 +176,6 @@ def conv1d_tm(
     if t < 0:
         raise ValueError(f"{length} input steps, fewer than the {(kernel - 1) * dilation} of the history")
     on_device = {"taps": taps} if bias is None else {"taps": taps, "bias": bias}
-    if snake is not None:
-        if depthwise:
-            raise ValueError("snake is for a dense conv's output")
-        for name, p in zip(("a", "inv_b"), snake, strict=True):
-            if p.shape != (cout,) or p.dtype != torch.float32:
-                raise ValueError(f"snake {name} must be float32 ({cout},), got {p.dtype} {tuple(p.shape)}")
-            on_device[name] = p
     check_same_device_unit_stride(on_device, xx.device)
     out = torch.empty(b, t, cout, device=xx.device, dtype=xx.dtype)
     if out.numel() == 0:
@@ -212,13 +192,10 @@ def conv1d_tm(
         return out
     block_m, block_n, block_k = tile or tiles(cin, cout)
     grid = (triton.cdiv(b * t, block_m), triton.cdiv(cout, block_n))
-    snake_a, snake_inv_b = snake or (bias_ptr, bias_ptr)  # never read without ``snake``
     _conv_kernel[grid](
         xx,
         taps,
         bias_ptr,
-        snake_a,
-        snake_inv_b,
         out,
         b * t,
         t,
@@ -228,7 +205,6 @@ def conv1d_tm(
         dilation,
         K=kernel,
         HAS_BIAS=bias is not None,
-        SNAKE=snake is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

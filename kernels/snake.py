@@ -42,7 +42,7 @@ SIN_C9, SIN_C11 = tl.constexpr(1.0 / 362880), tl.constexpr(-1.0 / 39916800)
 
 
 @triton.jit
-def sin_squared(z):
+def _sin_squared(z):
     k = tl.floor(z * INV_PI + 0.5)
     r = tl.fma(k, -PI_HI, z)
     r = tl.fma(k, -PI_LO, r)
@@ -102,7 +102,7 @@ def _snake_kernel(
     pre = tl.load(pre_ptr + b[:, None] * spb + (src + P).to(tl.int64) * spt + c[None, :], mask=from_pre, other=0.0)
     cm = w < W
     v = x.to(tl.float32) + tl.load(shift_ptr + c, mask=cm, other=0.0)[None, :]
-    s2 = sin_squared(v * tl.load(a_ptr + c, mask=cm, other=0.0)[None, :])
+    s2 = _sin_squared(v * tl.load(a_ptr + c, mask=cm, other=0.0)[None, :])
     y = tl.fma(tl.load(inv_b_ptr + c, mask=cm, other=0.0)[None, :], s2, v)
     y = tl.where(from_x, y, pre.to(tl.float32))
     out = out_ptr + r.to(tl.int64)[:, None] * W + w[None, :]

@@ -67,13 +67,10 @@ class CausalConv(nn.Module):
         self.register_buffer("w4", torch.empty(0), persistent=False)
         self.register_buffer("taps", torch.empty(0), persistent=False)
         self.register_buffer("bias32", torch.empty(0), persistent=False)
-        self.snake_epilogue = False
 
     @torch.no_grad()
-    def prepare(self, conv_kernel: bool = False, snake_epilogue: bool = True) -> None:
-        """``conv_kernel``: a conv of k > 1, dense or depthwise, runs on kernels/conv1d.py instead of cuDNN;
-        ``snake_epilogue``: ``run_activated`` on it applies the activation in the kernel."""
-        self.snake_epilogue = snake_epilogue
+    def prepare(self, conv_kernel: bool = False) -> None:
+        """``conv_kernel``: a conv of k > 1, dense or depthwise, runs on kernels/conv1d.py instead of cuDNN."""
         w = self.conv.weight
         self.w4 = w[:, :, 0].T.contiguous() if w.shape[-1] == 1 else w[:, :, None].contiguous(
             memory_format=torch.channels_last
@@ -92,16 +89,6 @@ class CausalConv(nn.Module):
         if self.history:
             io.put(xx, self.history, dim=1)
         return self.run(xx, bias, io.cudnn_convs)
-
-    def run_activated(self, xx: Tensor, act: SnakeBeta, cudnn: bool = False) -> Tensor:
-        """``act`` of ``run``'s output plus the bias: in the conv kernel's epilogue where the kernel
-        runs this conv and ``prepare`` fused it, one pass over the output fewer."""
-        if self.taps.numel() and self.snake_epilogue and not cudnn:
-            from voicewire.kernels.conv1d import conv1d_tm
-
-            c = self.conv
-            return conv1d_tm(xx, self.taps, c.kernel_size[0], c.dilation[0], self.bias32, snake=act.consts)
-        return act(self.run(xx, cudnn=cudnn), self.bias32)
 
     def run(self, xx: Tensor, bias: bool = False, cudnn: bool = False) -> Tensor:
         """The conv of its whole input xx (B, history + T, C), history included (no state touched);
@@ -174,22 +161,16 @@ class SnakeBeta(nn.Module):
         self._consts = (a, (1.0 / (torch.exp(self.beta.float()) + 1e-9)).contiguous())
         self._kernel = kernel
 
-    @property
-    def consts(self) -> tuple[Tensor, Tensor]:
-        """(exp(alpha), 1 / (exp(beta) + 1e-9)), float32 (C,): what kernels/snake.py takes."""
-        if self._consts is None:
-            raise RuntimeError("SnakeBeta.prepare() was not called")
-        return self._consts
-
     def forward(
         self, x: Tensor, shift: Tensor | None = None, prefix: Tensor | None = None, pair: bool = False
     ) -> Tensor:
-        consts = self.consts
+        if self._consts is None:
+            raise RuntimeError("SnakeBeta.prepare() was not called")
         if self._kernel:
             from voicewire.kernels.snake import snake as fn
         else:  # torch ops only: no Triton needed (a CPU install without the kernels extra)
             from voicewire.kernels.reference import snake_reference as fn
-        return fn(x, *consts, shift=shift, prefix=prefix, pair=pair)
+        return fn(x, *self._consts, shift=shift, prefix=prefix, pair=pair)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -220,7 +201,7 @@ class ResidualUnit(nn.Module):
         c1 = self.conv1
         a1 = self.act1(x, shift, prefix=io.take(c1.history, c1.cin))  # conv1's whole input
         io.put(a1, c1.history, dim=1)
-        a2 = c1.run_activated(a1, self.act2, io.cudnn_convs)
+        a2 = self.act2(c1.run(a1, cudnn=io.cudnn_convs), c1.bias32)
         b, t, c = x.shape
         # the residual add inside the GEMM, in place: x is not read again, and an out-of-place addmm
         # first copies its input into the output (a pass over the largest activations, ~5% of a call)
@@ -292,18 +273,13 @@ class CodecDecoder(nn.Module):
 
     @torch.no_grad()
     def prepare(
-        self,
-        kernels: bool | None = None,
-        conv_kernel: bool | None = False,
-        conv_kernel_min_frames: int = 0,
-        conv_snake: bool = True,
+        self, kernels: bool | None = None, conv_kernel: bool | None = False, conv_kernel_min_frames: int = 0
     ) -> None:
         """Fold the RVQ normalization and output projections into one (Q, V, codebook_dim) table and
         each transformer layer's weights (``CodecLayer``), and run the SnakeBeta activations, RMS norms
         and SwiGLU activations on their Triton kernels (``kernels``; None = on CUDA) or torch ops, and
         the k > 1 convs on kernels/conv1d.py (``conv_kernel``; None = on CUDA) or cuDNN; with the
-        kernel, calls of fewer than ``conv_kernel_min_frames`` rows x frames still run on cuDNN, and
-        the residual units' second SnakeBeta runs in its epilogue (``conv_snake``).
+        kernel, calls of fewer than ``conv_kernel_min_frames`` rows x frames still run on cuDNN.
 
         Call after loading weights (the model does), and again after changing their dtype or device.
         Sum-then-project in the reference becomes project-then-sum here, and a layer scale multiplies
@@ -316,7 +292,7 @@ class CodecDecoder(nn.Module):
             if isinstance(m, SnakeBeta):
                 m.prepare(kernel)
             elif isinstance(m, CausalConv):
-                m.prepare(conv_kernel, conv_snake)
+                m.prepare(conv_kernel)
             elif isinstance(m, CausalTransConv):
                 m.prepare()
             elif isinstance(m, CodecLayer):

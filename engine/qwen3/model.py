@@ -101,10 +101,7 @@ class Qwen3TTSModel(Model):
             m.eval().requires_grad_(False)
         experimental = options.experimental
         self.codec.prepare(
-            experimental.codec_kernels,
-            experimental.codec_conv_kernel,
-            experimental.codec_conv_kernel_min_frames,
-            experimental.codec_conv_snake,
+            experimental.codec_kernels, experimental.codec_conv_kernel, experimental.codec_conv_kernel_min_frames
         )
         p = next(self.talker.parameters())
         self.device, self.dtype = p.device, p.dtype

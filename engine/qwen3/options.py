@@ -66,9 +66,6 @@ class ExperimentalOptions:
     # them 10-18% faster than the kernel (a one-frame first chunk among them)
     codec_conv_kernel: bool | None = None
     codec_conv_kernel_min_frames: int = 32
-    # on the conv kernel, the residual units' SnakeBeta after their dilated conv in its epilogue (no
-    # pass of its own over the activation); False = the SnakeBeta kernel after the conv
-    codec_conv_snake: bool = True
     # positions per KV block; 0 = kv_pool.PAGE. ServeOptions.max_seq_len is the slot-contiguous layout
     # (one page per stream), the reference the paged cache is tested against
     kv_page: int = 0

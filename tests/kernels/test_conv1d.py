@@ -63,26 +63,6 @@ def test_depthwise_conv_matches_torch(
     assert rel_err(out, ref) < REL_TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_snake_epilogue_matches_conv_then_snake(device: str, dtype: torch.dtype) -> None:
-    """SnakeBeta of conv + bias in the kernel's epilogue against the float64 conv, then the
-    reference SnakeBeta with the bias as its shift (a channel count no tile divides)."""
-    skip_unsupported(device, dtype)
-    g = torch.Generator().manual_seed(5)
-    b, t, cin, cout, k, d = 2, 9, 48, 40, 7, 3
-    xx = torch.randn(b, t + (k - 1) * d, cin, generator=g).to(device, dtype)
-    weight = (torch.randn(cout, cin, k, generator=g) / (cin * k) ** 0.5).to(device, dtype)
-    bias = torch.randn(cout, generator=g).to(device)
-    a = torch.exp(torch.randn(cout, generator=g)).to(device)
-    inv_b = (1.0 / (torch.exp(torch.randn(cout, generator=g)) + 1e-9)).to(device)
-    out = conv1d_tm(xx, stack_taps(weight), k, d, bias, snake=(a, inv_b))
-    v = _reference(xx, weight, bias, d)
-    ref = v + torch.sin(v * a.double()) ** 2 * inv_b.double()
-    assert out.shape == (b, t, cout) and out.dtype == dtype
-    assert rel_err(out, ref) < REL_TOL[dtype]
-    assert rel_err(out, v) > 10 * REL_TOL[dtype]  # the activation is there
-
-
 @pytest.mark.parametrize("tile", [(16, 16, 16), (64, 32, 32)])
 def test_conv_gives_the_same_at_other_tiles(device: str, tile: tuple[int, int, int]) -> None:
     """Tiles smaller than the channels, the positions and a row (the masks and loops at their edges)."""
@@ -118,10 +98,6 @@ def test_conv_rejects_bad_inputs() -> None:
         conv1d_tm(torch.zeros(1, 10, 4), taps, 7, bias=torch.zeros(3))
     with pytest.raises(TypeError):
         conv1d_tm(torch.zeros(1, 10, 4, dtype=torch.int32), taps.int(), 7)
-    with pytest.raises(ValueError, match="snake"):
-        conv1d_tm(torch.zeros(1, 10, 4), taps, 7, snake=(torch.ones(8), torch.ones(8, dtype=torch.float64)))
-    with pytest.raises(ValueError, match="snake"):
-        conv1d_tm(torch.zeros(1, 10, 4), torch.zeros(7, 4), 7, depthwise=True, snake=(torch.ones(4), torch.ones(4)))
 
 
 def test_codec_on_the_conv_kernel_decodes_like_cudnn(device: str) -> None:
