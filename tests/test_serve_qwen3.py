@@ -35,7 +35,7 @@ def test_cuda_defaults_are_the_benchmarked_configuration() -> None:
     options, max_streams = _config("--random-weights", "--qwen-size", "1.7b", "--device", "cuda")
     assert options["dtype"] == "bf16"
     assert options["max_slots"] == "auto" and max_streams == engine_flags.AUTO_MAX_STREAMS
-    assert options["max_batch_size"] == 256 and options["max_seq_len"] == 1536
+    assert options["max_batch_size"] == 512 and options["max_seq_len"] == 1536
     assert options["memory_share"] == 1.0 and options["checkpoint"] is None
 
 
