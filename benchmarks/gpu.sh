@@ -233,7 +233,7 @@ if [ "$MODE" = front-door ]; then
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   step front-door 570 python3 benchmarks/front_door.py --rates "${RATES-1,60,80,90,100,110}" \
     --words-rates "${WORDS_RATES-1,80}" --http-rates "${HTTP_RATES:-}" --duration-s "${DURATION_S:-10}" ${WORDS_FIRST:+--words-first} ${RATES_AGAIN:+--rates-again "$RATES_AGAIN"} \
-    --engine-only "${ENGINE_ONLY---size $SIZE --max-batch 512 --max-slots 2048 --max-seq-len 1536 --length-scale 0.74}" \
+    --engine-only "${ENGINE_ONLY---size $SIZE --max-batch 512 --max-slots 512 --max-seq-len 1536 --length-scale 0.74}" \
     --out "$OUT/$name.json" --plot "$OUT/$name.png" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
   stamp "$OUT/$name.json"
