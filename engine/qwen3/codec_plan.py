@@ -81,7 +81,6 @@ def _row_splits(t: int, buckets: Sequence[int], rows: int) -> _Splits:
     splits = _splits.setdefault((t, tuple(buckets)), [(0.0, 0)])
     per_row = CODEC_ROW_MS + CODEC_FRAME_MS * t
     for n in range(len(splits), rows + 1):
-        splits.append(
-            min(((CODEC_CALL_MS + per_row * b + splits[max(0, n - b)][0], b) for b in reversed(buckets)), key=operator.itemgetter(0))
-        )
+        options = ((CODEC_CALL_MS + per_row * b + splits[max(0, n - b)][0], b) for b in reversed(buckets))
+        splits.append(min(options, key=operator.itemgetter(0)))
     return splits
