@@ -17,11 +17,10 @@ class UsageError(Exception):
 
 # Defaults of the qwen3-tts flags. On CUDA: the configuration benchmarks/serving_bench.py measures
 # (bf16, CUDA graphs captured at start, batch 512, codec buckets up to 64 streams x 48 frames, as
-# many slots as fit). A frame step is bound by its ~1,000 dependent launches more than by its rows:
-# 512 rows take ~1.5x the time of 256 (13.6 against 9.2 ms on the H200) for twice the frames. Past
-# ~300 turns/s that is the difference between serving and falling behind (an H100: 1,967 of 3,119
-# turns late at 400 turns/s with 256, 46-150 with 512), for a longer first step of a new turn under
-# that load (front_door_1.7b_b512_full_h100.json, docs/performance-history.md).
+# many slots as fit). A frame step is bound by its ~1,000 dependent launches more than by its rows,
+# so 512 rows take about 1.5x the time of 256 for twice the frames: at the loads where more than 256
+# streams are ready that is the difference between serving and falling behind, for a longer first
+# step of a new turn under such a load (docs/performance-history.md, twenty-first pass).
 CUDA_MAX_BATCH = 512
 CPU_MAX_STREAMS = 16  # and the CPU's batch: a CPU runs a few real-time Qwen3 streams, not hundreds
 DEFAULT_MAX_SEQ_LEN = 1536  # talker positions per stream: ~2 minutes of audio
