@@ -52,7 +52,7 @@
 #                                                            -> clone_parity_h200.json, clone_precision_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh profile [STEP...]    # where the GPU and the worker's time goes
 #       step       per-kernel profile of the captured frame step            -> profile_h200.json
-#       serve      the served 1.7B engine under open-loop load (RATES, VARIANTS, SECTIONS of profile_serve.py), each
+#       serve      the served 1.7B engine under open-loop load (RATES, VARIANTS, SECTIONS, PROFILE_FLAGS of profile_serve.py), each
 #                  tick's host phases and every graph call's GPU span; the codec's kernels and convs
 #                                                                           -> profile_serve_h200.json
 #
@@ -354,7 +354,7 @@ if [ "$MODE" = profile ]; then
   fi
   if want serve; then
     step profile-serve 420 python3 benchmarks/profile_serve.py --size 1.7b --rates "${RATES:-170}" \
-      --variants "${VARIANTS:-served,serial}" --duration-s 5 ${SECTIONS:+--sections "$SECTIONS"} \
+      --variants "${VARIANTS:-served,serial}" --duration-s 5 ${SECTIONS:+--sections "$SECTIONS"} ${PROFILE_FLAGS:-} \
       --out "$OUT/profile_serve_${CARD}.json"
     stamp "$OUT/profile_serve_${CARD}.json"
   fi

@@ -220,6 +220,8 @@ class Probe:
             "e2e_ms": summarize(vals(lambda r: r.e2e_ms)),
             "server_ttfp_ms": summarize(vals(lambda r: r.server.get("ttfp_ms"))),
             "server_ttfa_ms": summarize(vals(lambda r: r.server.get("ttfa_ms"))),
+            # the engine's part of server_ttfp: first text -> first audio on the gateway's loop
+            "engine_ttfp_ms": summarize(vals(lambda r: r.server.get("engine_ttfp_ms"))),
         }
         if self.cfg.transport == "webrtc":
             summary["jitter_buffer_ms"] = summarize(vals(lambda r: r.jitter_buffer_ms))

@@ -35,6 +35,7 @@ def format_table(result: dict[str, Any]) -> str:
         "e2e_ms",
         "server_ttfp_ms",
         "server_ttfa_ms",
+        "engine_ttfp_ms",
         "jitter_buffer_ms",
         "rtp_jitter_ms",
         "connect_ms",
