@@ -86,12 +86,39 @@ class FrameStep:
     def prefill(self, packed: Tensor) -> Tensor:
         """packed (B, 2T + 4) int64 rows of ``pack_prefill_row`` -> first feeds (B, H) (see
         ``prefill_embeddings``)."""
+        return self.prefill_embeddings(*self._unpack(packed))
+
+    def prefill_first(self, packed: Tensor) -> Tensor:
+        """A step of new slots alone: packed rows as ``prefill``'s, of prompts of n <= T positions ->
+        codes (B, 16) of each slot's first frame.
+
+        The prompt's last position runs in the prefill as a row of its own, and its hidden state goes
+        straight to the sampling tail: the frame ``decode`` would make for the slot next, without the
+        talker's one-token pass over all its weights again (the first frame of a turn on an idle
+        device waits for every pass in this chain)."""
+        x, lengths, slots = self._unpack(packed)
+        b, t = x.shape[0], x.shape[1] - 1
+        last = lengths - 1
+        if self.fused is not None and self.fused.prefill:
+            hidden = cast(Tensor, self.fused.talker_prefill(x[:, :t], slots, last))
+        else:
+            positions = torch.arange(t, device=x.device).expand(b, t)
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None, None]
+            out = self.talker(x[:, :t], positions, self.kv.prefill(slots, t), mask)
+            hidden = out[torch.arange(b, device=x.device), last]
+        st = self.state
+        st.position.index_copy_(0, slots, lengths)
+        st.first_feed_pending.index_fill_(0, slots, False)
+        return self.sample_tail(slots, st.frames[slots], hidden)
+
+    def _unpack(self, packed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``pack_prefill_row`` rows -> prompt inputs (B, T + 1, H), lengths (B,), slots (B,)."""
         width = (packed.shape[1] - 2) // 2  # T + 1 ids per track
         text, codec = packed[:, :width], packed[:, width : 2 * width]
         lengths, slots = packed[:, 2 * width], packed[:, 2 * width + 1]
         has_codec = (codec != NO_CODEC)[..., None]
         x = self.talker.embed_text(text) + self.talker.codec_embedding(codec.clamp(min=0)) * has_codec
-        return self.prefill_embeddings(x, lengths, slots)
+        return x, lengths, slots
 
     def prefill_embeddings(self, x: Tensor, lengths: Tensor, slots: Tensor) -> Tensor:
         """x (B, T + 1, H) prompt inputs, right-padded; lengths (B,) n of each prompt -> first feeds (B, H).

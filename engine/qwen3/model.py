@@ -18,7 +18,8 @@ Life of a slot (host side: ``HostSlot``, host_slot.py; device side: rows of tens
                 feed is its first feed): the talker's one-token step, sample codebook 0, run the
                 code predictor for codebooks 1..15, one device->host copy of the (B, 16) codes;
                 on that copy, the runaway guards (guards.py) end a stream that never says EOS or
-                loops
+                loops. A step of one or two new slots and no running one prefills the whole
+                prompt and samples from its last position in one call instead (``FIRST_ROWS``)
     decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
                 tick in as few calls as pay off, each padded to a common frame count, each row
                 advancing by its own count (codec_runner.py)
@@ -79,6 +80,10 @@ from .weights import Modules
 # (seconds of playback slack, frames): chunks of 24 and 48 frames for streams seconds ahead of their
 # listener, where the codec has graphs of them (ModelInfo.slack_chunk_frames)
 SLACK_CHUNK_FRAMES = ((2.0, 24), (6.0, 48))
+# A step of only new slots (a turn on an idle engine) samples their first frames in the prefill call
+# (FrameStep.prefill_first) when they are this few: more new slots at once come with a load, which
+# has running slots in the step most of the time, and every such graph costs start-up
+FIRST_ROWS = 2
 
 
 class Qwen3TTSModel(Model):
@@ -289,16 +294,20 @@ class Qwen3TTSModel(Model):
         new = [s for s in prompts if s not in results]
         self.state.flush()  # the rows and text the step's feeds read (open_slot and add_text queue them)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
-        per_call = self.prefill_batches[-1]
-        for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):
-            self._run_prefill(group, [prompts[s] for s in group], staged)
         batch = running + new  # new slots make their first frame in the same decode call
-        size = self.decode_buckets[-1]
         parts: list[Tensor] = []
-        for i in range(0, len(batch), size):
-            if parts:  # the next call may replay the same graph, overwriting the static output
-                parts[-1] = parts[-1].clone()
-            parts.append(self._run_decode(batch[i : i + size], staged))
+        first = None if running else self._first_call(new, prompts)
+        if first is not None:  # new slots alone: their first frames come out of the prefill itself
+            parts.append(self._run_first(new, [prompts[s] for s in new], first, staged))
+        else:
+            per_call = self.prefill_batches[-1]
+            for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):
+                self._run_prefill(group, [prompts[s] for s in group], staged)
+            size = self.decode_buckets[-1]
+            for i in range(0, len(batch), size):
+                if parts:  # the next call may replay the same graph, overwriting the static output
+                    parts[-1] = parts[-1].clone()
+                parts.append(self._run_decode(batch[i : i + size], staged))
         if not batch:
             return Queued.finished([results[s] for s in slots])
         codes = self.codes_to_host.start(parts[0] if len(parts) == 1 else torch.cat(parts))
@@ -328,6 +337,40 @@ class Qwen3TTSModel(Model):
         # a view of the static output: the copy to the host is queued before the next step's replay
         return codes[: len(group)]
 
+    def _first_call(self, new: list[int], prompts: dict[int, Prompt]) -> tuple[str, int, int] | None:
+        """The graph that prefills these new slots and samples their first frames in one call, when
+        there is one: a few slots of packed-id prompts (no cloned voice), of a graphed length."""
+        b = bucket_for(len(new), self.prefill_batches) if new else 0
+        if not new or b > FIRST_ROWS or any(self._slots[s].voice is not None for s in new):
+            return None
+        longest = max(len(prompts[s]) for s in new)  # talker positions: all of each prompt
+        if longest < 2:  # a prompt of one position is a decode feed of its own: no prefill to save
+            return None
+        t = next((n for n in self.prefill_lens if n >= longest), 0)
+        key = ("first", b, t)
+        return key if self.graphs.has(key) else None
+
+    def _run_first(
+        self, group: list[int], prompts: list[Prompt], key: tuple[str, int, int], staged: list[Tensor]
+    ) -> Tensor:
+        """The group's prompts into the KV cache and their first frames' codes (frame_step.py
+        ``prefill_first``)."""
+        _, b, t = key
+        codes = self.graphs.run(key, self._prefill_rows(group, prompts, b, t), staged)
+        for s, p in zip(group, prompts, strict=True):
+            st = self._slots[s]
+            st.prefilled, st.position = True, len(p)
+            st.begun += 1
+        return codes[: len(group)]
+
+    def _prefill_rows(self, group: list[int], prompts: list[Prompt], b: int, t: int) -> np.ndarray:
+        """Packed-id rows of the group's prompts over ``t`` talker positions, padded to ``b`` rows."""
+        return np.array(
+            [pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, t) for p, s in zip(prompts, group, strict=True)]
+            + [pack_prefill_row([0], [NO_CODEC], self.pad_slot, t)] * (b - len(group)),
+            dtype=np.int64,
+        )
+
     def _run_prefill(self, group: list[int], prompts: list[Prompt], staged: list[Tensor]) -> None:
         """The group's prompts but their last positions into the KV cache; those wait as first feeds
         for this step's decode call (frame_step.py)."""
@@ -339,14 +382,7 @@ class Qwen3TTSModel(Model):
             b = bucket_for(len(group), self.prefill_batches)
             # no bucket that long: eager at the exact length; none at all for prompts of one position
             t = next((n for n in self.prefill_lens if n >= longest), longest) if longest else 0
-            rows = np.array(
-                [
-                    pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, t)
-                    for p, s in zip(prompts, group, strict=True)
-                ]
-                + [pack_prefill_row([0], [NO_CODEC], self.pad_slot, t)] * (b - len(group)),
-                dtype=np.int64,
-            )
+            rows = self._prefill_rows(group, prompts, b, t)
             if self.graphs.has(("prefill", b, t)):
                 self.graphs.run(("prefill", b, t), rows, staged)
             else:  # prompts longer than every length bucket (whole text), or of one position: eager
@@ -373,6 +409,8 @@ class Qwen3TTSModel(Model):
             for t in self.prefill_lens:
                 row = pack_prefill_row([0], [NO_CODEC], pad, t)
                 self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
+                if b <= FIRST_ROWS:
+                    self.graphs.add(("first", b, t), self.step.prefill_first, torch.tensor([row] * b))
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: HostSlot) -> Prompt:

@@ -151,3 +151,49 @@ def test_cloned_voices_give_their_reference_codes(device: str) -> None:
         np.testing.assert_array_equal(
             got[slot], prefill_reference(model, slot, text, params), err_msg=f"slot {slot}"
         )
+
+
+
+def test_new_streams_alone_sample_their_first_frames_in_the_prefill_call(
+    model: Qwen3TTSModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step of one or two new streams and no running one is one call (prefill_first): no decode
+    call after it. A new stream beside a running one, three new ones, and a prompt past every
+    length bucket take the prefill and decode calls; every stream's codes stay the reference's."""
+    calls: list[list[str]] = []  # each generate() call's graph calls
+    run, generate = model.graphs.run, model.generate
+
+    def recorded(key: tuple[object, ...], rows: np.ndarray, staged: object = None) -> object:
+        calls[-1].append(f"{key[0]}{key[1]}")
+        return run(key, rows, staged)  # type: ignore[arg-type]
+
+    def step(slots: list[int]) -> object:
+        calls.append([])
+        return generate(slots)
+
+    whole = {"whole_text": True}
+    ryan = StreamParams(voice="ryan", greedy=True, forced_frames=2)
+    vivian = StreamParams(voice="vivian", forced_frames=2, seed=3)
+    groups = {  # each on an idle model: (slot, join at step, text, params)
+        "alone, then one joins": [(0, 0, SENTENCE, ryan), (1, 1, "Beside it.", vivian)],
+        "two at once": [(2, 0, SENTENCE, ryan), (3, 0, "Two at once.", replace(vivian, extra=whole))],
+        "three at once": [(0, 0, "Three,", ryan), (1, 0, "at", ryan), (2, 0, "once.", vivian)],
+        "too long": [(4, 0, LONG, replace(ryan, extra=whole))],
+    }
+    seen = {}
+    for name, group in groups.items():
+        calls.clear()
+        with monkeypatch.context() as m:
+            m.setattr(model.graphs, "run", recorded)
+            m.setattr(model, "generate", step)
+            got = run_joining(model, group, 6)
+        seen[name] = calls[:2]
+        for slot, _, text, params in group:
+            want = prefill_reference(model, slot, text, params)
+            np.testing.assert_array_equal(got[slot], want, err_msg=name)
+    assert seen == {
+        "alone, then one joins": [["first1"], ["prefill1", "decode2"]],
+        "two at once": [["first2"], ["decode2"]],  # both prompts in the 16-position bucket
+        "three at once": [["prefill4", "decode4"], ["decode4"]],
+        "too long": [["decode1"], ["decode1"]],  # its prefill eager, then the decode call
+    }
