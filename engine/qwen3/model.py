@@ -18,8 +18,11 @@ Life of a slot (host side: ``HostSlot``, host_slot.py; device side: rows of tens
                 feed is its first feed): the talker's one-token step, sample codebook 0, run the
                 code predictor for codebooks 1..15, one device->host copy of the (B, 16) codes;
                 on that copy, the runaway guards (guards.py) end a stream that never says EOS or
-                loops. A step of one or two new slots and no running one prefills the whole
-                prompt and samples from its last position in one call instead (``FIRST_ROWS``)
+                loops
+    first_start NEW slots' first frames on a lane of their own instead (a few new slots of
+                packed-id prompts): the whole prompt prefilled and its last position sampled in one
+                call beside the frame steps in flight (FrameStep.prefill_first); the slots are not
+                ready until its codes are taken
     decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
                 tick in as few calls as pay off, each padded to a common frame count, each row
                 advancing by its own count (codec_runner.py)
@@ -37,6 +40,7 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import cast
 
@@ -80,10 +84,9 @@ from .weights import Modules
 # (seconds of playback slack, frames): chunks of 24 and 48 frames for streams seconds ahead of their
 # listener, where the codec has graphs of them (ModelInfo.slack_chunk_frames)
 SLACK_CHUNK_FRAMES = ((2.0, 24), (6.0, 48))
-# A step of only new slots (a turn on an idle engine) samples their first frames in the prefill call
-# (FrameStep.prefill_first) when they are this few: more new slots at once come with a load, which
-# has running slots in the step most of the time, and every such graph costs start-up
-FIRST_ROWS = 2
+# The first lane's stream (first_start): the highest priority, as the codec's urgent lane, so a new
+# turn's first frame takes the SMs a loaded frame step leaves between its launches
+FIRST_PRIORITY = -100
 
 
 class Qwen3TTSModel(Model):
@@ -167,6 +170,9 @@ class Qwen3TTSModel(Model):
         self.urgent_decode = self.codec_runner.urgent_stream is not None
         # generate_start returns with the step queued on the device: the next may queue behind it
         self.steps_in_flight = 2 if dev.type == "cuda" else 1
+        cuda = dev.type == "cuda"
+        self.first_lane_rows = options.first_lane_rows if options.first_lane_rows is not None else 8 * cuda
+        self._first_stream = torch.cuda.Stream(dev, priority=FIRST_PRIORITY) if cuda else None
         self._register_graphs()
         self._slots: dict[int, HostSlot] = {}
         self.limits = FrameLimits(
@@ -294,20 +300,16 @@ class Qwen3TTSModel(Model):
         new = [s for s in prompts if s not in results]
         self.state.flush()  # the rows and text the step's feeds read (open_slot and add_text queue them)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
+        per_call = self.prefill_batches[-1]
+        for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):
+            self._run_prefill(group, [prompts[s] for s in group], staged)
         batch = running + new  # new slots make their first frame in the same decode call
+        size = self.decode_buckets[-1]
         parts: list[Tensor] = []
-        first = None if running else self._first_call(new, prompts)
-        if first is not None:  # new slots alone: their first frames come out of the prefill itself
-            parts.append(self._run_first(new, [prompts[s] for s in new], first, staged))
-        else:
-            per_call = self.prefill_batches[-1]
-            for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):
-                self._run_prefill(group, [prompts[s] for s in group], staged)
-            size = self.decode_buckets[-1]
-            for i in range(0, len(batch), size):
-                if parts:  # the next call may replay the same graph, overwriting the static output
-                    parts[-1] = parts[-1].clone()
-                parts.append(self._run_decode(batch[i : i + size], staged))
+        for i in range(0, len(batch), size):
+            if parts:  # the next call may replay the same graph, overwriting the static output
+                parts[-1] = parts[-1].clone()
+            parts.append(self._run_decode(batch[i : i + size], staged))
         if not batch:
             return Queued.finished([results[s] for s in slots])
         codes = self.codes_to_host.start(parts[0] if len(parts) == 1 else torch.cat(parts))
@@ -337,33 +339,59 @@ class Qwen3TTSModel(Model):
         # a view of the static output: the copy to the host is queued before the next step's replay
         return codes[: len(group)]
 
-    def _first_call(self, new: list[int], prompts: dict[int, Prompt]) -> tuple[str, int, int] | None:
-        """The graph that prefills these new slots and samples their first frames in one call, when
-        there is one: a few slots of packed-id prompts (no cloned voice), of a graphed length."""
-        b = bucket_for(len(new), self.prefill_batches) if new else 0
-        if not new or b > FIRST_ROWS or any(self._slots[s].voice is not None for s in new):
+    @torch.no_grad()
+    def first_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]] | None:
+        """New slots' first frames in one call on the first lane (Model.first_start): their prompts
+        prefilled whole and each last position's hidden state sampled (FrameStep.prefill_first).
+
+        On CUDA the call runs on a stream of its own, beside the frame steps queued on the caller's:
+        it writes only these slots' rows (and the padding slot's, whose values nothing reads), and
+        the slots are not ready until its codes are taken, so no step reads them before it is done.
+        None for slots it cannot take: a cloned voice, a prompt past the length buckets, no KV block."""
+        hosts = self._slots
+        if not slots or len(slots) > self.first_lane_rows:
             return None
-        longest = max(len(prompts[s]) for s in new)  # talker positions: all of each prompt
-        if longest < 2:  # a prompt of one position is a decode feed of its own: no prefill to save
+        prompts = [self._prompt(hosts[s]) for s in slots]
+        st0 = [hosts[s] for s in slots]
+        if any(st.prefilled or st.voice is not None or not st.ready(self.limits) for st in st0):
+            return None
+        longest = max(len(p) for p in prompts)
+        if longest >= self.options.max_seq_len:  # the step refuses it (generate_start)
             return None
         t = next((n for n in self.prefill_lens if n >= longest), 0)
+        b = bucket_for(len(slots), self.prefill_batches)
         key = ("first", b, t)
-        return key if self.graphs.has(key) else None
-
-    def _run_first(
-        self, group: list[int], prompts: list[Prompt], key: tuple[str, int, int], staged: list[Tensor]
-    ) -> Tensor:
-        """The group's prompts into the KV cache and their first frames' codes (frame_step.py
-        ``prefill_first``)."""
-        _, b, t = key
-        codes = self.graphs.run(key, self._prefill_rows(group, prompts, b, t), staged)
-        for s, p in zip(group, prompts, strict=True):
-            st = self._slots[s]
-            st.prefilled, st.position = True, len(p)
+        if not self.graphs.has(key):
+            return None
+        ensure = self.kv.pool.ensure  # blocks taken for a slot refused here stay its own for its step
+        if not all([ensure(s, len(p)) for s, p in zip(slots, prompts, strict=True)]):
+            return None
+        lane = self._first_stream
+        staged: list[Tensor] = []
+        with torch.cuda.stream(lane) if lane is not None else contextlib.nullcontext():
+            self.state.flush(slots)  # these slots' rows and text; the rest goes with the next step
+            self.kv.flush()  # the table's changes: these slots' blocks, and closed slots' (no step reads them)
+            rows = self._prefill_rows(slots, prompts, b, t)
+            codes = self.codes_to_host.start(self.graphs.run(key, rows, staged)[: len(slots)])
+        for st, p in zip(st0, prompts, strict=True):
+            st.prefilled, st.position, st.first_pending = True, len(p), True
             st.begun += 1
-        return codes[: len(group)]
 
-    def _prefill_rows(self, group: list[int], prompts: list[Prompt], b: int, t: int) -> np.ndarray:
+        def finish() -> list[GenerateResult]:
+            host = codes()
+            staged.clear()
+            bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
+            self.invalid_code_rows += int(np.count_nonzero(bad))
+            looped = self.repetition.push(np.asarray(slots), host[:, 0])
+            out = []
+            for s, st, row, loops, invalid in zip(slots, st0, host, looped.tolist(), bad.tolist(), strict=True):
+                st.first_pending = False
+                out.append(st.record(s, row, loops, self.limits, invalid))
+            return out
+
+        return Queued(finish, codes.done)
+
+    def _prefill_rows(self, group: Sequence[int], prompts: list[Prompt], b: int, t: int) -> np.ndarray:
         """Packed-id rows of the group's prompts over ``t`` talker positions, padded to ``b`` rows."""
         return np.array(
             [pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, t) for p, s in zip(prompts, group, strict=True)]
@@ -409,8 +437,9 @@ class Qwen3TTSModel(Model):
             for t in self.prefill_lens:
                 row = pack_prefill_row([0], [NO_CODEC], pad, t)
                 self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
-                if b <= FIRST_ROWS:
-                    self.graphs.add(("first", b, t), self.step.prefill_first, torch.tensor([row] * b))
+                if b <= self.first_lane_rows:  # its own pool and stream: it runs beside the steps
+                    example = torch.tensor([row] * b)
+                    self.graphs.add(("first", b, t), self.step.prefill_first, example, pool="first", priority=FIRST_PRIORITY)
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: HostSlot) -> Prompt:

@@ -29,7 +29,12 @@ LONG = " ".join(["word"] * 70)  # a whole-text prompt of 81 positions: past the 
 @pytest.fixture(scope="module")
 def model(device: str) -> Qwen3TTSModel:
     opts = ServeOptions(
-        max_slots=6, max_batch_size=6, max_seq_len=256, cuda_graphs=False, prefill_len_buckets=(16, 32, 64)
+        max_slots=6,
+        max_batch_size=6,
+        max_seq_len=256,
+        cuda_graphs=False,
+        prefill_len_buckets=(16, 32, 64),
+        first_lane_rows=8,  # off by default on the CPU
     )
     return load_qwen3(None, "tiny", device=device, seed=3, options=opts)
 
@@ -154,46 +159,68 @@ def test_cloned_voices_give_their_reference_codes(device: str) -> None:
 
 
 
-def test_new_streams_alone_sample_their_first_frames_in_the_prefill_call(
+
+def test_the_first_lane_gives_new_streams_their_reference_codes(
     model: Qwen3TTSModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A step of one or two new streams and no running one is one call (prefill_first): no decode
-    call after it. A new stream beside a running one, three new ones, and a prompt past every
-    length bucket take the prefill and decode calls; every stream's codes stay the reference's."""
-    calls: list[list[str]] = []  # each generate() call's graph calls
-    run, generate = model.graphs.run, model.generate
+    """``first_start``: new streams' first frames in one call (the whole prompt prefilled and its
+    last position sampled, FrameStep.prefill_first), beside a stream whose steps go on; not ready
+    until its results are taken; then steps as any stream. Every stream's codes stay the
+    reference's. Refused: more slots than the lane takes, a prompt past every length bucket."""
+    calls: list[str] = []
+    run = model.graphs.run
 
     def recorded(key: tuple[object, ...], rows: np.ndarray, staged: object = None) -> object:
-        calls[-1].append(f"{key[0]}{key[1]}")
+        calls.append(f"{key[0]}{key[1]}")
         return run(key, rows, staged)  # type: ignore[arg-type]
 
-    def step(slots: list[int]) -> object:
-        calls.append([])
-        return generate(slots)
-
+    monkeypatch.setattr(model.graphs, "run", recorded)
     whole = {"whole_text": True}
-    ryan = StreamParams(voice="ryan", greedy=True, forced_frames=2)
-    vivian = StreamParams(voice="vivian", forced_frames=2, seed=3)
-    groups = {  # each on an idle model: (slot, join at step, text, params)
-        "alone, then one joins": [(0, 0, SENTENCE, ryan), (1, 1, "Beside it.", vivian)],
-        "two at once": [(2, 0, SENTENCE, ryan), (3, 0, "Two at once.", replace(vivian, extra=whole))],
-        "three at once": [(0, 0, "Three,", ryan), (1, 0, "at", ryan), (2, 0, "once.", vivian)],
-        "too long": [(4, 0, LONG, replace(ryan, extra=whole))],
+    streams = {
+        0: (SENTENCE, StreamParams(voice="ryan", greedy=True, forced_frames=4)),
+        1: ("Beside it.", StreamParams(voice="vivian", forced_frames=3, seed=3)),
+        2: ("Two at once.", StreamParams(voice="aiden", greedy=True, forced_frames=3, extra=whole)),
     }
-    seen = {}
-    for name, group in groups.items():
-        calls.clear()
-        with monkeypatch.context() as m:
-            m.setattr(model.graphs, "run", recorded)
-            m.setattr(model, "generate", step)
-            got = run_joining(model, group, 6)
-        seen[name] = calls[:2]
-        for slot, _, text, params in group:
-            want = prefill_reference(model, slot, text, params)
-            np.testing.assert_array_equal(got[slot], want, err_msg=name)
-    assert seen == {
-        "alone, then one joins": [["first1"], ["prefill1", "decode2"]],
-        "two at once": [["first2"], ["decode2"]],  # both prompts in the 16-position bucket
-        "three at once": [["prefill4", "decode4"], ["decode4"]],
-        "too long": [["decode1"], ["decode1"]],  # its prefill eager, then the decode call
-    }
+    got: dict[int, list[np.ndarray]] = {s: [] for s in streams}
+
+    def open_(slot: int) -> None:
+        text, params = streams[slot]
+        model.open_slot(slot, params)
+        model.add_text(slot, [text], True)
+
+    def record(results: list) -> None:  # type: ignore[type-arg]
+        for r in results:
+            if r.frames is not None:
+                got[r.slot].append(r.frames)
+
+    open_(0)
+    first = model.first_start([0])
+    assert first is not None and calls == ["first1"] and not model.ready(0)
+    record(first())
+    assert model.ready(0)
+    record(model.generate([0]))
+    open_(1)
+    open_(2)
+    first = model.first_start([1, 2])  # beside slot 0, which steps on before these are taken
+    assert first is not None and calls[-1] == "first2" and not model.ready(1) and not model.ready(2)
+    record(model.generate([0]))
+    record(first())
+    for _ in range(3):
+        record(model.generate([s for s in streams if model.ready(s)]))
+    for slot, (text, params) in streams.items():
+        want = prefill_reference(model, slot, text, params)
+        np.testing.assert_array_equal(np.concatenate(got[slot]), want, err_msg=f"slot {slot}")
+
+    for slot in streams:
+        model.close_slot(slot)
+    open_(0)
+    open_(1)
+    model.first_lane_rows = 1
+    assert model.first_start([0, 1]) is None  # more than the lane takes
+    model.first_lane_rows = 8
+    model.close_slot(0)
+    model.close_slot(1)
+    model.open_slot(4, StreamParams(voice="serena", greedy=True, forced_frames=1, extra=whole))
+    model.add_text(4, [LONG], True)
+    assert model.first_start([4]) is None  # past every length bucket: the step prefills it eagerly
+    model.close_slot(4)
