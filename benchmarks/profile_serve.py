@@ -40,7 +40,10 @@ from voicewire.engine.config import ChunkSchedule
 from voicewire.engine.engine import Engine
 from voicewire.engine.model import Queued
 from voicewire.engine.qwen3 import ExperimentalOptions, Qwen3TTSModel
-from voicewire.realtime.engine_flags import CUDA_MAX_BATCH
+
+# the served frame step's rows on CUDA (realtime/engine_flags.py CUDA_MAX_BATCH: that module needs the
+# gateway's packages, which the device has only where they are carried)
+SERVED_MAX_BATCH = 512
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "served": {},
@@ -449,7 +452,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", default=None)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--max-batch", type=int, default=CUDA_MAX_BATCH)
+    ap.add_argument("--max-batch", type=int, default=SERVED_MAX_BATCH)
     ap.add_argument("--max-slots", type=int, default=1024)
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--rates", default="170", help="req/s, each a run of every variant")
