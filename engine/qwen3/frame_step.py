@@ -89,13 +89,13 @@ class FrameStep:
         return self.prefill_embeddings(*self._unpack(packed))
 
     def prefill_first(self, packed: Tensor) -> Tensor:
-        """A step of new slots alone: packed rows as ``prefill``'s, of prompts of n <= T positions ->
-        codes (B, 16) of each slot's first frame.
+        """New slots' first frames (the first lane's call, Qwen3TTSModel.first_start): packed rows as
+        ``prefill``'s, of prompts of n <= T positions -> codes (B, 16) of each slot's first frame.
 
         The prompt's last position runs in the prefill as a row of its own, and its hidden state goes
         straight to the sampling tail: the frame ``decode`` would make for the slot next, without the
-        talker's one-token pass over all its weights again (the first frame of a turn on an idle
-        device waits for every pass in this chain)."""
+        talker's one-token pass over all its weights again (a turn's first audio waits for every
+        pass in this chain)."""
         x, lengths, slots = self._unpack(packed)
         b, t = x.shape[0], x.shape[1] - 1
         last = lengths - 1
