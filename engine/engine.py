@@ -33,8 +33,6 @@ frozen heap (heap_hold.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import itertools
 import logging
 import threading
@@ -99,9 +97,11 @@ class Engine:
         self._readiness = Readiness()  # the streams a step would make progress for (marked as they change)
         self._decoding = self._codec.work
         self._stepping = FrameStage(
-            self._decoding, self._record, self._generate_failed, self._slots_freed, self._firsts_taken
-        )
-        self._unstepped: set[int] = set()  # streams in no step yet: the first lane's (Model.first_start)
+            self._decoding, self._record, self._generate_failed, self._slots_freed,
+            # first frames recorded: their first chunks (and whatever else is due) to the codec
+            lambda: self._codec.begin(self.model, self._scheduler.plan_decode(time.perf_counter())),
+            lambda ready: self._scheduler.plan_generate(ready),
+        )  # fmt: skip
         self._cloner = Cloner()
         self._device_wait_base = 0.0
         self._heap = HeapHold()
@@ -137,11 +137,7 @@ class Engine:
             self._model = load_model(self.config.model, self.config.model_options)
         self._model.warmup()
         self._slots = SlotPool(self._model.info.max_slots)
-        chunks = self.config.chunks
-        if chunks.slack_frames is None:
-            chunks = dataclasses.replace(chunks, slack_frames=tuple(self._model.info.slack_chunk_frames))
-        batch = min(self.config.max_batch or self._model.info.max_batch_size, self._model.info.max_batch_size)
-        self._scheduler = Scheduler(chunks, batch)
+        self._scheduler = Scheduler.for_model(self.config, self._model.info)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
         self._stepping.ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
         self._stepping.ahead_min_rows = self.config.queue_ahead_min_rows
@@ -220,8 +216,7 @@ class Engine:
             try:
                 self._expire_queued()
                 ready = self._ready()
-                busy = bool(ready or self._stepping or self._decoding or self._stepping.firsts_out)
-                busy = busy or self._decode_pending()
+                busy = bool(ready or self._stepping.busy or self._decoding) or self._decode_pending()
                 if self._drain(block=not busy):
                     ready = self._ready()
                 if self._stopping:
@@ -238,11 +233,7 @@ class Engine:
 
     def _settle(self) -> None:
         """Waits for the begun work at shutdown, so the model's device is idle when the worker ends."""
-        while self._stepping:
-            with contextlib.suppress(Exception):
-                self._stepping.finish(self._slots)
-        with contextlib.suppress(Exception):
-            self._stepping.take_firsts(self._slots, wait=True)
+        self._stepping.settle(self._slots)
         self._decoding.settle()
 
     def _ready(self) -> set[int]:
@@ -323,7 +314,7 @@ class Engine:
             self._outbox.post(live.loop, live, stream.fail, StreamError("bad_request", str(err)))
             return
         self._live[stream.id] = live
-        self._unstepped.add(stream.id)
+        self._stepping.opened(stream.id)
         self._readiness.mark((stream.id,))
         self._scheduler.add(live.request)
         self.stats.streams_opened += 1
@@ -331,20 +322,18 @@ class Engine:
     def _step(self, ready: set[int]) -> None:
         t0 = time.perf_counter()
         model = self.model
-        firsts = self._begin_firsts(ready) if self._unstepped and model.first_lane_rows else 0
-        if firsts:
+        if firsts := self._stepping.begin_firsts(model, self._slots, ready):
+            self._readiness.mark(firsts)
             ready = self._ready()  # without the streams the first lane took
+            self.stats.first_lane_calls += 1
         plan = self._scheduler.plan_generate(ready) if self._stepping.has_room() else None
         rows = 0
         if plan is not None and self._stepping.begin(model, self._slots, plan):
             rows = len(plan.generate_slots)
-            self._unstepped.difference_update(plan.generate_streams)
             self._readiness.mark(plan.generate_streams)  # their begun frames count in their readiness
         if not (self.config.overlap_decode and model.decode_overlaps):
             # stage 2 on the worker's own queue: the step's frames, then the chunks they complete
-            while self._stepping:
-                self._stepping.finish(self._slots)
-            self._stepping.take_firsts(self._slots, wait=True)
+            self._stepping.finish_all(self._slots)
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._codec.begin(model, due)
@@ -362,36 +351,13 @@ class Engine:
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._codec.begin(model, due)
-            idle = not (self._stepping or rows or self._stepping.firsts_out)
-            taken += self._decoding.take(wait=idle)  # nothing else to wait for
+            taken += self._decoding.take(wait=not (self._stepping.busy or rows))  # nothing else to wait for
         if not (rows or due or taken or firsts):
             return  # nothing was begun or handed out: not a step
         t2 = time.perf_counter()
         waited = model.device_wait_s() - self._device_wait_base + self._decoding.polled_s
         self.stats.record_step(t1 - t0, t2 - t1, rows, waited)
         self._heap.record(self.stats)
-
-    def _begin_firsts(self, ready: set[int]) -> int:
-        """The most urgent ready streams that are in no step yet, their first frames begun on the
-        model's first lane (beside the steps in flight); returns how many it took. Those it does
-        not take go with the next step."""
-        new = ready & self._unstepped
-        if not new:
-            return 0
-        plan = self._scheduler.plan_generate(new)
-        n = self.model.first_lane_rows
-        plan = StepPlan(plan.generate_slots[:n], plan.generate_streams[:n])
-        self._readiness.mark(plan.generate_streams)
-        if not self._stepping.begin_first(self.model, self._slots, plan):
-            self._unstepped.difference_update(new)  # the model will not take them: the steps will
-            return 0
-        self._unstepped.difference_update(plan.generate_streams)
-        self.stats.first_lane_calls += 1
-        return len(plan.generate_slots)
-
-    def _firsts_taken(self) -> None:
-        """First frames recorded: their first chunks (and whatever else is due) to the codec."""
-        self._codec.begin(self.model, self._scheduler.plan_decode(time.perf_counter()))
 
     def _slots_freed(self, freed: list[int]) -> None:
         for slot in freed:
@@ -465,7 +431,7 @@ class Engine:
         if self._live.pop(sid, None) is None:
             return
         self._readiness.drop(sid)
-        self._unstepped.discard(sid)
+        self._stepping.gone(sid)
         self._scheduler.remove(sid)
         try:
             if self._slots.release(live.request.slot):

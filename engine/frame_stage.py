@@ -6,6 +6,7 @@ come back when it is taken."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -23,6 +24,7 @@ class FrameStage:
         failed: Callable[[StepPlan, Exception], None],
         freed: Callable[[list[int]], None],
         firsts_taken: Callable[[], None],
+        plan: Callable[[set[int]], StepPlan],
     ) -> None:
         self._steps: deque[tuple[StepPlan, Queued[list[GenerateResult]], frozenset[int]]] = deque()
         self._firsts: list[tuple[StepPlan, Queued[list[GenerateResult]], frozenset[int]]] = []
@@ -33,9 +35,22 @@ class FrameStage:
         self._failed = failed  # a step that failed to begin or to finish: its streams fail
         self._freed = freed  # slots released during steps, now free to close and reuse
         self._firsts_taken = firsts_taken  # first frames recorded: their chunks go to the codec now
+        self._plan = plan  # the scheduler's plan of the ready streams given, most urgent first
+        self._unstepped: set[int] = set()  # streams in no step yet: the first lane's
 
     def __len__(self) -> int:
         return len(self._steps)
+
+    @property
+    def busy(self) -> bool:
+        """Frame steps or first-lane calls begun and not yet taken."""
+        return bool(self._steps or self._firsts)
+
+    def opened(self, stream_id: int) -> None:
+        self._unstepped.add(stream_id)
+
+    def gone(self, stream_id: int) -> None:
+        self._unstepped.discard(stream_id)
 
     def has_room(self) -> bool:
         if not self._steps:
@@ -52,24 +67,30 @@ class FrameStage:
             self._failed(plan, err)
             return False
         self._steps.append((plan, results, slots.step_started(plan.generate_slots)))
+        self._unstepped.difference_update(plan.generate_streams)
         return True
 
-    @property
-    def firsts_out(self) -> bool:
-        """First-lane calls begun and not yet taken."""
-        return bool(self._firsts)
-
-    def begin_first(self, model: Model, slots: SlotPool, plan: StepPlan) -> bool:
-        """New streams' first frames begun on the model's first lane; False when it does not take them."""
+    def begin_firsts(self, model: Model, slots: SlotPool, ready: set[int]) -> list[int]:
+        """The most urgent ready streams in no step yet, up to ``model.first_lane_rows``, their first
+        frames begun on the model's first lane (beside the steps in flight); returns their ids
+        (empty when the model did not take them: then they go with the next step)."""
+        new = ready & self._unstepped
+        if not new or not model.first_lane_rows:
+            return []
+        full = self._plan(new)
+        n = model.first_lane_rows
+        plan = StepPlan(full.generate_slots[:n], full.generate_streams[:n])
         try:
             results = model.first_start(plan.generate_slots)
-        except Exception as err:
+        except Exception as err:  # failed, not refused: the streams are told, not stepped again
+            results = None
             self._failed(plan, err)
-            return True  # failed, not refused: the streams are told, not stepped again
         if results is None:
-            return False
+            self._unstepped.difference_update(new)
+            return []
         self._firsts.append((plan, results, slots.step_started(plan.generate_slots)))
-        return True
+        self._unstepped.difference_update(plan.generate_streams)
+        return plan.generate_streams
 
     def take_firsts(self, slots: SlotPool, wait: bool = False) -> int:
         """The first-lane calls that are done (with ``wait``, all of them) recorded, their freed slots
@@ -93,6 +114,20 @@ class FrameStage:
         if taken:
             self._firsts_taken()
         return taken
+
+    def finish_all(self, slots: SlotPool) -> None:
+        """Every begun step and first-lane call taken, waiting for each."""
+        while self._steps:
+            self.finish(slots)
+        self.take_firsts(slots, wait=True)
+
+    def settle(self, slots: SlotPool) -> None:
+        """Every begun step and first-lane call taken (shutdown), failures ignored."""
+        while self._steps:
+            with contextlib.suppress(Exception):
+                self.finish(slots)
+        with contextlib.suppress(Exception):
+            self.take_firsts(slots, wait=True)
 
     def finish(self, slots: SlotPool) -> None:
         """The oldest begun step's results recorded, and the slots freed during it given back."""

@@ -22,8 +22,10 @@ no stream uses carry the padding slot.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -31,6 +33,7 @@ from .code_predictor import CodePredictor
 from .config import Qwen3TTSConfig
 from .kv_cache import PagedKVCache
 from .options import FusedSettings
+from .prompt import Prompt
 from .sampler import RowParams, apply_repetition_penalty, sample
 from .slot_state import SlotState
 from .talker import Talker
@@ -52,6 +55,13 @@ def pack_prefill_row(
         raise ValueError(f"a prompt of {n} positions in a prefill row of {positions} talker positions")
     codec = [NO_CODEC if c is None else c for c in codec_ids]
     return [*text_ids, *([0] * (width - n)), *codec, *([NO_CODEC] * (width - n)), n, slot]
+
+
+def pack_prefill_rows(prompts: Sequence[Prompt], slots: Sequence[int], b: int, positions: int, pad_slot: int) -> np.ndarray:
+    """The prompts' rows (``pack_prefill_row``) of ``slots``, padded to ``b`` rows of the padding slot."""
+    rows = [pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, positions) for p, s in zip(prompts, slots, strict=True)]
+    rows += [pack_prefill_row([0], [NO_CODEC], pad_slot, positions)] * (b - len(rows))
+    return np.array(rows, dtype=np.int64)
 
 
 class FrameStep:

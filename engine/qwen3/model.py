@@ -19,10 +19,8 @@ Life of a slot (host side: ``HostSlot``, host_slot.py; device side: rows of tens
                 code predictor for codebooks 1..15, one device->host copy of the (B, 16) codes;
                 on that copy, the runaway guards (guards.py) end a stream that never says EOS or
                 loops
-    first_start NEW slots' first frames on a lane of their own instead (a few new slots of
-                packed-id prompts): the whole prompt prefilled and its last position sampled in one
-                call beside the frame steps in flight (FrameStep.prefill_first); the slots are not
-                ready until its codes are taken
+    first_start NEW slots' first frames on a lane of their own instead, beside the frame steps
+                in flight (first_lane.py)
     decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
                 tick in as few calls as pay off, each padded to a common frame count, each row
                 advancing by its own count (codec_runner.py)
@@ -40,7 +38,6 @@ device except for the one copy of the sampled codes (graph inputs go through pin
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import cast
 
@@ -68,7 +65,8 @@ from .codec_runner import CodecRunner
 from .codes_to_host import CodesToHost
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
-from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
+from .first_lane import FirstLane, lane_rows
+from .frame_step import NO_CODEC, FrameStep, pack_prefill_row, pack_prefill_rows
 from .guards import GuardLimits, RepetitionDetector
 from .host_slot import FrameLimits, HostSlot, invalid_rows
 from .kv_cache import PagedKVCache
@@ -84,9 +82,6 @@ from .weights import Modules
 # (seconds of playback slack, frames): chunks of 24 and 48 frames for streams seconds ahead of their
 # listener, where the codec has graphs of them (ModelInfo.slack_chunk_frames)
 SLACK_CHUNK_FRAMES = ((2.0, 24), (6.0, 48))
-# The first lane's stream (first_start): the highest priority, as the codec's urgent lane, so a new
-# turn's first frame takes the SMs a loaded frame step leaves between its launches
-FIRST_PRIORITY = -100
 
 
 class Qwen3TTSModel(Model):
@@ -170,9 +165,8 @@ class Qwen3TTSModel(Model):
         self.urgent_decode = self.codec_runner.urgent_stream is not None
         # generate_start returns with the step queued on the device: the next may queue behind it
         self.steps_in_flight = 2 if dev.type == "cuda" else 1
-        cuda = dev.type == "cuda"
-        self.first_lane_rows = options.first_lane_rows if options.first_lane_rows is not None else 8 * cuda
-        self._first_stream = torch.cuda.Stream(dev, priority=FIRST_PRIORITY) if cuda else None
+        self.first_lane_rows = lane_rows(options.first_lane_rows, dev)  # Model.first_lane_rows
+        self.first_lane = FirstLane(self)
         self._register_graphs()
         self._slots: dict[int, HostSlot] = {}
         self.limits = FrameLimits(
@@ -317,14 +311,19 @@ class Qwen3TTSModel(Model):
         def finish() -> list[GenerateResult]:
             host = codes()  # (B, 16), the caller's own: each row becomes its slot's frame
             staged.clear()
-            bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
-            self.invalid_code_rows += int(np.count_nonzero(bad))
-            looped = self.repetition.push(np.asarray(batch), host[:, 0])
-            for s, row, loops, invalid in zip(batch, host, looped.tolist(), bad.tolist(), strict=True):
-                results[s] = hosts[s].record(s, row, loops, limits, invalid)
+            results.update(zip(batch, self.record_codes(batch, host), strict=True))
             return [results[s] for s in slots]
 
         return Queued(finish, codes.done)
+
+    def record_codes(self, batch: Sequence[int], host: np.ndarray) -> list[GenerateResult]:
+        """A call's sampled codes (len(batch), 16) on the host, each row its slot's frame: checked
+        (invalid codes, runaway guards) and recorded."""
+        bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
+        self.invalid_code_rows += int(np.count_nonzero(bad))
+        looped = self.repetition.push(np.asarray(batch), host[:, 0])
+        rows = zip(batch, host, looped.tolist(), bad.tolist(), strict=True)
+        return [self._slots[s].record(s, row, loops, self.limits, invalid) for s, row, loops, invalid in rows]
 
     def _run_decode(self, group: list[int], staged: list[Tensor]) -> Tensor:
         b = bucket_for(len(group), self.decode_buckets)
@@ -339,65 +338,8 @@ class Qwen3TTSModel(Model):
         # a view of the static output: the copy to the host is queued before the next step's replay
         return codes[: len(group)]
 
-    @torch.no_grad()
     def first_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]] | None:
-        """New slots' first frames in one call on the first lane (Model.first_start): their prompts
-        prefilled whole and each last position's hidden state sampled (FrameStep.prefill_first).
-
-        On CUDA the call runs on a stream of its own, beside the frame steps queued on the caller's:
-        it writes only these slots' rows (and the padding slot's, whose values nothing reads), and
-        the slots are not ready until its codes are taken, so no step reads them before it is done.
-        None for slots it cannot take: a cloned voice, a prompt past the length buckets, no KV block."""
-        hosts = self._slots
-        if not slots or len(slots) > self.first_lane_rows:
-            return None
-        prompts = [self._prompt(hosts[s]) for s in slots]
-        st0 = [hosts[s] for s in slots]
-        if any(st.prefilled or st.voice is not None or not st.ready(self.limits) for st in st0):
-            return None
-        longest = max(len(p) for p in prompts)
-        if longest >= self.options.max_seq_len:  # the step refuses it (generate_start)
-            return None
-        t = next((n for n in self.prefill_lens if n >= longest), 0)
-        b = bucket_for(len(slots), self.prefill_batches)
-        key = ("first", b, t)
-        if not self.graphs.has(key):
-            return None
-        ensure = self.kv.pool.ensure  # blocks taken for a slot refused here stay its own for its step
-        if not all([ensure(s, len(p)) for s, p in zip(slots, prompts, strict=True)]):
-            return None
-        lane = self._first_stream
-        staged: list[Tensor] = []
-        with torch.cuda.stream(lane) if lane is not None else contextlib.nullcontext():
-            self.state.flush(slots)  # these slots' rows and text; the rest goes with the next step
-            self.kv.flush()  # the table's changes: these slots' blocks, and closed slots' (no step reads them)
-            rows = self._prefill_rows(slots, prompts, b, t)
-            codes = self.codes_to_host.start(self.graphs.run(key, rows, staged)[: len(slots)])
-        for st, p in zip(st0, prompts, strict=True):
-            st.prefilled, st.position, st.first_pending = True, len(p), True
-            st.begun += 1
-
-        def finish() -> list[GenerateResult]:
-            host = codes()
-            staged.clear()
-            bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
-            self.invalid_code_rows += int(np.count_nonzero(bad))
-            looped = self.repetition.push(np.asarray(slots), host[:, 0])
-            out = []
-            for s, st, row, loops, invalid in zip(slots, st0, host, looped.tolist(), bad.tolist(), strict=True):
-                st.first_pending = False
-                out.append(st.record(s, row, loops, self.limits, invalid))
-            return out
-
-        return Queued(finish, codes.done)
-
-    def _prefill_rows(self, group: Sequence[int], prompts: list[Prompt], b: int, t: int) -> np.ndarray:
-        """Packed-id rows of the group's prompts over ``t`` talker positions, padded to ``b`` rows."""
-        return np.array(
-            [pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, t) for p, s in zip(prompts, group, strict=True)]
-            + [pack_prefill_row([0], [NO_CODEC], self.pad_slot, t)] * (b - len(group)),
-            dtype=np.int64,
-        )
+        return self.first_lane.start(slots)
 
     def _run_prefill(self, group: list[int], prompts: list[Prompt], staged: list[Tensor]) -> None:
         """The group's prompts but their last positions into the KV cache; those wait as first feeds
@@ -410,7 +352,7 @@ class Qwen3TTSModel(Model):
             b = bucket_for(len(group), self.prefill_batches)
             # no bucket that long: eager at the exact length; none at all for prompts of one position
             t = next((n for n in self.prefill_lens if n >= longest), longest) if longest else 0
-            rows = self._prefill_rows(group, prompts, b, t)
+            rows = pack_prefill_rows(prompts, group, b, t, self.pad_slot)
             if self.graphs.has(("prefill", b, t)):
                 self.graphs.run(("prefill", b, t), rows, staged)
             else:  # prompts longer than every length bucket (whole text), or of one position: eager
@@ -437,9 +379,7 @@ class Qwen3TTSModel(Model):
             for t in self.prefill_lens:
                 row = pack_prefill_row([0], [NO_CODEC], pad, t)
                 self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
-                if b <= self.first_lane_rows:  # its own pool and stream: it runs beside the steps
-                    example = torch.tensor([row] * b)
-                    self.graphs.add(("first", b, t), self.step.prefill_first, example, pool="first", priority=FIRST_PRIORITY)
+        self.first_lane.register_graphs()
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: HostSlot) -> Prompt:
