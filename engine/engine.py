@@ -139,8 +139,7 @@ class Engine:
         self._slots = SlotPool(self._model.info.max_slots)
         self._scheduler = Scheduler.for_model(self.config, self._model.info)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
-        self._stepping.ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
-        self._stepping.ahead_min_rows = self.config.queue_ahead_min_rows
+        self._stepping.configure(self.config, self._model.steps_in_flight)
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         # Set before the thread runs so a caller may open streams as soon as start() returns;
         # the worker clears it when it exits (stop, or an error it cannot outlive).

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .codec_work import CodecWork
+from .config import EngineConfig
 from .model import GenerateResult, Model, Queued
 from .scheduler import StepPlan
 from .slots import SlotPool
@@ -28,8 +29,10 @@ class FrameStage:
     ) -> None:
         self._steps: deque[tuple[StepPlan, Queued[list[GenerateResult]], frozenset[int]]] = deque()
         self._firsts: list[tuple[StepPlan, Queued[list[GenerateResult]], frozenset[int]]] = []
-        self.ahead = 1  # frame steps begun at once: set by Engine.start from the config and the model
-        self.ahead_min_rows = 0  # the rows a step needs for another to be queued behind it (Engine.start)
+        self.ahead = 1  # frame steps begun at once (configure)
+        self.ahead_min_rows = 0  # the rows a step needs for another to be queued behind it
+        self.first_lane_below_rows = 0  # the first lane is taken while the last step had fewer rows
+        self._last_rows = 0  # of the last step begun
         self._codec = codec  # its urgent pieces are handed out while a step is waited for
         self._record = record  # a step's results, to its streams and the scheduler
         self._failed = failed  # a step that failed to begin or to finish: its streams fail
@@ -37,6 +40,12 @@ class FrameStage:
         self._firsts_taken = firsts_taken  # first frames recorded: their chunks go to the codec now
         self._plan = plan  # the scheduler's plan of the ready streams given, most urgent first
         self._unstepped: set[int] = set()  # streams in no step yet: the first lane's
+
+    def configure(self, config: EngineConfig, steps_in_flight: int) -> None:
+        """The pipeline's depth and the first lane's load bound from the config and the model."""
+        self.ahead = max(1, steps_in_flight) if config.queue_ahead else 1
+        self.ahead_min_rows = config.queue_ahead_min_rows
+        self.first_lane_below_rows = config.first_lane_below_rows
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -68,6 +77,7 @@ class FrameStage:
             return False
         self._steps.append((plan, results, slots.step_started(plan.generate_slots)))
         self._unstepped.difference_update(plan.generate_streams)
+        self._last_rows = len(plan.generate_slots)
         return True
 
     def begin_firsts(self, model: Model, slots: SlotPool, ready: set[int]) -> list[int]:
@@ -75,7 +85,7 @@ class FrameStage:
         frames begun on the model's first lane (beside the steps in flight); returns their ids
         (empty when the model did not take them: then they go with the next step)."""
         new = ready & self._unstepped
-        if not new or not model.first_lane_rows:
+        if not new or not model.first_lane_rows or self._last_rows >= self.first_lane_below_rows:
             return []
         full = self._plan(new)
         n = model.first_lane_rows
