@@ -165,7 +165,7 @@ def _host_work(args: argparse.Namespace) -> dict[str, float] | None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model: NullModel | Model
     if args.device == "h200":
-        model = H200Model(args.max_slots, args.max_batch, _host_work(args), args.first_lane_rows)
+        model = H200Model(args.max_slots, args.max_batch, _host_work(args))
     elif args.device == "qwen3":
         model = null_device_qwen3(args.max_slots, args.max_batch)
     else:
@@ -246,7 +246,6 @@ def main() -> None:
     )
     ap.add_argument("--words-per-s", type=float, default=None, help="stream each turn's text a word a delta")
     ap.add_argument("--no-queue-ahead", action="store_true", help="EngineConfig.queue_ahead off")
-    ap.add_argument("--first-lane-rows", type=int, default=0, help="--device h200: new streams' first frames on a lane of their own")
     ap.add_argument("--queue-ahead-min-rows", type=int, default=EngineConfig.queue_ahead_min_rows)
     ap.add_argument("--no-freeze-heap", action="store_true", help="EngineConfig.freeze_heap off (heap.py)")
     ap.add_argument("--decodes-in-flight", type=int, default=1, help="EngineConfig.max_decodes_in_flight")

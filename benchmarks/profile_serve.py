@@ -51,9 +51,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "noahead": {"queue_ahead": False},  # no frame step queued behind the running one
     "noramp": {"chunks": ChunkSchedule(ramp_frames=())},  # 1, then 12-frame chunks
     "steady24": {"chunks": ChunkSchedule(ramp_frames=(2, 4, 8, 12), steady_frames=24)},
-    "nofirst": {"first_lane_rows": 0},  # new streams' first frames with the next step, not on their lane
 }
-MODEL_KNOBS = ("first_lane_rows",)  # variant keys that are the model's attributes, not the engine config's
 
 
 # --- the codec's kernels and convolutions -----------------------------------------------------------
@@ -307,7 +305,6 @@ class Tracer:
             timed(f"drain_{type(cmd).__name__}_ms", handle)(cmd)
 
         engine._handle = handle_command  # type: ignore[method-assign]
-        model.first_start = timed("first_launch_ms", model.first_start)  # type: ignore[method-assign]
         model.open_slot = timed("open_slot_ms", model.open_slot)  # type: ignore[method-assign]
         model.add_text = timed("add_text_ms", model.add_text)  # type: ignore[method-assign]
         engine._ready = timed("ready_ms", engine._ready)  # type: ignore[method-assign]
@@ -408,11 +405,7 @@ class Tracer:
 def traced_run(
     model: Qwen3TTSModel, args: argparse.Namespace, variant: dict[str, Any], rate: float
 ) -> dict[str, Any]:
-    knobs = {k: variant[k] for k in MODEL_KNOBS if k in variant}
-    before = {k: getattr(model, k) for k in knobs}
-    for k, v in knobs.items():
-        setattr(model, k, v)
-    cfg = load_config("qwen3-tts", args.max_slots, **{k: v for k, v in variant.items() if k not in knobs})
+    cfg = load_config("qwen3-tts", args.max_slots, **variant)
     engine = Engine(cfg, model=model).start()
     tracer = Tracer(engine, model)
     res: dict[str, Any] = {"memory_before": memory(model.device)}
@@ -435,11 +428,9 @@ def traced_run(
         asyncio.run(main())
     finally:
         engine.close()
-        for k, v in before.items():
-            setattr(model, k, v)
     graphs, runner = model.graphs, model.codec_runner
     for obj in (graphs, runner, model, model.codes_to_host):  # the wrappers live on the instances: drop them
-        for name in ("run", "decode_start", "generate_start", "start", "first_start", "open_slot", "add_text"):
+        for name in ("run", "decode_start", "generate_start", "start", "open_slot", "add_text"):
             obj.__dict__.pop(name, None)
     res["trace"] = tracer.summary()
     res["memory_after"] = memory(model.device)

@@ -70,7 +70,6 @@ def short_circuit(model: Qwen3TTSModel, seed: int) -> None:
 
     for key, entry in model.graphs._entries.items():
         kind = key[0] if isinstance(key, tuple) else key
-        bodies = {"decode": decode_body, "first": decode_body, "prefill": prefill_body}  # first: codes per row
-        entry.body = bodies.get(kind, codec_body)
+        entry.body = decode_body if kind == "decode" else prefill_body if kind == "prefill" else codec_body
     model.step.prefill = prefill_body  # type: ignore[method-assign]  # prompts past the length buckets
     model.codec_runner.body = codec_body  # type: ignore[method-assign]  # chunks past the graphed lengths

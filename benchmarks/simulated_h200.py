@@ -55,14 +55,8 @@ H200_HOST_MS = {"step": 0.93, "row": 0.007, "codec_call": 1.0, "open": 0.0}
 # take 96% of their time back to back (overlap_contention_h200.json), so each runs at ~0.52
 SHARED_RATE = 0.52
 # The codec's urgent lane (a stream of the highest priority) beside the others: not measured; taken
-# as 0.7 of the GPU, the others sharing what is left of 2 x SHARED_RATE. The first lane (new
-# streams' first frames, as high a priority) is taken the same way, the two sharing URGENT_RATE
+# as 0.7 of the GPU, the others sharing what is left of 2 x SHARED_RATE
 URGENT_RATE = 0.7
-PRIORITY_QUEUES = ("urgent", "first")
-# A first-lane call (Qwen3TTSModel.first_start): the prefill of its prompts, then the sampling tail
-# of its rows, the decode graph less the talker's one-token pass (1.18 ms of the 2.92 at one row,
-# step_1.7b_h200.json); rows past one as the decode graph grows with them
-H200_TALKER_STEP_MS = 1.18
 
 
 def _interp(table: dict[int, float], x: float) -> float:
@@ -95,11 +89,11 @@ class DeviceQueues:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.queues: dict[str, list[list[float]]] = {"main": [], "codec": [], "urgent": [], "first": []}  # [ms left alone, id]
+        self.queues: dict[str, list[list[float]]] = {"main": [], "codec": [], "urgent": []}  # [ms left alone, id]
         self.done: set[int] = set()
         self.t = time.perf_counter()
         self.ids = itertools.count()
-        self.busy_s = {"main": 0.0, "codec": 0.0, "urgent": 0.0, "first": 0.0, "either": 0.0}
+        self.busy_s = {"main": 0.0, "codec": 0.0, "urgent": 0.0, "either": 0.0}
         self.wait_s = 0.0  # the worker blocked on the device (Model.device_wait_s)
         self.work_ms: dict[str, float] = {}  # each kind's work as timed alone, and its calls
         self.calls: dict[str, int] = {}
@@ -125,13 +119,10 @@ class DeviceQueues:
     def _rates(active: list[str]) -> dict[str, float]:
         if len(active) == 1:
             return {active[0]: 1.0}
-        high = [n for n in active if n in PRIORITY_QUEUES]
-        if not high:
+        if "urgent" not in active:
             return dict.fromkeys(active, SHARED_RATE)
-        if len(high) == len(active):
-            return dict.fromkeys(active, 1.0 / len(active))
-        rest = (2 * SHARED_RATE - URGENT_RATE) / (len(active) - len(high))
-        return {n: URGENT_RATE / len(high) if n in high else rest for n in active}
+        rest = (2 * SHARED_RATE - URGENT_RATE) / (len(active) - 1)
+        return {n: URGENT_RATE if n == "urgent" else rest for n in active}
 
     def submit(self, queue: str, ms: float, kind: str) -> int:
         self.work_ms[kind] = self.work_ms.get(kind, 0.0) + ms
@@ -172,12 +163,8 @@ class H200Model(NullModel):
     decode_overlaps = True
     urgent_decode = True
 
-    def __init__(
-        self, max_slots: int, max_batch: int, host_work: dict[str, float] | None = None, first_lane_rows: int = 0
-    ) -> None:
+    def __init__(self, max_slots: int, max_batch: int, host_work: dict[str, float] | None = None) -> None:
         super().__init__(max_slots, max_batch)
-        self.first_lane_rows = first_lane_rows
-        self.first_pending: set[int] = set()
         self.host_ms = host_work or dict.fromkeys(H200_HOST_MS, 0.0)
         # as Qwen3TTSModel with its CUDA codec graphs: longer chunks for streams ahead
         self.info = dataclasses.replace(self.info, slack_chunk_frames=SLACK_CHUNK_FRAMES)
@@ -197,33 +184,7 @@ class H200Model(NullModel):
         self.prefilled.discard(slot)
 
     def ready(self, slot: int) -> bool:
-        if slot in self.first_pending:
-            return False
         return self._final.get(slot, False) and self._left.get(slot, 0) - self.begun.get(slot, 0) > 0
-
-    def first_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]] | None:
-        """As Qwen3TTSModel.first_start: the prompts' prefill and the rows' sampling tail, one call on a
-        queue of its own beside the frame steps."""
-        if not slots or len(slots) > self.first_lane_rows or any(s in self.prefilled for s in slots):
-            return None
-        _spin(self.host_ms["step"])
-        b = bucket_for(len(slots), (1, 2, 4, 8, 16, 32))
-        tail = _interp(H200_DECODE_MS, b) - H200_TALKER_STEP_MS
-        job = self.device.submit("first", H200_PREFILL_MS[0] + H200_PREFILL_MS[1] * b + tail, "first")
-        self.prefilled.update(slots)
-        self.first_pending.update(slots)
-        for s in slots:
-            self.begun[s] += 1
-
-        def finish() -> list[GenerateResult]:
-            self.device.wait(job)
-            _spin(self.host_ms["row"] * len(slots))
-            for s in slots:
-                self.begun[s] -= 1
-                self.first_pending.discard(s)
-            return self.generate(slots)
-
-        return Queued(finish, lambda: self.device.is_done(job))
 
     def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
         _spin(self.host_ms["step"])
@@ -283,7 +244,6 @@ class H200Model(NullModel):
 
     def close_slot(self, slot: int) -> None:
         super().close_slot(slot)
-        self.first_pending.discard(slot)
         self.begun.pop(slot, None)
         self.bulk_job.pop(slot, None)
 

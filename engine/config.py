@@ -106,11 +106,6 @@ class EngineConfig:
     # ... but only behind a step of at least this many rows: a new stream's first frame waits for
     # every step queued before it, and at a few rows the device has time to spare for a gap
     queue_ahead_min_rows: int = 64
-    # new streams' first frames on the model's first lane (Model.first_start) only while the last
-    # frame step begun had fewer rows than this: at a light load the lane spares a new turn the
-    # steps queued before it; under a heavy one its extra sampling passes take the steps' device
-    # time, and a stream's later frames, still in the steps, come no sooner after its first
-    first_lane_below_rows: int = 128
     # codec work begun and not yet handed out, past which the worker waits for the oldest: a stage 2
     # that falls behind holds the frame steps back instead of letting its audio, and a new stream's
     # first chunk queued behind it, grow later and later

@@ -33,6 +33,8 @@ frozen heap (heap_hold.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -96,12 +98,7 @@ class Engine:
         self._outbox = Outbox(self._release)  # results to the streams' loops, a piece's chunks at once
         self._readiness = Readiness()  # the streams a step would make progress for (marked as they change)
         self._decoding = self._codec.work
-        self._stepping = FrameStage(
-            self._decoding, self._record, self._generate_failed, self._slots_freed,
-            # first frames recorded: their first chunks (and whatever else is due) to the codec
-            lambda: self._codec.begin(self.model, self._scheduler.plan_decode(time.perf_counter())),
-            lambda ready: self._scheduler.plan_generate(ready),
-        )  # fmt: skip
+        self._stepping = FrameStage(self._decoding, self._record, self._generate_failed, self._slots_freed)
         self._cloner = Cloner()
         self._device_wait_base = 0.0
         self._heap = HeapHold()
@@ -137,9 +134,14 @@ class Engine:
             self._model = load_model(self.config.model, self.config.model_options)
         self._model.warmup()
         self._slots = SlotPool(self._model.info.max_slots)
-        self._scheduler = Scheduler.for_model(self.config, self._model.info)
+        chunks = self.config.chunks
+        if chunks.slack_frames is None:
+            chunks = dataclasses.replace(chunks, slack_frames=tuple(self._model.info.slack_chunk_frames))
+        batch = min(self.config.max_batch or self._model.info.max_batch_size, self._model.info.max_batch_size)
+        self._scheduler = Scheduler(chunks, batch)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
-        self._stepping.configure(self.config, self._model.steps_in_flight)
+        self._stepping.ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
+        self._stepping.ahead_min_rows = self.config.queue_ahead_min_rows
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         # Set before the thread runs so a caller may open streams as soon as start() returns;
         # the worker clears it when it exits (stop, or an error it cannot outlive).
@@ -215,7 +217,7 @@ class Engine:
             try:
                 self._expire_queued()
                 ready = self._ready()
-                busy = bool(ready or self._stepping.busy or self._decoding) or self._decode_pending()
+                busy = bool(ready or self._stepping or self._decoding) or self._decode_pending()
                 if self._drain(block=not busy):
                     ready = self._ready()
                 if self._stopping:
@@ -232,7 +234,9 @@ class Engine:
 
     def _settle(self) -> None:
         """Waits for the begun work at shutdown, so the model's device is idle when the worker ends."""
-        self._stepping.settle(self._slots)
+        while self._stepping:
+            with contextlib.suppress(Exception):
+                self._stepping.finish(self._slots)
         self._decoding.settle()
 
     def _ready(self) -> set[int]:
@@ -313,7 +317,6 @@ class Engine:
             self._outbox.post(live.loop, live, stream.fail, StreamError("bad_request", str(err)))
             return
         self._live[stream.id] = live
-        self._stepping.opened(stream.id)
         self._readiness.mark((stream.id,))
         self._scheduler.add(live.request)
         self.stats.streams_opened += 1
@@ -321,10 +324,6 @@ class Engine:
     def _step(self, ready: set[int]) -> None:
         t0 = time.perf_counter()
         model = self.model
-        if firsts := self._stepping.begin_firsts(model, self._slots, ready):
-            self._readiness.mark(firsts)
-            ready = self._ready()  # without the streams the first lane took
-            self.stats.first_lane_calls += 1
         plan = self._scheduler.plan_generate(ready) if self._stepping.has_room() else None
         rows = 0
         if plan is not None and self._stepping.begin(model, self._slots, plan):
@@ -332,7 +331,8 @@ class Engine:
             self._readiness.mark(plan.generate_streams)  # their begun frames count in their readiness
         if not (self.config.overlap_decode and model.decode_overlaps):
             # stage 2 on the worker's own queue: the step's frames, then the chunks they complete
-            self._stepping.finish_all(self._slots)
+            while self._stepping:
+                self._stepping.finish(self._slots)
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._codec.begin(model, due)
@@ -343,15 +343,13 @@ class Engine:
             # are taken once another is queued behind it (or none will be)
             self._drain(block=False)
             taken = self._decoding.take(wait=False)
-            # first frames that are done go to the codec now; waited for when nothing else runs
-            taken += self._stepping.take_firsts(self._slots, wait=not (self._stepping or rows))
             if self._stepping and (not self._stepping.has_room() or not rows):
                 self._stepping.finish(self._slots)
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._codec.begin(model, due)
-            taken += self._decoding.take(wait=not (self._stepping.busy or rows))  # nothing else to wait for
-        if not (rows or due or taken or firsts):
+            taken += self._decoding.take(wait=not (self._stepping or rows))  # nothing else to wait for
+        if not (rows or due or taken):
             return  # nothing was begun or handed out: not a step
         t2 = time.perf_counter()
         waited = model.device_wait_s() - self._device_wait_base + self._decoding.polled_s
@@ -430,7 +428,6 @@ class Engine:
         if self._live.pop(sid, None) is None:
             return
         self._readiness.drop(sid)
-        self._stepping.gone(sid)
         self._scheduler.remove(sid)
         try:
             if self._slots.release(live.request.slot):

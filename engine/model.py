@@ -176,9 +176,6 @@ class Model(ABC):
     # (EngineConfig.urgent_slack_s) and hands out their audio as soon as it is done, which it asks
     # of the ``done`` of that work and of the running frame step (so both must turn true by themselves)
     urgent_decode: bool = False
-    # first_start takes up to this many new slots a call (0: none): their first frames on a lane of
-    # their own, beside the frame steps begun, so a new turn's first audio waits for none of them
-    first_lane_rows: int = 0
 
     @abstractmethod
     def open_slot(self, slot: int, params: StreamParams) -> None:
@@ -204,13 +201,6 @@ class Model(ABC):
         steps, whose results it takes in the order the steps began; it may open other slots, add
         text and run stage 2."""
         return Queued.finished(self.generate(slots))
-
-    def first_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]] | None:
-        """The first frames of these new ready slots (never in a step; at most ``first_lane_rows``),
-        begun on the model's first lane beside the steps in flight, or None where it does not take
-        them (they go with the next step). Until the results are taken the slots are not ready and
-        the engine closes none of them; they may come in before those of steps begun earlier."""
-        return None
 
     @abstractmethod
     def decode(self, work: Sequence[DecodeWork]) -> list[np.ndarray]:

@@ -16,14 +16,13 @@ when its chunk schedule says the next chunk is complete, or when it has finished
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 import time
 from dataclasses import dataclass, field
 
-from .config import ChunkSchedule, EngineConfig
-from .model import DecodeWork, GenerateResult, ModelInfo
+from .config import ChunkSchedule
+from .model import DecodeWork, GenerateResult
 from .word_timing import WordTiming, shifted
 
 TENANT_COST_S = 2.0  # a tenant's model time counts against it for about this long
@@ -69,15 +68,6 @@ class StepPlan:
 
 
 class Scheduler:
-    @classmethod
-    def for_model(cls, config: EngineConfig, info: ModelInfo) -> Scheduler:
-        """The engine's: its chunk schedule (the model's slack chunks unless the config names its
-        own), its batch (the config's, at most the model's)."""
-        chunks = config.chunks
-        if chunks.slack_frames is None:
-            chunks = dataclasses.replace(chunks, slack_frames=tuple(info.slack_chunk_frames))
-        return cls(chunks, min(config.max_batch or info.max_batch_size, info.max_batch_size))
-
     def __init__(self, chunks: ChunkSchedule, max_batch_size: int) -> None:
         self._chunks = chunks
         self._max_batch = max_batch_size

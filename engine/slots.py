@@ -20,7 +20,7 @@ from collections.abc import Iterable
 class SlotPool:
     def __init__(self, n: int = 0) -> None:
         self._free = deque(range(n))  # taken from the left (slot 0 first), given back on the right
-        self._stepping: list[frozenset[int]] = []  # the slots of each begun step
+        self._stepping: deque[frozenset[int]] = deque()  # the slots of each begun step, oldest first
         self._after_step: list[int] = []
 
     def __bool__(self) -> bool:
@@ -42,17 +42,13 @@ class SlotPool:
             return False
         return True
 
-    def step_started(self, slots: Iterable[int]) -> frozenset[int]:
-        """A step begun on these slots; returns its handle for ``step_done``."""
-        step = frozenset(slots)
-        self._stepping.append(step)
-        return step
+    def step_started(self, slots: Iterable[int]) -> None:
+        self._stepping.append(frozenset(slots))
 
-    def step_done(self, step: frozenset[int]) -> list[int]:
-        """The results of ``step`` (as ``step_started`` returned it) are in, in any order (a
-        first-lane call's may come before a frame step's): the slots released meanwhile that no other
-        begun step uses, for the caller to close and put back."""
-        self._stepping.remove(step)  # an equal set begun earlier instead: the same slots, the same answer
+    def step_done(self) -> list[int]:
+        """The oldest begun step's results are in: the slots released meanwhile that no other begun
+        step uses, for the caller to close and put back."""
+        self._stepping.popleft()
         out = [s for s in self._after_step if not any(s in step for step in self._stepping)]
         self._after_step = [s for s in self._after_step if s not in out]
         return out

@@ -15,7 +15,6 @@ class EngineStats:
     generate_s: float = 0.0
     decode_s: float = 0.0
     frames_generated: int = 0
-    first_lane_calls: int = 0  # first-lane calls (Model.first_start): new streams' first frames beside the steps
     streams_opened: int = 0
     streams_failed: int = 0
     streams_queued: int = 0  # opens that waited for a free stream

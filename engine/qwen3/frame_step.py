@@ -22,10 +22,8 @@ no stream uses carry the padding slot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -33,7 +31,6 @@ from .code_predictor import CodePredictor
 from .config import Qwen3TTSConfig
 from .kv_cache import PagedKVCache
 from .options import FusedSettings
-from .prompt import Prompt
 from .sampler import RowParams, apply_repetition_penalty, sample
 from .slot_state import SlotState
 from .talker import Talker
@@ -55,13 +52,6 @@ def pack_prefill_row(
         raise ValueError(f"a prompt of {n} positions in a prefill row of {positions} talker positions")
     codec = [NO_CODEC if c is None else c for c in codec_ids]
     return [*text_ids, *([0] * (width - n)), *codec, *([NO_CODEC] * (width - n)), n, slot]
-
-
-def pack_prefill_rows(prompts: Sequence[Prompt], slots: Sequence[int], b: int, positions: int, pad_slot: int) -> np.ndarray:
-    """The prompts' rows (``pack_prefill_row``) of ``slots``, padded to ``b`` rows of the padding slot."""
-    rows = [pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, positions) for p, s in zip(prompts, slots, strict=True)]
-    rows += [pack_prefill_row([0], [NO_CODEC], pad_slot, positions)] * (b - len(rows))
-    return np.array(rows, dtype=np.int64)
 
 
 class FrameStep:
@@ -96,39 +86,12 @@ class FrameStep:
     def prefill(self, packed: Tensor) -> Tensor:
         """packed (B, 2T + 4) int64 rows of ``pack_prefill_row`` -> first feeds (B, H) (see
         ``prefill_embeddings``)."""
-        return self.prefill_embeddings(*self._unpack(packed))
-
-    def prefill_first(self, packed: Tensor) -> Tensor:
-        """New slots' first frames (the first lane's call, Qwen3TTSModel.first_start): packed rows as
-        ``prefill``'s, of prompts of n <= T positions -> codes (B, 16) of each slot's first frame.
-
-        The prompt's last position runs in the prefill as a row of its own, and its hidden state goes
-        straight to the sampling tail: the frame ``decode`` would make for the slot next, without the
-        talker's one-token pass over all its weights again (a turn's first audio waits for every
-        pass in this chain)."""
-        x, lengths, slots = self._unpack(packed)
-        b, t = x.shape[0], x.shape[1] - 1
-        last = lengths - 1
-        if self.fused is not None and self.fused.prefill:
-            hidden = cast(Tensor, self.fused.talker_prefill(x[:, :t], slots, last))
-        else:
-            positions = torch.arange(t, device=x.device).expand(b, t)
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None, None]
-            out = self.talker(x[:, :t], positions, self.kv.prefill(slots, t), mask)
-            hidden = out[torch.arange(b, device=x.device), last]
-        st = self.state
-        st.position.index_copy_(0, slots, lengths)
-        st.first_feed_pending.index_fill_(0, slots, False)
-        return self.sample_tail(slots, st.frames[slots], hidden)
-
-    def _unpack(self, packed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``pack_prefill_row`` rows -> prompt inputs (B, T + 1, H), lengths (B,), slots (B,)."""
         width = (packed.shape[1] - 2) // 2  # T + 1 ids per track
         text, codec = packed[:, :width], packed[:, width : 2 * width]
         lengths, slots = packed[:, 2 * width], packed[:, 2 * width + 1]
         has_codec = (codec != NO_CODEC)[..., None]
         x = self.talker.embed_text(text) + self.talker.codec_embedding(codec.clamp(min=0)) * has_codec
-        return x, lengths, slots
+        return self.prefill_embeddings(x, lengths, slots)
 
     def prefill_embeddings(self, x: Tensor, lengths: Tensor, slots: Tensor) -> Tensor:
         """x (B, T + 1, H) prompt inputs, right-padded; lengths (B,) n of each prompt -> first feeds (B, H).

@@ -152,21 +152,15 @@ class FusedDecode:
         norm = self.talker.norm
         return rms_norm_rows(x, norm.weight, norm.eps, pdl=self.pdl)
 
-    def talker_prefill(self, x: Tensor, slots: Tensor, last: Tensor | None = None) -> Tensor | None:
-        """x (B, T, H) prompt inputs at positions 0 .. T - 1 of ``slots`` (B,): writes their KV; with
-        ``last`` (B,) int64, returns the final-norm hidden (B, H) at those positions.
+    def talker_prefill(self, x: Tensor, slots: Tensor) -> None:
+        """x (B, T, H) prompt inputs at positions 0 .. T - 1 of ``slots`` (B,): writes their KV.
 
         Each position is a row of its own, a query over its slot's cache up to itself: every layer
         stores the K/V of all rows before any row attends, so the decode kernels give causal attention
         over the prompt, at the tiles of a B x T-row batch instead of the unfused layers' launches."""
         b, t, h = x.shape
         positions = torch.arange(t, device=x.device, dtype=torch.int32).repeat(b)
-        out = self._talker_layers(x.reshape(b * t, h), slots.to(torch.int32).repeat_interleave(t), positions)
-        if last is None:
-            return None
-        norm = self.talker.norm
-        rows = out[torch.arange(b, device=x.device) * t + last]
-        return rms_norm_rows(rows, norm.weight, norm.eps, pdl=self.pdl)
+        self._talker_layers(x.reshape(b * t, h), slots.to(torch.int32).repeat_interleave(t), positions)
 
     def _talker_layers(self, x: Tensor, slots32: Tensor, pos32: Tensor) -> Tensor:
         """x (M, H) one token per row at ``pos32`` (M,) of ``slots32`` (M,) -> the last layer's output."""

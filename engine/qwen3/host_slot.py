@@ -62,7 +62,6 @@ class HostSlot:
     frames: int = 0  # frames emitted
     position: int = 0  # talker positions written (KV length), counting the begun steps'
     begun: int = 0  # frames of begun steps whose codes are not recorded yet (Model.steps_in_flight)
-    first_pending: bool = False  # its first frame is on the first lane (Qwen3TTSModel.first_start)
     done: bool = False
 
     def prompt(self, cfg: Qwen3TTSConfig, role_ids: Sequence[int]) -> Prompt:
@@ -85,7 +84,7 @@ class HostSlot:
 
     def ready(self, limits: FrameLimits) -> bool:
         """Model.ready: a step begun now would make progress for this slot (after the begun ones)."""
-        if self.done or self.first_pending or self.position >= limits.max_seq_len:  # (no KV row left)
+        if self.done or self.position >= limits.max_seq_len:  # no KV row left for another feed
             return False
         forced = self.forced(limits)
         if forced is not None and self.frames + self.begun >= forced:

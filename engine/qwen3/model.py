@@ -19,8 +19,6 @@ Life of a slot (host side: ``HostSlot``, host_slot.py; device side: rows of tens
                 code predictor for codebooks 1..15, one device->host copy of the (B, 16) codes;
                 on that copy, the runaway guards (guards.py) end a stream that never says EOS or
                 loops
-    first_start NEW slots' first frames on a lane of their own instead, beside the frame steps
-                in flight (first_lane.py)
     decode      frames -> PCM through the stateful streaming codec decoder: the due chunks of a
                 tick in as few calls as pay off, each padded to a common frame count, each row
                 advancing by its own count (codec_runner.py)
@@ -65,8 +63,7 @@ from .codec_runner import CodecRunner
 from .codes_to_host import CodesToHost
 from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
-from .first_lane import FirstLane, lane_rows
-from .frame_step import NO_CODEC, FrameStep, pack_prefill_row, pack_prefill_rows
+from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
 from .guards import GuardLimits, RepetitionDetector
 from .host_slot import FrameLimits, HostSlot, invalid_rows
 from .kv_cache import PagedKVCache
@@ -165,8 +162,6 @@ class Qwen3TTSModel(Model):
         self.urgent_decode = self.codec_runner.urgent_stream is not None
         # generate_start returns with the step queued on the device: the next may queue behind it
         self.steps_in_flight = 2 if dev.type == "cuda" else 1
-        self.first_lane_rows = lane_rows(options.first_lane_rows, dev)  # Model.first_lane_rows
-        self.first_lane = FirstLane(self)
         self._register_graphs()
         self._slots: dict[int, HostSlot] = {}
         self.limits = FrameLimits(
@@ -311,19 +306,14 @@ class Qwen3TTSModel(Model):
         def finish() -> list[GenerateResult]:
             host = codes()  # (B, 16), the caller's own: each row becomes its slot's frame
             staged.clear()
-            results.update(zip(batch, self.record_codes(batch, host), strict=True))
+            bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
+            self.invalid_code_rows += int(np.count_nonzero(bad))
+            looped = self.repetition.push(np.asarray(batch), host[:, 0])
+            for s, row, loops, invalid in zip(batch, host, looped.tolist(), bad.tolist(), strict=True):
+                results[s] = hosts[s].record(s, row, loops, limits, invalid)
             return [results[s] for s in slots]
 
         return Queued(finish, codes.done)
-
-    def record_codes(self, batch: Sequence[int], host: np.ndarray) -> list[GenerateResult]:
-        """A call's sampled codes (len(batch), 16) on the host, each row its slot's frame: checked
-        (invalid codes, runaway guards) and recorded."""
-        bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
-        self.invalid_code_rows += int(np.count_nonzero(bad))
-        looped = self.repetition.push(np.asarray(batch), host[:, 0])
-        rows = zip(batch, host, looped.tolist(), bad.tolist(), strict=True)
-        return [self._slots[s].record(s, row, loops, self.limits, invalid) for s, row, loops, invalid in rows]
 
     def _run_decode(self, group: list[int], staged: list[Tensor]) -> Tensor:
         b = bucket_for(len(group), self.decode_buckets)
@@ -338,9 +328,6 @@ class Qwen3TTSModel(Model):
         # a view of the static output: the copy to the host is queued before the next step's replay
         return codes[: len(group)]
 
-    def first_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]] | None:
-        return self.first_lane.start(slots)
-
     def _run_prefill(self, group: list[int], prompts: list[Prompt], staged: list[Tensor]) -> None:
         """The group's prompts but their last positions into the KV cache; those wait as first feeds
         for this step's decode call (frame_step.py)."""
@@ -352,7 +339,14 @@ class Qwen3TTSModel(Model):
             b = bucket_for(len(group), self.prefill_batches)
             # no bucket that long: eager at the exact length; none at all for prompts of one position
             t = next((n for n in self.prefill_lens if n >= longest), longest) if longest else 0
-            rows = pack_prefill_rows(prompts, group, b, t, self.pad_slot)
+            rows = np.array(
+                [
+                    pack_prefill_row(list(p.text_ids), list(p.codec_ids), s, t)
+                    for p, s in zip(prompts, group, strict=True)
+                ]
+                + [pack_prefill_row([0], [NO_CODEC], self.pad_slot, t)] * (b - len(group)),
+                dtype=np.int64,
+            )
             if self.graphs.has(("prefill", b, t)):
                 self.graphs.run(("prefill", b, t), rows, staged)
             else:  # prompts longer than every length bucket (whole text), or of one position: eager
@@ -379,7 +373,6 @@ class Qwen3TTSModel(Model):
             for t in self.prefill_lens:
                 row = pack_prefill_row([0], [NO_CODEC], pad, t)
                 self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
-        self.first_lane.register_graphs()
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: HostSlot) -> Prompt:

@@ -103,10 +103,6 @@ class ServeOptions:
     # the conv algorithms cuDNN times per shape, best ranked first (torch.backends.cudnn.benchmark_limit):
     # on the H200 3 picks what 10 does at every shape (codec_cudnn_limit_h200.json) in half the time
     codec_cudnn_limit: int = 3
-    # new streams' first frames on a lane of their own (Qwen3TTSModel.first_start), beside the frame
-    # steps in flight rather than behind them; up to this many a call (0: with the next step). None:
-    # 8 on CUDA, 0 elsewhere: a CPU computes a second sampling tail a tick where a GPU overlaps it
-    first_lane_rows: int | None = None
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
 
     def __post_init__(self) -> None:

@@ -95,26 +95,21 @@ class SlotState:
             raise ValueError(f"slot {slot}: text from position {start}, expected {first + len(queued)}")
         queued.extend(ids)
 
-    def flush(self, only: Sequence[int] | None = None) -> None:
+    def flush(self) -> None:
         """The opens and the text since the last flush onto the device (before a step, whose feeds
         read them): queued through pinned memory, never waited for (``t[slot] = value`` on a CUDA
         tensor is a pageable copy of one element, which waits for everything queued on the
-        stream: the frame steps in flight). ``only``: those slots' alone, the others' stay queued."""
-        if only is None:
-            opens, self._opens = self._opens, {}
-            text, self._text_writes = self._text_writes, {}
-        else:
-            opens = {s: self._opens.pop(s) for s in only if s in self._opens}
-            text = {s: self._text_writes.pop(s) for s in only if s in self._text_writes}
-        self._flush_opens(opens)
-        self._flush_text(text)
+        stream: the frame steps in flight)."""
+        self._flush_opens()
+        self._flush_text()
 
-    def _flush_opens(self, opens: dict[int, tuple[SamplingRow, bool]]) -> None:
+    def _flush_opens(self) -> None:
         """Each opened slot's sampling row and flags, its counters zeroed: one copy of the integers,
         one of the floats, then a scatter (or fill) per row tensor, however many slots opened."""
-        if not opens:
+        if not self._opens:
             return
-        slots, rows = list(opens), list(opens.values())
+        slots, rows = list(self._opens), list(self._opens.values())
+        self._opens = {}
         dev = self.text.device
         ints = to_device(  # (8, m): slot | top_k x2 | seed | greedy x2, eos_masked, whole_text as 0/1
             [
@@ -149,18 +144,19 @@ class SlotState:
         for t in (self.seen, self.first_feed_pending, self.position, self.frames, self.text_len):
             t.index_fill_(0, at, 0)
 
-    def _flush_text(self, writes: dict[int, tuple[int, list[int]]]) -> None:
+    def _flush_text(self) -> None:
         """The text appended since the last flush, all slots in one copy and two scatters: text
         streamed a word at a time comes as a push per word, thousands a second at load, and a write
         of its own for each (a pinned block, a copy and a fill) is worker time per word rather than
         per step."""
-        if not writes:
+        if not self._text_writes:
             return
         width = self.max_text_tokens
-        at = [s * width + first + i for s, (first, ids) in writes.items() for i in range(len(ids))]
-        values = [v for _, ids in writes.values() for v in ids]
-        slots = list(writes)
-        ends = [first + len(ids) for first, ids in writes.values()]
+        at = [s * width + first + i for s, (first, ids) in self._text_writes.items() for i in range(len(ids))]
+        values = [v for _, ids in self._text_writes.values() for v in ids]
+        slots = list(self._text_writes)
+        ends = [first + len(ids) for first, ids in self._text_writes.values()]
+        self._text_writes = {}
         n, m = len(at), len(slots)
         packed = to_device(at + values + slots + ends, torch.int64, self.text.device)
         self.text.view(-1).index_copy_(0, packed[:n], packed[n : 2 * n])

@@ -29,12 +29,7 @@ LONG = " ".join(["word"] * 70)  # a whole-text prompt of 81 positions: past the 
 @pytest.fixture(scope="module")
 def model(device: str) -> Qwen3TTSModel:
     opts = ServeOptions(
-        max_slots=6,
-        max_batch_size=6,
-        max_seq_len=256,
-        cuda_graphs=False,
-        prefill_len_buckets=(16, 32, 64),
-        first_lane_rows=8,  # off by default on the CPU
+        max_slots=6, max_batch_size=6, max_seq_len=256, cuda_graphs=False, prefill_len_buckets=(16, 32, 64)
     )
     return load_qwen3(None, "tiny", device=device, seed=3, options=opts)
 
@@ -156,71 +151,3 @@ def test_cloned_voices_give_their_reference_codes(device: str) -> None:
         np.testing.assert_array_equal(
             got[slot], prefill_reference(model, slot, text, params), err_msg=f"slot {slot}"
         )
-
-
-
-
-def test_the_first_lane_gives_new_streams_their_reference_codes(
-    model: Qwen3TTSModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``first_start``: new streams' first frames in one call (the whole prompt prefilled and its
-    last position sampled, FrameStep.prefill_first), beside a stream whose steps go on; not ready
-    until its results are taken; then steps as any stream. Every stream's codes stay the
-    reference's. Refused: more slots than the lane takes, a prompt past every length bucket."""
-    calls: list[str] = []
-    run = model.graphs.run
-
-    def recorded(key: tuple[object, ...], rows: np.ndarray, staged: object = None) -> object:
-        calls.append(f"{key[0]}{key[1]}")
-        return run(key, rows, staged)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(model.graphs, "run", recorded)
-    whole = {"whole_text": True}
-    streams = {
-        0: (SENTENCE, StreamParams(voice="ryan", greedy=True, forced_frames=4)),
-        1: ("Beside it.", StreamParams(voice="vivian", forced_frames=3, seed=3)),
-        2: ("Two at once.", StreamParams(voice="aiden", greedy=True, forced_frames=3, extra=whole)),
-    }
-    got: dict[int, list[np.ndarray]] = {s: [] for s in streams}
-
-    def open_(slot: int) -> None:
-        text, params = streams[slot]
-        model.open_slot(slot, params)
-        model.add_text(slot, [text], True)
-
-    def record(results: list) -> None:  # type: ignore[type-arg]
-        for r in results:
-            if r.frames is not None:
-                got[r.slot].append(r.frames)
-
-    open_(0)
-    first = model.first_start([0])
-    assert first is not None and calls == ["first1"] and not model.ready(0)
-    record(first())
-    assert model.ready(0)
-    record(model.generate([0]))
-    open_(1)
-    open_(2)
-    first = model.first_start([1, 2])  # beside slot 0, which steps on before these are taken
-    assert first is not None and calls[-1] == "first2" and not model.ready(1) and not model.ready(2)
-    record(model.generate([0]))
-    record(first())
-    for _ in range(3):
-        record(model.generate([s for s in streams if model.ready(s)]))
-    for slot, (text, params) in streams.items():
-        want = prefill_reference(model, slot, text, params)
-        np.testing.assert_array_equal(np.concatenate(got[slot]), want, err_msg=f"slot {slot}")
-
-    for slot in streams:
-        model.close_slot(slot)
-    open_(0)
-    open_(1)
-    model.first_lane_rows = 1
-    assert model.first_start([0, 1]) is None  # more than the lane takes
-    model.first_lane_rows = 8
-    model.close_slot(0)
-    model.close_slot(1)
-    model.open_slot(4, StreamParams(voice="serena", greedy=True, forced_frames=1, extra=whole))
-    model.add_text(4, [LONG], True)
-    assert model.first_start([4]) is None  # past every length bucket: the step prefills it eagerly
-    model.close_slot(4)

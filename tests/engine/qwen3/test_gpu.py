@@ -162,52 +162,6 @@ def test_chunks_on_both_codec_lanes_stream_like_the_offline_decode() -> None:
     assert "codec_urgent" in ran and "codec" in ran
 
 
-@pytest.mark.parametrize(("size", "dtype"), [("tiny", "fp32"), ("1.7b", "bf16")])
-def test_the_first_lane_beside_frame_steps_in_flight_gives_the_codes_it_gives_alone(size: str, dtype: str) -> None:
-    """New streams' first frames on the first lane's stream (Qwen3TTSModel.first_start) while two
-    frame steps of other streams are queued on the caller's: the lane writes only its own slots' rows,
-    so their codes (first frame and every step after) equal those of the same streams on an idle
-    device, and the running streams' equal theirs without the lane beside them. Captured graphs."""
-    from voicewire.engine.qwen3 import ServeOptions
-
-    opts = ServeOptions(max_slots=8, max_batch_size=8, max_seq_len=128, first_lane_rows=4)
-    model = load_qwen3(None, size, device="cuda", dtype=dtype, seed=4, options=opts, warmup=True)
-    assert model.graphs.has(("first", 2, 16)) and model._first_stream is not None
-    running = {s: StreamParams(voice="ryan", greedy=s % 2 == 0, forced_frames=12, seed=s) for s in range(4)}
-    new = {s: StreamParams(voice="vivian", greedy=s % 2 == 1, forced_frames=6, seed=s) for s in (4, 5)}
-
-    def speak(beside: bool, lane: bool) -> dict[int, list[np.ndarray]]:
-        codes: dict[int, list[np.ndarray]] = {}
-        on = {**(running if beside else {}), **(new if lane else {})}
-        for s, p in on.items():
-            model.open_slot(s, p)
-            model.add_text(s, ["Every stream speaks the same codes either way."], True)
-        live = sorted(running) if beside else []
-        queued = [model.generate_start(live), model.generate_start(live)] if live else []
-        first = model.first_start(sorted(new)) if lane else None
-        assert (first is not None) == lane
-        for q in queued:  # the lane's call ran beside these two steps
-            for r in q():
-                codes.setdefault(r.slot, []).append(r.frames)
-        if first is not None:
-            for r in first():
-                codes.setdefault(r.slot, []).append(r.frames)
-        while ready := [s for s in on if model.ready(s)]:
-            for r in model.generate(ready):
-                if r.frames is not None:
-                    codes.setdefault(r.slot, []).append(r.frames)
-        for s in on:
-            model.close_slot(s)
-        return codes
-
-    alone, without = speak(beside=False, lane=True), speak(beside=True, lane=False)
-    both = speak(beside=True, lane=True)
-    for s in new:
-        np.testing.assert_array_equal(np.concatenate(both[s]), np.concatenate(alone[s]), err_msg=f"new {s}")
-    for s in running:
-        np.testing.assert_array_equal(np.concatenate(both[s]), np.concatenate(without[s]), err_msg=f"running {s}")
-
-
 def test_overlapped_decode_and_long_chunks_give_the_serial_audio() -> None:
     """The engine with the codec on its own stream beside the frame step, and chunks growing to the
     24- and 48-frame graphs, speaks what the serial engine with the fixed cadence speaks."""
