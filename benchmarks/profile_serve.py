@@ -444,6 +444,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--max-batch", type=int, default=SERVED_MAX_BATCH)
+    # ~1,000 streams are held at 400 req/s; this build gives each a full KV row (--max-seq-len), so
+    # 2,048 slots do not fit an H100 beside the codec's graphs
     ap.add_argument("--max-slots", type=int, default=1024)
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--rates", default="170", help="req/s, each a run of every variant")

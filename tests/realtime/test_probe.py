@@ -68,7 +68,7 @@ async def test_probe_cli_agrees_with_the_servers_own_ttfa(engine: Engine, tmp_pa
     s = result["summary"]
     for q in ("p50", "p95"):
         assert abs(s["ttfa_ms"][q] - s["server_ttfa_ms"][q]) <= 20
-    # the engine's part of the server's figure: no more than it, and all of it but the gateway's send
+    # the engine's part of the server's figure (first text to first audio on the gateway's loop)
     assert s["engine_ttfp_ms"]["n"] == len(turns)
     assert 0 < s["engine_ttfp_ms"]["p50"] <= s["server_ttfp_ms"]["p50"]
     assert s["underruns"] == 0
