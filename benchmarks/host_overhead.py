@@ -175,7 +175,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.max_slots,
         queue_ahead=not args.no_queue_ahead,
         queue_ahead_min_rows=args.queue_ahead_min_rows,
-        queue_ahead_lead_s=None if args.queue_ahead_lead_ms < 0 else args.queue_ahead_lead_ms / 1e3,
         max_decodes_in_flight=args.decodes_in_flight,
         freeze_heap=not args.no_freeze_heap,
     )
@@ -248,12 +247,6 @@ def main() -> None:
     ap.add_argument("--words-per-s", type=float, default=None, help="stream each turn's text a word a delta")
     ap.add_argument("--no-queue-ahead", action="store_true", help="EngineConfig.queue_ahead off")
     ap.add_argument("--queue-ahead-min-rows", type=int, default=EngineConfig.queue_ahead_min_rows)
-    ap.add_argument(
-        "--queue-ahead-lead-ms",
-        type=float,
-        default=1e3 * (EngineConfig.queue_ahead_lead_s or -1e-3),
-        help="EngineConfig.queue_ahead_lead_s in ms; -1: None (the step behind begun at once)",
-    )
     ap.add_argument("--no-freeze-heap", action="store_true", help="EngineConfig.freeze_heap off (heap.py)")
     ap.add_argument("--decodes-in-flight", type=int, default=1, help="EngineConfig.max_decodes_in_flight")
     ap.add_argument(

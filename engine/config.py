@@ -106,10 +106,6 @@ class EngineConfig:
     # ... but only behind a step of at least this many rows: a new stream's first frame waits for
     # every step queued before it, and at a few rows the device has time to spare for a gap
     queue_ahead_min_rows: int = 64
-    # ... and begun only this long (plus the time a begin takes) before the running step is due to
-    # end, the worker taking commands until then, so a turn that comes in meanwhile joins it instead
-    # of waiting for the step after it (frame_stage.py). None: begun as soon as there is room
-    queue_ahead_lead_s: float | None = 0.0015
     # codec work begun and not yet handed out, past which the worker waits for the oldest: a stage 2
     # that falls behind holds the frame steps back instead of letting its audio, and a new stream's
     # first chunk queued behind it, grow later and later

@@ -12,8 +12,8 @@ two steps (a step is a few ms for the embedded voice).
 
 A model whose stage 2 runs on a device queue of its own (Qwen3-TTS on CUDA) is driven as a pipeline:
 
-    take commands until step k - 1 is about to end (frame_stage.py) -> begin step k (queued behind
-    step k - 1 where the model allows two in flight and it is a loaded one: queue_ahead_min_rows)
+    begin step k (queued behind step k - 1 where the model allows two in flight and step k - 1
+    is a loaded one: EngineConfig.queue_ahead_min_rows)
     -> take commands -> hand out finished codec work -> take step k - 1's codes and record them
     -> begin the codec work of the chunks they completed -> hand out finished codec work
 
@@ -24,9 +24,10 @@ freed once that step's results are in.
 
 The worker's concerns each have a room below this file: who gets a stream (admission.py), the
 commands (inbox.py), opens and text on their way to the model (intake.py), which streams are ready to
-step (readiness.py), the two stages in flight (frame_stage.py, codec_stage.py), results on their way
-to the streams' loops (outbox.py), a turn's model-time budget (turn_budget.py), voice cloning's
-thread (cloner.py) and the garbage collector's frozen heap (heap_hold.py).
+step (readiness.py), the two stages in flight
+(frame_stage.py, codec_stage.py), results on their way to the streams' loops (outbox.py), a turn's
+model-time budget (turn_budget.py), voice cloning's thread (cloner.py) and the garbage collector's
+frozen heap (heap_hold.py).
 """
 
 from __future__ import annotations
@@ -141,7 +142,6 @@ class Engine:
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
         self._stepping.ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
         self._stepping.ahead_min_rows = self.config.queue_ahead_min_rows
-        self._stepping.lead_s = self.config.queue_ahead_lead_s
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         # Set before the thread runs so a caller may open streams as soon as start() returns;
         # the worker clears it when it exits (stop, or an error it cannot outlive).
@@ -216,7 +216,6 @@ class Engine:
         while not self._stopping:
             try:
                 self._expire_queued()
-                self._stepping.hold(self._take_commands)
                 ready = self._ready()
                 busy = bool(ready or self._stepping or self._decoding) or self._decode_pending()
                 if self._drain(block=not busy):
@@ -250,10 +249,7 @@ class Engine:
         """Handles the commands that came in (waiting for one when ``block``), for up to
         ``command_budget_s``; True when there were any."""
         wait_s = min(IDLE_WAIT_S, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
-        return self._take_commands(wait_s if block else None)
-
-    def _take_commands(self, wait_s: float | None) -> bool:
-        n, spent_s = self._commands.drain(self._handle, wait_s)
+        n, spent_s = self._commands.drain(self._handle, wait_s if block else None)
         self.stats.commands += n
         self.stats.commands_s += spent_s
         return n > 0
@@ -356,7 +352,7 @@ class Engine:
         if not (rows or due or taken):
             return  # nothing was begun or handed out: not a step
         t2 = time.perf_counter()
-        waited = model.device_wait_s() - self._device_wait_base + self._decoding.polled_s + self._stepping.held_s
+        waited = model.device_wait_s() - self._device_wait_base + self._decoding.polled_s
         self.stats.record_step(t1 - t0, t2 - t1, rows, waited)
         self._heap.record(self.stats)
 

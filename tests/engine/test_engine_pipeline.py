@@ -60,9 +60,6 @@ class _PipelinedModel(Model):
         self.most_steps_begun = 0
         self.closed_while_begun: list[int] = []
         self.wasted_rows = 0
-        self.step_s = STEP_S
-        self.queued_for: list[float] = []  # device time left before each step begun behind another
-        self.idle_s = 0.0  # the device's time between a step's end and the begin of the next
 
     def open_slot(self, slot: int, params: StreamParams) -> None:
         assert slot not in self.made, f"slot {slot} opened twice"
@@ -84,15 +81,10 @@ class _PipelinedModel(Model):
         assert all(self.ready(s) for s in slots)
         for s in slots:
             self.begun[s] += 1
-        left = self.main.free_at - time.perf_counter()
-        if self.steps_begun:
-            self.queued_for.append(left)
-        if self.main.free_at:
-            self.idle_s += max(0.0, -left)
         self.steps_begun += 1
         self.most_steps_begun = max(self.most_steps_begun, self.steps_begun)
         assert self.steps_begun <= self.steps_in_flight
-        ends_at = self.main.begin(self.step_s)
+        ends_at = self.main.begin(STEP_S)
 
         def finish() -> list[GenerateResult]:
             time.sleep(max(0.0, ends_at - time.perf_counter()))
@@ -170,65 +162,6 @@ async def test_frames_of_pipelined_steps_reach_each_stream_once_and_in_order(min
     # with two in flight, a stop seen late stepped its stream once more, and that was dropped
     assert (model.wasted_rows >= 1) == (in_flight == 2)
     assert eng.active_streams() == 0
-
-
-@pytest.mark.parametrize("lead_s", [0.01, None])
-async def test_the_step_behind_the_running_one_is_begun_as_that_one_is_about_to_end(lead_s: float | None) -> None:
-    """With a lead, the worker holds the next step until the running one has about ``lead_s`` left
-    (taking commands meanwhile, so a turn that comes in joins it); without, it begins the next step
-    as soon as it has recorded the one before, a whole step early."""
-    model = _PipelinedModel()
-    model.step_s = 0.06
-    flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
-    config = EngineConfig(max_streams=8, level=flat, queue_ahead_min_rows=1, queue_ahead_lead_s=lead_s)
-    eng = Engine(config, model=model).start()
-    try:
-        stream = eng.open_stream(StreamParams(forced_frames=12))
-        stream.push_text("a turn of twelve steps.")
-        stream.end()
-        chunks = await asyncio.wait_for(_collect(stream), 20)
-        late = eng.open_stream(StreamParams(forced_frames=1))  # after the load: no step to hold for
-        late.push_text("one.")
-        late.end()
-        await asyncio.wait_for(_collect(late), 5)
-        await wait_engine_idle(eng)
-    finally:
-        eng.close()
-    assert sum(c.pcm.size for c in chunks) == 12 * FRAME
-    # the first steps teach the worker a step's time; from then on each is begun behind another
-    queued_for = model.queued_for[3:]
-    assert len(queued_for) >= 5
-    if lead_s is None:
-        assert min(queued_for) > 0.04  # begun with most of the running step still to go
-    else:  # with about lead_s to go, the time a begin takes in it; never once the device ran dry
-        assert max(queued_for) < 0.03 and sorted(queued_for)[len(queued_for) // 2] > 0.0
-
-
-async def test_a_step_that_ends_sooner_than_learnt_ends_the_hold() -> None:
-    """Steps that turn four times faster than the worker learnt: each hold ends as the running step
-    is seen done, not at the old guess, so the device waits for no more than a begin."""
-    model = _PipelinedModel()
-    model.step_s = 0.06
-    flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
-    config = EngineConfig(max_streams=8, level=flat, queue_ahead_min_rows=1, queue_ahead_lead_s=0.005)
-    eng = Engine(config, model=model).start()
-    try:
-        stream = eng.open_stream(StreamParams(forced_frames=24))
-        stream.push_text("a turn whose steps speed up.")
-        stream.end()
-        while len(model.queued_for) < 4:
-            await asyncio.sleep(0.005)
-        model.step_s = 0.015
-        idle_before = model.idle_s
-        t0 = time.perf_counter()
-        chunks = await asyncio.wait_for(_collect(stream), 20)
-        wall = time.perf_counter() - t0
-        await wait_engine_idle(eng)
-    finally:
-        eng.close()
-    assert sum(c.pcm.size for c in chunks) == 24 * FRAME
-    # ~19 fast steps: held to the old guess the device would sit idle ~0.03 s a step
-    assert model.idle_s - idle_before < 0.1 and wall < 19 * 0.03
 
 
 def test_the_slot_free_longest_is_taken_first() -> None:
