@@ -3,6 +3,8 @@
     prefill: packed prompts (B, 2T + 4) of n <= T + 1 positions -> embedded (B, T + 1, H) -> talker over
              positions 0 .. T - 1 (KV of 0 .. n - 2 kept) -> the input of position n - 1 stored as the
              slot's first feed, its position set to n - 1; no logits, no sampling
+    attach:  the same for a prompt whose positions 0 .. n - 2 are a kept prefix (prefix_cache.py):
+             their KV copied in, no talker
     decode:  slots (B,) -> last frame + next text token (from the slot's device text queue), or the
              first feed of a slot just prefilled -> talker one-token step (KV written and attended in
              place) -> sample codebook 0 -> code predictor's 15 passes, each sampled -> codes (B, 16);
@@ -99,7 +101,7 @@ class FrameStep:
         Writes KV of positions 0 .. n - 2; the input of position n - 1 waits in the slot's first-feed
         row for the decode step (module docstring)."""
         b, t = x.shape[0], x.shape[1] - 1
-        dev, st = x.device, self.state
+        dev = x.device
         # right-padded rows write garbage KV from position n - 1 on; each position is rewritten by the
         # slot's own next step before any query can see it (attention admits keys <= position). The
         # hidden states are not needed: only the KV each layer writes.
@@ -109,10 +111,23 @@ class FrameStep:
             positions = torch.arange(t, device=dev).expand(b, t)
             mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None]
             self.talker(x[:, :t], positions, self.kv.prefill(slots, t), mask)
-        feed = x[torch.arange(b, device=dev), lengths - 1]
+        return self.first_feed(slots, x[torch.arange(b, device=dev), lengths - 1], lengths - 1)
+
+    def attach(self, packed: Tensor) -> Tensor:
+        """packed (B, 5) int64 rows [text id, codec id, n - 1, slot, prefix] of prompts whose first
+        n - 1 positions are a kept prefix (kv_cache.py ``load_prefix``): its KV copied into each
+        slot's first block, the input of position n - 1 stored as the first feed, as ``prefill``
+        leaves a prompt of n positions -> first feeds (B, H)."""
+        text, codec, position, slots, prefix = packed.unbind(1)
+        self.kv.load_prefix(slots, prefix)
+        return self.first_feed(slots, self.talker.embed_text(text) + self.talker.codec_embedding(codec), position)
+
+    def first_feed(self, slots: Tensor, feed: Tensor, position: Tensor) -> Tensor:
+        """feed (B, H) waits in each slot's first-feed row for the decode step, at ``position`` (B,)."""
+        st = self.state
         st.first_feed.index_copy_(0, slots, feed)
         st.first_feed_pending.index_fill_(0, slots, True)
-        st.position.index_copy_(0, slots, lengths - 1)
+        st.position.index_copy_(0, slots, position)
         st.rezero_padding()
         return feed
 

@@ -16,6 +16,11 @@ Memory: 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 112 KiB per position
 size: both talkers have 8x128 KV heads), 7 MiB per 64-position block; a stream holds what it has
 spoken, ceil(positions / 64) blocks, instead of a 1,536-position row (168 MiB) from the start.
 
+Prompt prefixes (prefix_cache.py): the KV of up to ``PREFIX_POSITIONS`` first positions of a few
+prompts, kept apart from the pool (``prefix_k``, ``prefix_v``; entry 0 is scratch, for the padding
+rows). ``save_prefix`` copies a prefilled slot's into an entry, ``load_prefix`` an entry into new
+slots' first blocks: what their prefill would have written there, without the talker.
+
 Decode (``decode_in_place``) attends over the blocks where they lie: with the Triton decode-attention
 kernel on CUDA (kernels/decode_attention.py: lengths and the table read on the device, a plan made once
 per step for all layers, so it can be captured in a CUDA graph), and elsewhere with SDPA over each
@@ -38,6 +43,8 @@ from .slot_state import to_device
 
 log = logging.getLogger("voicewire.qwen3")
 
+PREFIX_POSITIONS = 16  # a kept prefix's positions at most: the default prompt's head is ~10
+
 
 class PagedKVCache:
     def __init__(
@@ -51,14 +58,20 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: torch.device,
         page: int = PAGE,
+        prefixes: int = 0,
     ) -> None:
         """``max_slots`` stream rows (the padding slot's row comes on top); ``max_len`` positions per
-        stream at most; ``num_blocks`` blocks of ``page`` positions, the scratch block included."""
+        stream at most; ``num_blocks`` blocks of ``page`` positions, the scratch block included;
+        ``prefixes`` kept prompt prefixes."""
         self.pool = KVPool(num_blocks, max_slots, max_len, page)
         self.page = page
         shape = (num_layers, num_blocks, kv_heads, page, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.prefix_len = min(PREFIX_POSITIONS, page)
+        kept = (num_layers, prefixes + 1, kv_heads, self.prefix_len, head_dim)
+        self.prefix_k = torch.zeros(kept, dtype=dtype, device=device)
+        self.prefix_v = torch.zeros(kept, dtype=dtype, device=device)
         self.block_table = torch.from_numpy(self.pool.table.copy()).to(device)  # all scratch
         self._table_flat = self.block_table.view(-1)  # the table's entries, as flush scatters them
         self.max_blocks = self.pool.max_blocks_per_slot
@@ -116,6 +129,19 @@ class PagedKVCache:
         return KVRoom(
             pool.free_blocks, pool.usable_blocks, self.page, blocks_for(NEW_STREAM_POSITIONS, self.page)
         )
+
+    def save_prefix(self, entry: int, slot: int) -> None:
+        """The first ``prefix_len`` positions of ``slot`` (prefilled, queued before this) into ``entry``."""
+        block, n = int(self.pool.table[slot, 0]), self.prefix_len
+        self.prefix_k[:, entry] = self.k[:, block, :, :n]
+        self.prefix_v[:, entry] = self.v[:, block, :, :n]
+
+    def load_prefix(self, slots: Tensor, entries: Tensor) -> None:
+        """Each entry's positions into its slot's first block (graph-capturable): positions past
+        the prefix come along as garbage, which the slot's own steps write before any query reads."""
+        blocks, n = self.block_table[slots, 0].long(), self.prefix_len
+        self.k[:, blocks, :, :n] = self.prefix_k[:, entries]
+        self.v[:, blocks, :, :n] = self.prefix_v[:, entries]
 
     def prefill(self, slots: Tensor, length: int) -> _PrefillView:
         """Write positions [0, length) of these slots; attention sees only the new entries."""

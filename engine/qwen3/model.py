@@ -69,6 +69,7 @@ from .host_slot import FrameLimits, HostSlot, invalid_rows
 from .kv_cache import PagedKVCache
 from .layers import DecoderLayer
 from .options import ServeOptions, default_decode_buckets
+from .prefix_cache import PrefixCache
 from .prompt import Prompt
 from .slot_request import parse_request
 from .slot_state import SlotState
@@ -130,7 +131,7 @@ class Qwen3TTSModel(Model):
         # one extra row everywhere: the padding slot of the graph buckets (slot_state.py)
         self.pad_slot = n
         shape = (t.num_layers, options.pool_blocks, n, t.num_kv_heads, options.max_seq_len, t.head_dim)
-        self.kv = PagedKVCache(*shape, self.dtype, dev, page=options.kv_page)
+        self.kv = PagedKVCache(*shape, self.dtype, dev, page=options.kv_page, prefixes=options.prefix_cache)
         self.state = SlotState(
             n, t.num_code_groups, t.vocab_size, options.max_seq_len, t.hidden_size, self.dtype, dev
         )
@@ -155,6 +156,9 @@ class Qwen3TTSModel(Model):
         self.prefill_batches = powers_of_two(min(options.max_prefill_batch, options.max_batch_size))
         self.prefill_lens = tuple(b for b in options.prefill_len_buckets if b <= options.max_seq_len)
         self.graphs = CudaGraphs(dev, options.cuda_graphs, options.experimental.warm_threads)
+        self.prefixes = PrefixCache(
+            options.prefix_cache, self.kv, self.step, self.graphs, self.prefill_batches, self.pad_slot
+        )
         self.codec_runner = CodecRunner(
             self.codec, t.num_code_groups, options, self.graphs, self.pad_slot, dev
         )
@@ -289,9 +293,15 @@ class Qwen3TTSModel(Model):
         new = [s for s in prompts if s not in results]
         self.state.flush()  # the rows and text the step's feeds read (open_slot and add_text queue them)
         staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
+        attached = self.prefixes.split(new, prompts, hosts)  # their prompt's head is kept: no prefill
+        fresh = [s for s in new if s not in attached]
         per_call = self.prefill_batches[-1]
-        for group in (new[i : i + per_call] for i in range(0, len(new), per_call)):
+        for group in (fresh[i : i + per_call] for i in range(0, len(fresh), per_call)):
             self._run_prefill(group, [prompts[s] for s in group], staged)
+        self.prefixes.attach(attached, prompts, hosts, staged)  # before learn may give their entries away
+        self.prefixes.learn(fresh, prompts, hosts)
+        for s in new:
+            hosts[s].prefilled, hosts[s].position = True, len(prompts[s]) - 1
         batch = running + new  # new slots make their first frame in the same decode call
         size = self.decode_buckets[-1]
         parts: list[Tensor] = []
@@ -351,9 +361,6 @@ class Qwen3TTSModel(Model):
                 self.graphs.run(("prefill", b, t), rows, staged)
             else:  # prompts longer than every length bucket (whole text), or of one position: eager
                 self.step.prefill(self._device_rows(rows[: len(group)], staged))
-        for s, p in zip(group, prompts, strict=True):
-            st = self._slots[s]
-            st.prefilled, st.position = True, len(p) - 1
 
     def _device_rows(self, rows: np.ndarray, staged: list[Tensor]) -> Tensor:
         """Rows onto the device without waiting for its queued work (as ``CudaGraphs.run`` stages them)."""
@@ -373,6 +380,7 @@ class Qwen3TTSModel(Model):
             for t in self.prefill_lens:
                 row = pack_prefill_row([0], [NO_CODEC], pad, t)
                 self.graphs.add(("prefill", b, t), self.step.prefill, torch.tensor([row] * b))
+        self.prefixes.register_graphs()
         self.codec_runner.register_graphs()
 
     def _prompt(self, st: HostSlot) -> Prompt:

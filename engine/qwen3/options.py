@@ -93,6 +93,9 @@ class ServeOptions:
     decode_buckets: tuple[int, ...] = ()  # batch sizes with a decode graph; () = powers of 2 + 3/4 steps
     max_prefill_batch: int = 32  # new streams prefilled together: a step's new ones in calls of this many
     prefill_len_buckets: tuple[int, ...] = (16, 32, 64)  # longer prompts prefill eagerly
+    # prompt heads (voice, language, instruction) whose KV is kept on the device, so a stream of one
+    # of them starts without a prefill (prefix_cache.py); 0: every stream prefills
+    prefix_cache: int = 32
     codec_batch_buckets: tuple[int, ...] = ()  # () = powers of 2 up to max_batch_size
     # codec graphs for 1, 2, 4, 8 ... up to this many frames; a tick's chunks are padded to the
     # smallest that fits the longest; a longer chunk runs eagerly at its own length

@@ -1,0 +1,88 @@
+"""Prompt prefixes kept on the device: a new stream's prefill without the talker.
+
+A streamed-text prompt is a head that depends only on the voice, the language and the instruction
+(prompt.py: the role, the think / language / speaker codec positions, tts_bos) and a last position
+that carries the first text token. The prefill runs the talker over all positions but the last, so
+for such a prompt it writes the head's KV and nothing else: the same KV for every stream of that
+voice. The first stream of a head is prefilled as usual and its head's KV kept (kv_cache.py
+``save_prefix``); every later one has that KV copied into its first block and its last position
+stored as its first feed (``FrameStep.attach``, a graph per prefill batch bucket): a copy of ~2 MB a
+stream instead of the talker's 28 layers over 16 positions, in the step that makes its first frame.
+
+Kept: heads of at most ``PREFIX_POSITIONS`` positions, of prompts with no cloned voice (whose
+speaker is a vector) and no whole text (whose prompt holds the text); the least recently used head
+makes way when all entries are taken. An entry dropped while a step that reads it is queued is safe:
+the device runs the work of later steps after it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .cuda_graphs import CudaGraphs, bucket_for
+from .frame_step import FrameStep
+from .host_slot import HostSlot
+from .kv_cache import PagedKVCache
+from .prompt import Prompt
+
+Head = tuple[tuple[int, ...], tuple[int | None, ...]]
+
+
+class PrefixCache:
+    def __init__(
+        self, entries: int, kv: PagedKVCache, step: FrameStep, graphs: CudaGraphs, batches: Sequence[int], pad_slot: int
+    ) -> None:
+        self.kv, self.step, self.graphs, self.batches, self.pad_slot = kv, step, graphs, tuple(batches), pad_slot
+        self._entries: OrderedDict[Head, int] = OrderedDict()  # head -> entry, least recently used first
+        self._free = list(range(entries, 0, -1))  # entry 0 is the padding rows' scratch
+        self.hits = 0  # streams attached to a kept head (tests, stats)
+
+    def register_graphs(self) -> None:
+        for b in self.batches:
+            self.graphs.add(("attach", b), self.step.attach, torch.tensor([self._padding()] * b))
+
+    def split(self, new: list[int], prompts: dict[int, Prompt], hosts: dict[int, HostSlot]) -> list[int]:
+        """The new slots whose head is kept: attached (``attach``) rather than prefilled."""
+        return [s for s in new if (head := self._head(prompts[s], hosts[s])) is not None and head in self._entries]
+
+    def attach(self, group: list[int], prompts: dict[int, Prompt], hosts: dict[int, HostSlot], staged: list[Tensor]) -> None:
+        """Each slot's kept head into its first block, its last position its first feed."""
+        for i in range(0, len(group), self.batches[-1]):
+            part = group[i : i + self.batches[-1]]
+            b = bucket_for(len(part), self.batches)
+            rows = []
+            for s in part:
+                p = prompts[s]
+                head = self._head(p, hosts[s])
+                assert head is not None
+                self._entries.move_to_end(head)
+                rows.append([p.text_ids[-1], p.codec_ids[-1], len(p) - 1, s, self._entries[head]])
+            packed = np.array(rows + [self._padding()] * (b - len(part)), dtype=np.int64)
+            self.graphs.run(("attach", b), packed, staged)
+            self.hits += len(part)
+
+    def learn(self, group: list[int], prompts: dict[int, Prompt], hosts: dict[int, HostSlot]) -> None:
+        """The heads of slots just prefilled (queued before this) that are not kept yet, kept."""
+        for s in group:
+            head = self._head(prompts[s], hosts[s])
+            if head is None or head in self._entries:
+                continue
+            if not self._free:
+                if not self._entries:
+                    return  # no entries at all
+                self._free.append(self._entries.popitem(last=False)[1])
+            entry = self._entries[head] = self._free.pop()
+            self.kv.save_prefix(entry, s)
+
+    def _head(self, prompt: Prompt, host: HostSlot) -> Head | None:
+        if host.voice is not None or host.whole_text or not 1 < len(prompt) <= self.kv.prefix_len + 1:
+            return None
+        return prompt.text_ids[:-1], prompt.codec_ids[:-1]
+
+    def _padding(self) -> list[int]:
+        return [0, 0, 0, self.pad_slot, 0]
