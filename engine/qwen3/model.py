@@ -9,7 +9,8 @@ Life of a slot (host side: ``HostSlot``, host_slot.py; device side: rows of tens
     generate    NEW:     prefill the prompt but its last position: the talker alone, writing KV
                          (needs the first text token, or the end of the text; with
                          ``extra["whole_text"]`` all of the text, as the package's default
-                         non-streaming mode); a prompt of one position needs no talker call. The
+                         non-streaming mode); a prompt of one position, or whose head an earlier
+                         stream had (prefix_cache.py: its KV copied in), needs no talker call. The
                          input of the last position waits on the device as the slot's first feed
                 RUNNING: feed the last frame + the next text token (or tts-eos once, then tts-pad
                          after the end of the text); a stream whose next token has not arrived is
