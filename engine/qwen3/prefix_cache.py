@@ -9,7 +9,7 @@ voice. The first stream of a head is prefilled as usual and its head's KV kept (
 stored as its first feed (``FrameStep.attach``, a graph per prefill batch bucket): a copy of ~2 MB a
 stream instead of the talker's 28 layers over 16 positions, in the step that makes its first frame.
 
-Kept: heads of at most ``PREFIX_POSITIONS`` positions, of prompts with no cloned voice (whose
+Kept: heads of at most ``PREFIX_POSITIONS`` positions (kv_cache.py), of prompts with no cloned voice (whose
 speaker is a vector) and no whole text (whose prompt holds the text); the least recently used head
 makes way when all entries are taken. An entry dropped while a step that reads it is queued is safe:
 the device runs the work of later steps after it.

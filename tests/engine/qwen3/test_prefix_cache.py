@@ -64,4 +64,5 @@ def test_a_kept_head_outlives_the_stream_it_came_from(device: str, prefilled: di
     again = run_stream(model, 4, [text], params)
     np.testing.assert_array_equal(first, prefilled[slot])
     np.testing.assert_array_equal(again, first)
-    assert model.prefixes.hits == 3  # the ones after the first: the default voice's head, kept once
+    # attached: the second and third of the default voice's streams (the first kept its head), and again
+    assert model.prefixes.hits == 3
