@@ -11,6 +11,7 @@ the ordinary ones (a cloned voice leaves nothing in them, its first feed aside).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ class SlotVoice:
     speaker: Tensor  # (H,) x-vector
     ref_frames: Tensor | None  # (F, H) summed code embeddings of the reference frames (in-context)
     ref_ids: tuple[int, ...]  # the reference transcript's token ids (in-context)
+    key: bytes = b""  # the x-vector's digest: a kept prompt head's voice (prefix_cache.py)
 
     @property
     def n_ref_frames(self) -> int:
@@ -78,7 +80,8 @@ def slot_voice(profile: VoiceProfile, step: FrameStep, ref_ids: Sequence[int]) -
     if profile.ref_codes is not None:
         codes = profile.ref_codes.to(device=emb.device, dtype=torch.int64)  # (F, 16)
         frames = embed_frames(step, codes)
-    return SlotVoice(speaker, frames, tuple(ref_ids) if frames is not None else ())
+    digest = hashlib.blake2b(profile.speaker_embedding.float().numpy().tobytes(), digest_size=16).digest()
+    return SlotVoice(speaker, frames, tuple(ref_ids) if frames is not None else (), digest)
 
 
 def embed_frames(step: FrameStep, codes: Tensor) -> Tensor:

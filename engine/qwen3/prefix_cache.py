@@ -9,10 +9,12 @@ voice. The first stream of a head is prefilled as usual and its head's KV kept (
 stored as its first feed (``FrameStep.attach``, a graph per prefill batch bucket): a copy of ~2 MB a
 stream instead of the talker's 28 layers over 16 positions, in the step that makes its first frame.
 
-Kept: heads of at most ``PREFIX_POSITIONS`` positions (kv_cache.py), of prompts with no cloned voice (whose
-speaker is a vector) and no whole text (whose prompt holds the text); the least recently used head
-makes way when all entries are taken. An entry dropped while a step that reads it is queued is safe:
-the device runs the work of later steps after it.
+Kept: heads of at most ``PREFIX_POSITIONS`` positions (kv_cache.py), of prompts with no whole text
+(whose prompt holds the text) and no in-context voice (whose prompt ends in the reference frames). A
+voice cloned from an x-vector is in its head, at the speaker position: the head is kept under the
+vector's digest (clone_prefill.py ``SlotVoice.key``), so an agent's turns in one cloned voice start
+without a prefill too. The least recently used head makes way when all entries are taken. An entry
+dropped while a step that reads it is queued is safe: the device runs the work of later steps after it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .host_slot import HostSlot
 from .kv_cache import PagedKVCache
 from .prompt import Prompt
 
-Head = tuple[tuple[int, ...], tuple[int | None, ...]]
+Head = tuple[tuple[int, ...], tuple[int | None, ...], bytes]  # ids, then the cloned voice's key
 
 
 class PrefixCache:
@@ -80,9 +82,12 @@ class PrefixCache:
             self.kv.save_prefix(entry, s)
 
     def _head(self, prompt: Prompt, host: HostSlot) -> Head | None:
-        if host.voice is not None or host.whole_text or not 1 < len(prompt) <= self.kv.prefix_len + 1:
+        voice = host.voice
+        if host.whole_text or (voice is not None and voice.ref_frames is not None):
             return None
-        return prompt.text_ids[:-1], prompt.codec_ids[:-1]
+        if not 1 < len(prompt) <= self.kv.prefix_len + 1:
+            return None
+        return prompt.text_ids[:-1], prompt.codec_ids[:-1], b"" if voice is None else voice.key
 
     def _padding(self) -> list[int]:
         return [0, 0, 0, self.pad_slot, 0]

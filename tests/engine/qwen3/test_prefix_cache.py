@@ -3,13 +3,17 @@ the codes it gives with one, whatever the kept entries' history."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from voicewire.engine.model import StreamParams
 from voicewire.engine.qwen3 import Qwen3TTSModel, ServeOptions, load_qwen3
+from voicewire.engine.qwen3.voice_clone import PROFILE_KEY, VoiceCloner
 
 from .conftest import run_joining, run_stream
+from .oracle import reference_audio
 
 # (slot, join at step, text, params): two heads (ryan / english, vivian), each more than once, one
 # stream in the whole-text mode, whose prompt holds its text and is never kept
@@ -66,3 +70,31 @@ def test_a_kept_head_outlives_the_stream_it_came_from(device: str, prefilled: di
     np.testing.assert_array_equal(again, first)
     # attached: the second and third of the default voice's streams (the first kept its head), and again
     assert model.prefixes.hits == 3
+
+
+def test_a_voice_cloned_from_an_x_vector_keeps_its_head_under_its_vector(device: str) -> None:
+    """An x-vector voice's head holds the vector: its streams attach to it, a stream of another
+    vector does not, and in-context voices (whose prompts end in the reference) are never kept."""
+    cloner = None
+    runs, hits = {}, 0
+    for entries in (0, 32):
+        options = ServeOptions(max_slots=3, max_batch_size=3, prefix_cache=entries)
+        model = load_qwen3(None, "tiny-base", device=device, seed=4, options=options)
+        cloner = cloner or VoiceCloner.random(model.cfg, seed=5, device=device)
+        icl = cloner.profile(reference_audio(1.5, 24_000, seed=6), 24_000, "Hello world.")
+        xvec = replace(icl, ref_codes=None, ref_text="")
+        other = replace(xvec, speaker_embedding=xvec.speaker_embedding.flip(0))
+        streams = [
+            (0, 0, "A cloned voice.", StreamParams(greedy=True, forced_frames=5, extra={PROFILE_KEY: xvec})),
+            (1, 0, "In context.", StreamParams(greedy=True, forced_frames=4, extra={PROFILE_KEY: icl})),
+            (2, 1, "Another vector.", StreamParams(greedy=True, forced_frames=4, extra={PROFILE_KEY: other})),
+            (1, 6, "The first vector again.", StreamParams(greedy=False, seed=3, forced_frames=5, extra={PROFILE_KEY: xvec})),
+            (0, 7, "In context again.", StreamParams(greedy=True, forced_frames=4, extra={PROFILE_KEY: icl})),
+        ]
+        # one slot per stream at a time: a slot is reused once its first stream has ended
+        runs[entries] = [run_joining(model, streams[:3], 20), run_joining(model, streams[3:], 20)]
+        hits = model.prefixes.hits
+    for kept, prefilled in zip(runs[32], runs[0], strict=True):
+        for slot in prefilled:
+            np.testing.assert_array_equal(kept[slot], prefilled[slot], err_msg=f"slot {slot}")
+    assert hits == 1  # the first vector's second stream
