@@ -42,7 +42,7 @@ class PrefixCache:
         self.kv, self.step, self.graphs, self.batches, self.pad_slot = kv, step, graphs, tuple(batches), pad_slot
         self._entries: OrderedDict[Head, int] = OrderedDict()  # head -> entry, least recently used first
         self._free = list(range(entries, 0, -1))  # entry 0 is the padding rows' scratch
-        self.hits = 0  # streams attached to a kept head (tests, stats)
+        self.hits = 0  # streams attached to a kept head (the tests count them)
 
     def register_graphs(self) -> None:
         for b in self.batches:
