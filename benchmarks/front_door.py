@@ -35,6 +35,13 @@ PORT = 18940
 CLIENTS = 64
 
 
+def _keep_log(log: Path, to: Path) -> None:
+    """The server's log beside the results, less its access lines (one per request: thousands a
+    point): its start-up phases and its warnings say what the figures alone do not."""
+    with open(log, errors="replace") as src, open(to, "w") as dst:
+        dst.writelines(line for line in src if "aiohttp.access" not in line)
+
+
 def _ready(base: str, timeout_s: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -120,6 +127,7 @@ def main() -> None:
                 server.wait(60)
             except subprocess.TimeoutExpired:
                 server.kill()
+            _keep_log(work / "serve.log", Path(args.out).with_suffix(".serve.log"))
     if args.engine_only:
         eng = work / "engine_only.json"
         cmd = [

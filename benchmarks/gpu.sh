@@ -28,7 +28,8 @@
 #       `voicewire serve --model qwen3-tts --qwen-size SIZE --device cuda --random-weights SERVE_FLAGS`
 #       (the README's command), probed from another process: open loop, a session per turn, whole
 #       replies at RATES and words at 30/s at WORDS_RATES; then the engine alone at RATES, its
-#       utterances scaled to the probe's (3.4 s mean)  -> front_door_SIZE[_TAG]_h200.json, .png
+#       utterances scaled to the probe's (3.4 s mean)  -> front_door_SIZE[_TAG]_h200.json, .png, .serve.log
+#       (.serve.log: the server's log less its access lines: start-up phases, warnings)
 #       needs the gateway's packages carried (.whl/site.tar.xz: benchmarks/device_site.sh); each half builds
 #       and captures the model (~200 s), so ENGINE_ONLY='' (no engine-only half) leaves the call for the gateway
 #       WORDS_FIRST=1: the words sweep first (its first rate the first load after ready)
