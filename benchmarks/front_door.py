@@ -35,6 +35,14 @@ PORT = 18940
 CLIENTS = 64
 
 
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
 def _keep_log(log: Path, to: Path) -> None:
     """The server's log beside the results, less its access lines (one per request: thousands a
     point): its start-up phases and its warnings say what the figures alone do not."""
@@ -79,6 +87,12 @@ def main() -> None:
     ap.add_argument("--plot", default="", help="PNG of the sweeps ('' for none)")
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--ready-timeout-s", type=float, default=300.0)
+    ap.add_argument(
+        "--prestart",
+        action="store_true",
+        help="start the server once to /readyz and stop it before the measured start: on a fresh machine "
+        "the first server did worse under load than later ones, so an A/B of two servers needs both later",
+    )
     ap.add_argument("--engine-only", default="--size 1.7b", help="serving_bench.py args ('' to skip)")
     ap.add_argument("--workdir", default="/tmp/front_door")
     ap.add_argument("--out", default="front_door.json")
@@ -93,6 +107,14 @@ def main() -> None:
     def save() -> None:  # after every sweep point: a run stopped by its time limit keeps what it measured
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 
+    if args.prestart:
+        with open(work / "prestart.log", "w") as log:
+            server = subprocess.Popen(serve_cmd, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                out["prestart_ready_s"] = round(_ready(base, args.ready_timeout_s), 1)
+            finally:
+                _stop(server)
+        print(f"[front door] a first start, stopped once ready after {out['prestart_ready_s']} s", flush=True)
     with open(work / "serve.log", "w") as log:
         server = subprocess.Popen(serve_cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -122,11 +144,7 @@ def main() -> None:
                     out["http"].append(_http(base, rate, secs, seed, work / f"http_{rate:g}_{seed}.json"))
                     save()
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            _stop(server)
             _keep_log(work / "serve.log", Path(args.out).with_suffix(".serve.log"))
     if args.engine_only:
         eng = work / "engine_only.json"

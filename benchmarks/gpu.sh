@@ -30,6 +30,8 @@
 #       replies at RATES and words at 30/s at WORDS_RATES; then the engine alone at RATES, its
 #       utterances scaled to the probe's (3.4 s mean)  -> front_door_SIZE[_TAG]_h200.json, .png, .serve.log
 #       (.serve.log: the server's log less its access lines: start-up phases, warnings)
+#       PRESTART=1: one start to /readyz and a stop before the measured server (on a fresh machine the
+#       first server did worse under load than later ones: two servers of an A/B both come later)
 #       needs the gateway's packages carried (.whl/site.tar.xz: benchmarks/device_site.sh); each half builds
 #       and captures the model (~200 s), so ENGINE_ONLY='' (no engine-only half) leaves the call for the gateway
 #       WORDS_FIRST=1: the words sweep first (its first rate the first load after ready)
@@ -233,7 +235,7 @@ if [ "$MODE" = front-door ]; then
   name="front_door_${SIZE}${TAG:+_$TAG}_${CARD}"
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   step front-door 570 python3 benchmarks/front_door.py --rates "${RATES-1,60,80,90,100,110}" \
-    --words-rates "${WORDS_RATES-1,80}" --http-rates "${HTTP_RATES:-}" --duration-s "${DURATION_S:-10}" ${WORDS_FIRST:+--words-first} ${RATES_AGAIN:+--rates-again "$RATES_AGAIN"} \
+    --words-rates "${WORDS_RATES-1,80}" --http-rates "${HTTP_RATES:-}" --duration-s "${DURATION_S:-10}" ${WORDS_FIRST:+--words-first} ${RATES_AGAIN:+--rates-again "$RATES_AGAIN"} ${PRESTART:+--prestart} \
     --engine-only "${ENGINE_ONLY---size $SIZE --max-batch 512 --max-slots 512 --max-seq-len 1536 --length-scale 0.74}" \
     --out "$OUT/$name.json" --plot "$OUT/$name.png" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
