@@ -299,7 +299,7 @@ class Qwen3TTSModel(Model):
         per_call = self.prefill_batches[-1]
         for group in (fresh[i : i + per_call] for i in range(0, len(fresh), per_call)):
             self._run_prefill(group, [prompts[s] for s in group], staged)
-        self.prefixes.attach(attached, prompts, hosts, staged)  # before learn may give their entries away
+        self.prefixes.attach(attached, prompts, staged)  # before learn may give their entries away
         self.prefixes.learn(fresh, prompts, hosts)
         for s in new:
             hosts[s].prefilled, hosts[s].position = True, len(prompts[s]) - 1

@@ -48,22 +48,25 @@ class PrefixCache:
         for b in self.batches:
             self.graphs.add(("attach", b), self.step.attach, torch.tensor([self._padding()] * b))
 
-    def split(self, new: list[int], prompts: dict[int, Prompt], hosts: dict[int, HostSlot]) -> list[int]:
-        """The new slots whose head is kept: attached (``attach``) rather than prefilled."""
-        return [s for s in new if (head := self._head(prompts[s], hosts[s])) is not None and head in self._entries]
+    def split(self, new: list[int], prompts: dict[int, Prompt], hosts: dict[int, HostSlot]) -> dict[int, int]:
+        """The new slots whose head is kept, each with its entry: attached (``attach``) rather than
+        prefilled. Their heads become the most recently used."""
+        found: dict[int, int] = {}
+        for s in new:
+            head = self._head(prompts[s], hosts[s])
+            if head is not None and head in self._entries:
+                self._entries.move_to_end(head)
+                found[s] = self._entries[head]
+        return found
 
-    def attach(self, group: list[int], prompts: dict[int, Prompt], hosts: dict[int, HostSlot], staged: list[Tensor]) -> None:
-        """Each slot's kept head into its first block, its last position its first feed."""
+    def attach(self, entries: dict[int, int], prompts: dict[int, Prompt], staged: list[Tensor]) -> None:
+        """Each slot's kept head (``split``'s entries) into its first block, its last position its
+        first feed."""
+        group = list(entries)
         for i in range(0, len(group), self.batches[-1]):
             part = group[i : i + self.batches[-1]]
             b = bucket_for(len(part), self.batches)
-            rows = []
-            for s in part:
-                p = prompts[s]
-                head = self._head(p, hosts[s])
-                assert head is not None
-                self._entries.move_to_end(head)
-                rows.append([p.text_ids[-1], p.codec_ids[-1], len(p) - 1, s, self._entries[head]])
+            rows = [[prompts[s].text_ids[-1], prompts[s].codec_ids[-1], len(prompts[s]) - 1, s, entries[s]] for s in part]
             packed = np.array(rows + [self._padding()] * (b - len(part)), dtype=np.int64)
             self.graphs.run(("attach", b), packed, staged)
             self.hits += len(part)
