@@ -63,6 +63,22 @@ class CodecWork:
             self._hand_out(self._pieces.pop(0))
             taken += 1
 
+    def take_urgent(self) -> int:
+        """Waits for the urgent pieces begun, handing each out as soon as it is done (and the rest
+        that is done meanwhile). Returns how many pieces it took."""
+        taken = 0
+        while True:
+            taken += self._take_done()
+            first = next((i for i, p in enumerate(self._pieces) if p.urgent), None)
+            if first is None:
+                return taken
+            before = {d.stream_id for p in self._pieces[:first] for d in p.due}
+            if before.isdisjoint(d.stream_id for d in self._pieces[first].due):
+                self._hand_out(self._pieces.pop(first))  # waits for it
+                taken += 1
+            else:  # a stream of it has earlier audio out: that goes first
+                self.poll()
+
     def poll(self) -> None:
         t0 = time.perf_counter()
         time.sleep(POLL_S)

@@ -138,7 +138,7 @@ class Engine:
         if chunks.slack_frames is None:
             chunks = dataclasses.replace(chunks, slack_frames=tuple(self._model.info.slack_chunk_frames))
         batch = min(self.config.max_batch or self._model.info.max_batch_size, self._model.info.max_batch_size)
-        self._scheduler = Scheduler(chunks, batch)
+        self._scheduler = Scheduler(chunks, batch, self.config.first_chunk_alone_rows, self.config.urgent_slack_s)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
         self._stepping.ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
         self._stepping.ahead_min_rows = self.config.queue_ahead_min_rows
@@ -324,6 +324,9 @@ class Engine:
     def _step(self, ready: set[int]) -> None:
         t0 = time.perf_counter()
         model = self.model
+        if not self._stepping and self._decoding.urgent_out() and self._scheduler.can_wait(ready):
+            self._decoding.take_urgent()  # EngineConfig.first_chunk_alone_rows
+            ready = self._ready()
         plan = self._scheduler.plan_generate(ready) if self._stepping.has_room() else None
         rows = 0
         if plan is not None and self._stepping.begin(model, self._slots, plan):

@@ -68,9 +68,12 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, chunks: ChunkSchedule, max_batch_size: int) -> None:
+    def __init__(
+        self, chunks: ChunkSchedule, max_batch_size: int, wait_rows: int = 0, wait_slack_s: float = 0.0
+    ) -> None:
         self._chunks = chunks
         self._max_batch = max_batch_size
+        self._wait_rows, self._wait_slack_s = wait_rows, wait_slack_s  # can_wait
         self.requests: dict[int, Request] = {}
         self._cost: dict[str, tuple[float, float]] = {}  # tenant -> (model seconds, when), decaying
 
@@ -95,6 +98,22 @@ class Scheduler:
             candidates = [r for r, a in zip(candidates, ahead, strict=True) if not a or due <= {r.tenant}]
         chosen = candidates if len(candidates) <= self._max_batch else self._fair(candidates)
         return StepPlan([r.slot for r in chosen], [r.stream_id for r in chosen])
+
+    def can_wait(self, ready: set[int]) -> bool:
+        """Whether a frame step for ``ready`` may wait a moment (for codec work begun): at most
+        ``wait_rows`` of them, none new (its first frame is the wait) and none with audio that runs
+        dry within ``wait_slack_s``. One whose first chunk is out has no audio yet and may wait: that
+        chunk is what it waits for."""
+        if len(ready) > self._wait_rows:
+            return False
+        now = time.perf_counter()
+        for sid in ready:
+            r = self.requests.get(sid)
+            if r is None:
+                continue
+            if not r.chunks_decoded or (r.t_first_emit is not None and r.deadline() - now < self._wait_slack_s):
+                return False
+        return True
 
     def _fair(self, candidates: list[Request]) -> list[Request]:
         """A full batch from deadline-ordered ``candidates``: a round of each tenant's most

@@ -244,6 +244,55 @@ async def test_a_new_streams_first_chunk_leaves_before_the_bulk_codec_work_begun
     assert any(urgent for urgent, _, _ in model.pieces) and any(not u for u, _, _ in model.pieces)
 
 
+class _FirstChunkModel(_TwoLaneModel):
+    """_TwoLaneModel that keeps when each frame step starts on the device, and each first chunk's
+    urgent piece's span."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step_starts: list[float] = []
+        self.first_chunks: list[tuple[float, float]] = []
+
+    def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
+        self.step_starts.append(max(time.perf_counter(), self.main.free_at))
+        return super().generate_start(slots)
+
+    def decode_start(self, work: Sequence[DecodeWork], urgent: bool = False) -> Queued[list[Decoded]]:
+        first = urgent and any(w.frames[0][0] == 1 for w in work)  # a slot's frame 1: its first chunk
+        start = max(time.perf_counter(), self.urgent_lane.free_at)
+        out = super().decode_start(work, urgent)
+        if first:
+            self.first_chunks.append((start, self.urgent_lane.free_at))
+        return out
+
+
+@pytest.mark.parametrize("alone_rows", [16, 0])
+async def test_a_first_chunk_runs_alone_on_a_quiet_device(alone_rows: int) -> None:
+    """With a new stream's first chunk on the codec and no frame step in flight, the next step of a
+    few streams that have audio in hand (here: that stream's own second frame) waits for the chunk,
+    so the two do not share the device; with ``first_chunk_alone_rows`` 0 it runs beside it. A new
+    stream's first frame never waits: it opens while the other streams' first chunks are out."""
+    model = _FirstChunkModel()
+    flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
+    config = EngineConfig(max_streams=8, level=flat, first_chunk_alone_rows=alone_rows)
+    eng = Engine(config, model=model).start()
+    try:
+        for i in range(4):
+            s = eng.open_stream(StreamParams(forced_frames=8))
+            s.push_text("one turn at a time.")
+            s.end()
+            chunks = await asyncio.wait_for(_collect(s), 5)
+            pcm = np.concatenate([c.pcm for c in chunks])
+            np.testing.assert_array_equal(pcm, np.repeat(np.arange(1, 9, dtype=np.float32), FRAME) / 1000)
+            await asyncio.sleep(0.02 * i)
+        await wait_engine_idle(eng)
+    finally:
+        eng.close()
+    assert len(model.first_chunks) == 4
+    beside = [t for t in model.step_starts for a, b in model.first_chunks if a <= t < b]
+    assert (not beside) if alone_rows else len(beside) >= 3
+
+
 class _SlowTextModel(_PipelinedModel):
     """_PipelinedModel whose text costs the worker ``TEXT_S`` a push (a tokenizer, a device write)."""
 
