@@ -240,7 +240,7 @@ def main() -> None:
     ap.add_argument("--lone-frames", type=int, default=8, help="each lone turn's length")
     ap.add_argument("--rate", type=float, default=1.0, help="the Poisson load's turns a second")
     ap.add_argument("--duration-s", type=float, default=30.0)
-    ap.add_argument("--variants", default="served,beside", help="served, beside (see run())")
+    ap.add_argument("--variants", default="served,noquiet", help="served, noquiet (see run())")
     ap.add_argument("--profile", action="store_true", help="cProfile the lone turns' first begins")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -256,9 +256,10 @@ def main() -> None:
         await lone(eng, tl, 5, args.gap_s, args.lone_frames)  # a few first: the figures are of a warm path
         served_rows = eng._scheduler._wait_rows
         for variant in args.variants.split(","):
-            # "beside": a first chunk's codec work runs beside the next frame step
-            # (EngineConfig.first_chunk_alone_rows = 0), on the same engine
-            eng._scheduler._wait_rows = 0 if variant == "beside" else served_rows
+            # "noquiet": EngineConfig.quiet_rows 0 on the same engine (a first chunk's codec work runs
+            # beside the next frame step; a new turn waits for the step running when it comes)
+            rows = 0 if variant == "noquiet" else served_rows
+            eng._scheduler._wait_rows = eng._stepping.quiet_rows = rows
             prof = cProfile.Profile() if args.profile else None
             res[variant] = {"lone": await lone(eng, tl, args.turns, args.gap_s, args.lone_frames, prof)}
             print(variant, json.dumps(res[variant]["lone"]["step_ms"]), flush=True)

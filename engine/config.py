@@ -115,11 +115,13 @@ class EngineConfig:
     # (Model.urgent_decode): a new stream's first audio, and the next chunks that keep it playing,
     # then wait for no bulk codec work of the streams seconds ahead. 0: one piece of codec work a tick
     urgent_slack_s: float = 0.2
-    # with urgent codec work begun and no frame step in flight, a step of at most this many rows
-    # waits for that work (none of its streams new or within urgent_slack_s of running dry): on a
-    # quiet device the two run side by side and share its SMs, and a new stream's first chunk takes
-    # about twice as long; its streams have their audio in hand. 0: never waits
-    first_chunk_alone_rows: int = 16
+    # a frame step of at most this many rows is a quiet device's, which has time to spare. There,
+    # (1) with urgent codec work out (a new stream's first chunk) and no step in flight, the next
+    # step waits for it, none of its streams new or within urgent_slack_s of running dry: side by
+    # side the two share the device's SMs and the chunk takes about twice as long; (2) while such a
+    # step runs, the worker takes commands, and a new stream's first frame is queued behind it at
+    # once, whatever queue_ahead_min_rows says. 0: neither
+    quiet_rows: int = 16
     # the worker's time in stream commands (opens, text pushes, ends) between two steps, the rest
     # waiting for the next gap: text pushed a word at a time by hundreds of streams must not hold
     # every stream's next frame for as long as it keeps coming. inf: every queued command first

@@ -12,28 +12,26 @@ two steps (a step is a few ms for the embedded voice).
 
 A model whose stage 2 runs on a device queue of its own (Qwen3-TTS on CUDA) is driven as a pipeline:
 
-    begin step k (queued behind step k - 1 where the model allows two in flight and step k - 1
-    is a loaded one: EngineConfig.queue_ahead_min_rows)
+    begin step k (queued behind step k - 1 where the model allows two in flight and step k - 1 is a
+    loaded one, EngineConfig.queue_ahead_min_rows, or a quiet one and step k has a first frame)
     -> take commands -> hand out finished codec work -> take step k - 1's codes and record them
     -> begin the codec work of the chunks they completed -> hand out finished codec work
 
 so the device runs frame steps back to back while the worker records, plans and hands out audio, and
-the codec runs beside them, its audio taken once done (the worker waits for it only when nothing
-else is in flight, or when codec work piles up). A slot released while a begun step uses it is
-freed once that step's results are in.
+the codec runs beside them, its audio taken once done (the worker waits for it when nothing else is
+in flight, when codec work piles up, and for a first chunk on a quiet device: EngineConfig.quiet_rows).
+A slot released while a begun step uses it is freed once that step's results are in.
 
 The worker's concerns each have a room below this file: who gets a stream (admission.py), the
 commands (inbox.py), opens and text on their way to the model (intake.py), which streams are ready to
-step (readiness.py), the two stages in flight
-(frame_stage.py, codec_stage.py), results on their way to the streams' loops (outbox.py), a turn's
-model-time budget (turn_budget.py), voice cloning's thread (cloner.py) and the garbage collector's
-frozen heap (heap_hold.py).
+step (readiness.py), the two stages in flight (frame_stage.py, codec_stage.py), results on their way
+to the streams' loops (outbox.py), a turn's model-time budget (turn_budget.py), voice cloning's thread
+(cloner.py) and the garbage collector's frozen heap (heap_hold.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -67,6 +65,7 @@ from .turn_budget import charge
 log = logging.getLogger("voicewire.engine")
 
 IDLE_WAIT_S = 0.5  # worker wakes at least this often when idle (for stop requests)
+QUIET_POLL_S = 0.0001  # the worker's look at a quiet step (wait_taking), between waits for commands
 
 __all__ = ["Engine", "EngineBusy", "EngineNotReady"]
 
@@ -138,10 +137,10 @@ class Engine:
         if chunks.slack_frames is None:
             chunks = dataclasses.replace(chunks, slack_frames=tuple(self._model.info.slack_chunk_frames))
         batch = min(self.config.max_batch or self._model.info.max_batch_size, self._model.info.max_batch_size)
-        self._scheduler = Scheduler(chunks, batch, self.config.first_chunk_alone_rows, self.config.urgent_slack_s)
+        self._scheduler = Scheduler(chunks, batch, self.config.quiet_rows, self.config.urgent_slack_s)
         self._max_ahead_samples = int(self.config.max_ahead_s * self._model.info.sample_rate_hz)
         self._stepping.ahead = max(1, self._model.steps_in_flight) if self.config.queue_ahead else 1
-        self._stepping.ahead_min_rows = self.config.queue_ahead_min_rows
+        self._stepping.ahead_min_rows, self._stepping.quiet_rows = self.config.queue_ahead_min_rows, self.config.quiet_rows
         self._thread = threading.Thread(target=self._run, name="voicewire-engine", daemon=True)
         # Set before the thread runs so a caller may open streams as soon as start() returns;
         # the worker clears it when it exits (stop, or an error it cannot outlive).
@@ -226,18 +225,12 @@ class Engine:
             except Exception:  # the worker serves every stream: it must outlive any one failure
                 log.exception("engine step failed")
                 time.sleep(0.01)
-        self._settle()
+        self._stepping.settle(self._slots)  # the device idle when the worker ends
+        self._decoding.settle()
         for live in list(self._live.values()):
             self._fail(live, StreamError("engine_closed", "the engine is shutting down"))
         for q in self._queued.take_all():
             tell(q.open, StreamError("engine_closed", "the engine is shutting down"))
-
-    def _settle(self) -> None:
-        """Waits for the begun work at shutdown, so the model's device is idle when the worker ends."""
-        while self._stepping:
-            with contextlib.suppress(Exception):
-                self._stepping.finish(self._slots)
-        self._decoding.settle()
 
     def _ready(self) -> set[int]:
         return self._readiness.current(self._live, self.model, self._max_ahead_samples)
@@ -245,14 +238,19 @@ class Engine:
     def _decode_pending(self) -> bool:
         return any(lv.request.generation_done and not lv.request.final_sent for lv in self._live.values())
 
-    def _drain(self, block: bool) -> bool:
-        """Handles the commands that came in (waiting for one when ``block``), for up to
-        ``command_budget_s``; True when there were any."""
-        wait_s = min(IDLE_WAIT_S, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
+    def _drain(self, block: bool, wait_s: float = IDLE_WAIT_S) -> bool:
+        """Handles the commands that came in (waiting up to ``wait_s`` for one when ``block``), for up
+        to ``command_budget_s``; True when there were any."""
+        wait_s = min(wait_s, self._queued.seconds_left(time.perf_counter()))  # wake for its deadline
         n, spent_s = self._commands.drain(self._handle, wait_s if block else None)
         self.stats.commands += n
         self.stats.commands_s += spent_s
         return n > 0
+
+    def _new_meanwhile(self) -> bool:
+        """The commands that come in while a quiet step runs (FrameStage.wait_taking), a short wait
+        for them at a time: True once a stream is ready for its first frame."""
+        return self._drain(block=True, wait_s=QUIET_POLL_S) and self._scheduler.has_new(self._ready())
 
     def _handle(self, cmd: Command) -> None:
         if isinstance(cmd, Stop):
@@ -325,9 +323,10 @@ class Engine:
         t0 = time.perf_counter()
         model = self.model
         if not self._stepping and self._decoding.urgent_out() and self._scheduler.can_wait(ready):
-            self._decoding.take_urgent()  # EngineConfig.first_chunk_alone_rows
+            self._decoding.take_urgent()  # a first chunk alone on a quiet device (EngineConfig.quiet_rows)
             ready = self._ready()
-        plan = self._scheduler.plan_generate(ready) if self._stepping.has_room() else None
+        room = self._stepping.has_room(lambda: self._scheduler.has_new(ready))
+        plan = self._scheduler.plan_generate(ready) if room else None
         rows = 0
         if plan is not None and self._stepping.begin(model, self._slots, plan):
             rows = len(plan.generate_slots)
@@ -346,8 +345,9 @@ class Engine:
             # are taken once another is queued behind it (or none will be)
             self._drain(block=False)
             taken = self._decoding.take(wait=False)
-            if self._stepping and (not self._stepping.has_room() or not rows):
-                self._stepping.finish(self._slots)
+            stage = self._stepping
+            if stage and (not stage.has_room() or not rows) and not stage.wait_taking(self._new_meanwhile):
+                stage.finish(self._slots)
             t1 = time.perf_counter()
             due = self._scheduler.plan_decode(t1)
             self._codec.begin(model, due)
@@ -368,7 +368,8 @@ class Engine:
     def _generate_failed(self, plan: StepPlan, err: Exception) -> None:
         self._readiness.mark(plan.generate_streams)
         if isinstance(err, ModelError):
-            self._fail_slot(err.slot, str(err))
+            for live in [lv for lv in self._live.values() if lv.request.slot == err.slot]:
+                self._fail(live, StreamError("model_error", str(err)))
             return
         log.error("generate failed for streams %s", plan.generate_streams, exc_info=err)
         for sid in plan.generate_streams:
@@ -415,11 +416,6 @@ class Engine:
         if final:
             self._release(live)  # freed before the caller can see the end of the stream
         self._outbox.post(live.loop, live, live.stream.deliver, chunk)
-
-    def _fail_slot(self, slot: int, message: str) -> None:
-        for live in list(self._live.values()):
-            if live.request.slot == slot:
-                self._fail(live, StreamError("model_error", message))
 
     def _fail(self, live: Live, err: StreamError) -> None:
         self.stats.streams_failed += 1

@@ -44,6 +44,7 @@ class Request:
     pending_text: list[str] = field(default_factory=list)  # text spoken by the pending frames
     pending_words: list[WordTiming] = field(default_factory=list)  # their words, frames from the first
     chunks_decoded: int = 0
+    stepped: bool = False  # planned into a frame step (its first frame made or under way)
     generation_done: bool = False  # the model will produce no more frames
     final_sent: bool = False
     t_first_emit: float | None = None  # perf_counter when the first audio left the engine
@@ -97,13 +98,20 @@ class Scheduler:
             # an ahead stream stays when no other tenant has a stream that is not ahead
             candidates = [r for r, a in zip(candidates, ahead, strict=True) if not a or due <= {r.tenant}]
         chosen = candidates if len(candidates) <= self._max_batch else self._fair(candidates)
+        for r in chosen:
+            r.stepped = True
         return StepPlan([r.slot for r in chosen], [r.stream_id for r in chosen])
+
+    def has_new(self, ready: set[int]) -> bool:
+        """Whether a stream of ``ready`` has had no frame step yet."""
+        requests = self.requests
+        return any(not r.stepped for sid in ready if (r := requests.get(sid)) is not None)
 
     def can_wait(self, ready: set[int]) -> bool:
         """Whether a frame step for ``ready`` may wait a moment (for codec work begun): at most
         ``wait_rows`` of them, none new (its first frame is the wait) and none with audio that runs
-        dry within ``wait_slack_s``. One whose first chunk is out has no audio yet and may wait: that
-        chunk is what it waits for."""
+        dry within ``wait_slack_s``. One stepped with no audio yet may wait: its first chunk is on
+        the codec (or held back by the lead-in trim), which is what the step waits for."""
         if len(ready) > self._wait_rows:
             return False
         now = time.perf_counter()
@@ -111,7 +119,7 @@ class Scheduler:
             r = self.requests.get(sid)
             if r is None:
                 continue
-            if not r.chunks_decoded or (r.t_first_emit is not None and r.deadline() - now < self._wait_slack_s):
+            if not r.stepped or (r.t_first_emit is not None and r.deadline() - now < self._wait_slack_s):
                 return False
         return True
 

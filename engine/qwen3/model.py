@@ -186,13 +186,7 @@ class Qwen3TTSModel(Model):
         if not 0 <= slot < self.options.max_slots:
             raise ModelError(slot, f"slot {slot} outside 0..{self.options.max_slots - 1}")
         req = parse_request(
-            self.cfg,
-            self.tokenizer,
-            self.info.voices,
-            slot,
-            params,
-            self.random_weights,
-            self.info.voice_encoder,
+            self.cfg, self.tokenizer, self.info.voices, slot, params, self.random_weights, self.info.voice_encoder
         )
         guard = None
         if not self.random_weights and params.forced_frames is None:
@@ -313,6 +307,7 @@ class Qwen3TTSModel(Model):
         if not batch:
             return Queued.finished([results[s] for s in slots])
         codes = self.codes_to_host.start(parts[0] if len(parts) == 1 else torch.cat(parts))
+        self.codec_runner.reset_opened()  # on the codec's lane while the step runs: not in a first chunk's begin
 
         def finish() -> list[GenerateResult]:
             host = codes()  # (B, 16), the caller's own: each row becomes its slot's frame

@@ -47,6 +47,7 @@ class _PipelinedModel(Model):
 
     steps_in_flight = 2
     decode_overlaps = True
+    step_s = STEP_S
 
     def __init__(self) -> None:
         self.info = ModelInfo("pipelined", 24_000, FRAME, TextGranularity.WORD, 8, 8, ("v",), random_weights=True)
@@ -84,7 +85,7 @@ class _PipelinedModel(Model):
         self.steps_begun += 1
         self.most_steps_begun = max(self.most_steps_begun, self.steps_begun)
         assert self.steps_begun <= self.steps_in_flight
-        ends_at = self.main.begin(STEP_S)
+        ends_at = self.main.begin(self.step_s)
 
         def finish() -> list[GenerateResult]:
             time.sleep(max(0.0, ends_at - time.perf_counter()))
@@ -127,13 +128,18 @@ async def _collect(stream: Stream) -> list[AudioChunk]:
     return [c async for c in stream]
 
 
-@pytest.mark.parametrize(("min_rows", "in_flight"), [(0, 2), (9, 1)])
-async def test_frames_of_pipelined_steps_reach_each_stream_once_and_in_order(min_rows: int, in_flight: int) -> None:
+@pytest.mark.parametrize(("min_rows", "quiet", "in_flight"), [(0, 0, 2), (9, 0, 1), (9, 16, 2)])
+async def test_frames_of_pipelined_steps_reach_each_stream_once_and_in_order(
+    min_rows: int, quiet: int, in_flight: int
+) -> None:
     """Two steps in flight where each has at least ``queue_ahead_min_rows`` rows (here: any), one
-    where none can (more rows than streams): the same audio either way."""
+    where none can (more rows than streams), and two again where only a new stream's first frame
+    is queued behind a quiet step (``quiet_rows``): the same audio every way."""
     model = _PipelinedModel()
     flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
-    config = EngineConfig(max_streams=8, max_queued_streams=8, level=flat, queue_ahead_min_rows=min_rows)
+    config = EngineConfig(
+        max_streams=8, max_queued_streams=8, level=flat, queue_ahead_min_rows=min_rows, quiet_rows=quiet
+    )
     eng = Engine(config, model=model).start()
     lengths = [(17, None), (None, 9), (30, None), (None, 23), (5, None), (None, 1), (12, None), (None, 40)]
     try:
@@ -159,8 +165,8 @@ async def test_frames_of_pipelined_steps_reach_each_stream_once_and_in_order(min
         assert chunks[-1].final
     assert first.pcm.size and model.made == {}  # the cancelled stream's slot was closed too
     assert model.most_steps_begun == in_flight and model.closed_while_begun == []
-    # with two in flight, a stop seen late stepped its stream once more, and that was dropped
-    assert (model.wasted_rows >= 1) == (in_flight == 2)
+    # with every step queued behind, a stop seen late stepped its stream once more, and that was dropped
+    assert (model.wasted_rows >= 1) == (min_rows == 0) or quiet > 0
     assert eng.active_streams() == 0
 
 
@@ -270,11 +276,11 @@ class _FirstChunkModel(_TwoLaneModel):
 async def test_a_first_chunk_runs_alone_on_a_quiet_device(alone_rows: int) -> None:
     """With a new stream's first chunk on the codec and no frame step in flight, the next step of a
     few streams that have audio in hand (here: that stream's own second frame) waits for the chunk,
-    so the two do not share the device; with ``first_chunk_alone_rows`` 0 it runs beside it. A new
+    so the two do not share the device; with ``quiet_rows`` 0 it runs beside it. A new
     stream's first frame never waits: it opens while the other streams' first chunks are out."""
     model = _FirstChunkModel()
     flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
-    config = EngineConfig(max_streams=8, level=flat, first_chunk_alone_rows=alone_rows)
+    config = EngineConfig(max_streams=8, level=flat, quiet_rows=alone_rows)
     eng = Engine(config, model=model).start()
     try:
         for i in range(4):
@@ -291,6 +297,56 @@ async def test_a_first_chunk_runs_alone_on_a_quiet_device(alone_rows: int) -> No
     assert len(model.first_chunks) == 4
     beside = [t for t in model.step_starts for a, b in model.first_chunks if a <= t < b]
     assert (not beside) if alone_rows else len(beside) >= 3
+
+
+class _StepLogModel(_PipelinedModel):
+    """_PipelinedModel that logs each step's slots and how long the device sat idle before it; its
+    steps are long beside the worker's time, so a turn mostly comes while one runs."""
+
+    step_s = 0.02
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[tuple[list[int], float]] = []  # (slots, idle before it)
+
+    def generate_start(self, slots: Sequence[int]) -> Queued[list[GenerateResult]]:
+        self.steps.append((list(slots), max(0.0, time.perf_counter() - self.main.free_at)))
+        return super().generate_start(slots)
+
+
+@pytest.mark.parametrize("quiet", [16, 0])
+async def test_a_new_streams_first_frame_queues_behind_a_quiet_step(quiet: int) -> None:
+    """A turn that comes while a step of a few rows runs is taken at once and its first frame queued
+    behind that step, so the device runs it with no gap (``quiet_rows``); with 0 the worker first
+    waits for the running step's codes, and the device sits idle meanwhile."""
+    model = _StepLogModel()
+    flat = LevelConfig(onset_threshold_dbfs=-300.0, max_trim_ms=0.0)
+    eng = Engine(EngineConfig(max_streams=8, level=flat, quiet_rows=quiet), model=model).start()
+    try:
+        busy = eng.open_stream(StreamParams(forced_frames=400))  # steps back to back, one row each
+        busy.push_text("a long reply.")
+        busy.end()
+        reading = asyncio.ensure_future(_collect(busy))
+        idle = []
+        for _ in range(5):
+            await asyncio.sleep(0.0137)
+            n = len(model.steps)
+            s = eng.open_stream(StreamParams(forced_frames=2))
+            s.push_text("a new turn.")
+            s.end()
+            await asyncio.wait_for(_collect(s), 5)
+            slot = next(slots for slots, _ in model.steps[n:] if len(slots) == 2)
+            idle.append(next(gap for slots, gap in model.steps[n:] if slots is slot))
+        busy.cancel()
+        reading.cancel()
+        await wait_engine_idle(eng)
+    finally:
+        eng.close()
+    idle.sort()
+    if quiet:
+        assert idle[2] == 0.0  # queued behind the step that ran when it came (one may come in a gap)
+    else:
+        assert idle[0] > 0.0
 
 
 class _SlowTextModel(_PipelinedModel):

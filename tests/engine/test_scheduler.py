@@ -167,14 +167,16 @@ def test_a_step_may_wait_only_for_streams_with_audio_in_hand() -> None:
     s = Scheduler(ChunkSchedule(), max_batch_size=8, wait_rows=2, wait_slack_s=0.2)
     now = time.perf_counter()
     playing = _req(1, now - 5)
-    playing.t_first_emit, playing.samples_emitted, playing.chunks_decoded = now - 1, 24_000 * 3, 4  # 2 s in hand
-    first_out = _req(2, now)
-    first_out.chunks_decoded = 1  # its first chunk is on the codec: no audio yet
-    new = _req(3, now)  # no frame yet
+    playing.t_first_emit, playing.samples_emitted = now - 1, 24_000 * 3  # 2 s in hand
+    first_out = _req(2, now)  # stepped, its first chunk on the codec: no audio yet
+    new = _req(3, now)  # no frame step yet
     dry = _req(4, now - 5)
-    dry.t_first_emit, dry.samples_emitted, dry.chunks_decoded = now - 1, 24_000 * 1.05, 3  # 50 ms in hand
+    dry.t_first_emit, dry.samples_emitted = now - 1, int(24_000 * 1.05)  # 50 ms in hand
     for r in (playing, first_out, new, dry):
         s.add(r)
+    assert s.has_new({1, 2, 3, 4})
+    s.plan_generate({1, 2, 4})  # planned into a step: no longer new
+    assert not s.has_new({1, 2, 4}) and s.has_new({3})
     assert s.can_wait({1, 2})
     assert not s.can_wait({1, 2, 5})  # more rows than wait_rows (5 is not a stream: still a row)
     assert not s.can_wait({1, 3})  # a new stream's first frame
