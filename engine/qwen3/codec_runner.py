@@ -113,16 +113,22 @@ class CodecRunner:
         self._opened.add(slot)
         self._history[slot] = []
 
-    def reset_opened(self) -> None:
+    def reset_opened(self, early: bool = False) -> None:
         """The decoder state of the slots opened since the last call, reset. On CUDA the reset is
         queued on the codec's stream, after any codec call still writing a slot's state for its
         previous owner and before the new owner's: the frame steps on the caller's stream never
         wait for it. With an urgent lane the reset is queued there, where a new owner's first chunk
-        runs."""
-        if not self._opened:
+        runs. ``early`` (ahead of the slots' first chunks): only the slots with no codec call of a
+        previous owner still running, whose wait would hold up the urgent lane meanwhile."""
+        if early and self.urgent_stream is not None:
+            busy = {s for s in self._opened if (e := self._bulk_last.get(s)) is not None and not e.query()}
+            slots = sorted(self._opened - busy)
+            self._opened = busy
+        else:
+            slots = sorted(self._opened)
+            self._opened.clear()
+        if not slots:
             return
-        slots = sorted(self._opened)
-        self._opened.clear()
         # the rows' upload is queued on the stream that resets them
         if self.urgent_stream is not None:
             # a cancelled owner's call may still be running

@@ -307,7 +307,7 @@ class Qwen3TTSModel(Model):
         if not batch:
             return Queued.finished([results[s] for s in slots])
         codes = self.codes_to_host.start(parts[0] if len(parts) == 1 else torch.cat(parts))
-        self.codec_runner.reset_opened()  # on the codec's lane while the step runs: not in a first chunk's begin
+        self.codec_runner.reset_opened(early=True)  # on the codec's lane while the step runs, not in a first chunk's begin
 
         def finish() -> list[GenerateResult]:
             host = codes()  # (B, 16), the caller's own: each row becomes its slot's frame
