@@ -58,6 +58,9 @@
 #       serve      the served 1.7B engine under open-loop load (RATES, VARIANTS, SECTIONS, PROFILE_FLAGS of profile_serve.py), each
 #                  tick's host phases and every graph call's GPU span; the codec's kernels and convs
 #                                                                           -> profile_serve_h200.json
+#       timeline   where a new turn's first audio goes in the served engine, stage by stage: lone turns
+#                  and 1 turn/s, with EngineConfig.quiet_rows and without (turn_timeline.py)
+#                                                                           -> timeline[_TAG]_h200.json
 #
 # side-by-side and parity need the official package's wheels carried as `.whl` (ignored by git; how to
 # fetch them: shared/research/peer-baseline.md, "How to repeat"; .whl/qwen3-oracle/ or .whl/ itself).
@@ -360,6 +363,12 @@ if [ "$MODE" = profile ]; then
       --variants "${VARIANTS:-served,serial}" --duration-s 5 ${SECTIONS:+--sections "$SECTIONS"} ${PROFILE_FLAGS:-} \
       --out "$OUT/profile_serve_${CARD}.json"
     stamp "$OUT/profile_serve_${CARD}.json"
+  fi
+  if want timeline; then
+    name="timeline${TAG:+_$TAG}_${CARD}"
+    step timeline 240 python3 benchmarks/turn_timeline.py --size 1.7b --turns 40 --rate 1 --duration-s 25 \
+      --out "$OUT/$name.json"
+    stamp "$OUT/$name.json"
   fi
 fi
 
