@@ -117,8 +117,9 @@ class EngineConfig:
     urgent_slack_s: float = 0.2
     # a frame step of at most this many rows is a quiet device's, which has time to spare. There,
     # (1) with urgent codec work out (a new stream's first chunk) and no step in flight, the next
-    # step waits for it, none of its streams new or within urgent_slack_s of running dry: side by
-    # side the two share the device's SMs and the chunk takes about twice as long; (2) while such a
+    # step waits for it, none of its streams new, in a lead-in the trim holds back or within
+    # urgent_slack_s of running dry: side by side the two share the device's SMs and the chunk
+    # takes about twice as long; (2) while such a
     # step runs, the worker takes commands, and a new stream's first frame is queued behind it at
     # once, whatever queue_ahead_min_rows says. 0: neither
     quiet_rows: int = 16

@@ -109,9 +109,10 @@ class Scheduler:
 
     def can_wait(self, ready: set[int]) -> bool:
         """Whether a frame step for ``ready`` may wait a moment (for codec work begun): at most
-        ``wait_rows`` of them, none new (its first frame is the wait) and none with audio that runs
-        dry within ``wait_slack_s``. One stepped with no audio yet may wait: its first chunk is on
-        the codec (or held back by the lead-in trim), which is what the step waits for."""
+        ``wait_rows`` of them, none new (its first frame is the wait), none with audio that runs dry
+        within ``wait_slack_s``, and none with no audio after more than one chunk (a quiet lead-in
+        the trim held back: its audible start is still to come). One with its first chunk decoded
+        and no audio may wait: that chunk is on the codec, which is what the step waits for."""
         if len(ready) > self._wait_rows:
             return False
         now = time.perf_counter()
@@ -119,7 +120,9 @@ class Scheduler:
             r = self.requests.get(sid)
             if r is None:
                 continue
-            if not r.stepped or (r.t_first_emit is not None and r.deadline() - now < self._wait_slack_s):
+            if not r.stepped:
+                return False
+            if r.chunks_decoded > 1 if r.t_first_emit is None else r.deadline() - now < self._wait_slack_s:
                 return False
         return True
 

@@ -169,6 +169,7 @@ def test_a_step_may_wait_only_for_streams_with_audio_in_hand() -> None:
     playing = _req(1, now - 5)
     playing.t_first_emit, playing.samples_emitted = now - 1, 24_000 * 3  # 2 s in hand
     first_out = _req(2, now)  # stepped, its first chunk on the codec: no audio yet
+    first_out.chunks_decoded = 1
     new = _req(3, now)  # no frame step yet
     dry = _req(4, now - 5)
     dry.t_first_emit, dry.samples_emitted = now - 1, int(24_000 * 1.05)  # 50 ms in hand
@@ -181,6 +182,9 @@ def test_a_step_may_wait_only_for_streams_with_audio_in_hand() -> None:
     assert not s.can_wait({1, 2, 5})  # more rows than wait_rows (5 is not a stream: still a row)
     assert not s.can_wait({1, 3})  # a new stream's first frame
     assert not s.can_wait({1, 4})  # runs dry within the slack
+    first_out.chunks_decoded = 2  # no audio after two chunks: a lead-in the trim held back
+    assert not s.can_wait({1, 2})
+    first_out.chunks_decoded = 1
     lenient = Scheduler(ChunkSchedule(), max_batch_size=8, wait_rows=2, wait_slack_s=0.01)
     lenient.add(playing)
     lenient.add(dry)
