@@ -119,9 +119,9 @@ class EngineConfig:
     # (1) with urgent codec work out (a new stream's first chunk) and no step in flight, the next
     # step waits for it, none of its streams new, in a lead-in the trim holds back or within
     # urgent_slack_s of running dry: side by side the two share the device's SMs and the chunk
-    # takes about twice as long; (2) while such a
-    # step runs, the worker takes commands, and a new stream's first frame is queued behind it at
-    # once, whatever queue_ahead_min_rows says. 0: neither
+    # takes about twice as long; (2) while such a step runs, the worker takes commands, and a new
+    # stream's first frame is queued behind it at once, whatever queue_ahead_min_rows says.
+    # 0: neither
     quiet_rows: int = 16
     # the worker's time in stream commands (opens, text pushes, ends) between two steps, the rest
     # waiting for the next gap: text pushed a word at a time by hundreds of streams must not hold
