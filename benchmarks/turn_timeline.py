@@ -8,8 +8,10 @@ less this TTFP is the trip through them). Each turn's first pass through the wor
 it happens: its open taken, its first frame step begun, that step's codes waited for and in, its
 first chunk's codec work begun, its audio done, handed to the loop and delivered there. Two loads:
 ``lone`` turns one at a time with nothing else running (the floor), and an open-loop Poisson load at
-``--rate`` with the committed length mix (a turn that lands while another stream steps). ``--model
-null`` is Qwen3-TTS's host code with its device work short-circuited (qwen3_null_device.py).
+``--rate`` with the committed length mix (a turn that lands while another stream steps); each for
+the served engine and, on the same engine, without ``EngineConfig.quiet_rows`` (``noquiet``).
+``--model null`` is Qwen3-TTS's host code with its device work short-circuited
+(qwen3_null_device.py); ``--profile`` adds a cProfile of the lone turns' first begins, which it slows.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ STAGES = (
     "opened",  # its slot opened (prompt built, text queued)
     "step_begin",  # its first frame step planned, the model's begin called
     "step_begun",  # the step's work queued on the device
-    "codes_wait",  # the worker starts waiting for that step's codes
+    "codes_wait",  # the worker starts its blocking wait for that step's codes (after a quiet step's looks)
     "codes",  # its codes on the host, recorded
     "codec_begin",  # its first chunk's codec work begun
     "codec_begun",
@@ -69,8 +71,10 @@ class Timeline:
     def profiled(self, sids: Any, stage: str, fn: Any, *args: Any) -> Any:
         """``fn(*args)``, under the profile when this is the first time one of ``sids`` passes
         ``stage`` (its mark just made)."""
-        now = self.marks
-        first = self.prof is not None and any(now[s].get(stage) == max(now[s].values()) for s in sids if s in now)
+        marks = self.marks
+        first = self.prof is not None and any(
+            marks[s].get(stage) == max(marks[s].values()) for s in sids if s in marks
+        )
         if not first:
             return fn(*args)
         assert self.prof is not None
