@@ -54,7 +54,7 @@ from voicewire.kernels.decode_attention_plan import (
     plan_decode_attention,
 )
 from voicewire.kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows
-from voicewire.kernels.qk_norm_rope import qk_norm_rope_store
+from voicewire.kernels.qk_norm_rope import HEAD_GRID_ROWS, qk_norm_rope_store
 from voicewire.kernels.sampling import sample_rows
 
 from .code_predictor import CodePredictor
@@ -324,6 +324,9 @@ class FusedDecode:
             eps=w.eps,
             block_table=block_table,
             pdl=self.pdl,
+            # the per-head grid is for a GPU's occupancy; in Triton's CPU interpreter (tests) every
+            # program costs its ops' Python, so a row's heads go in one
+            head_grid_rows=HEAD_GRID_ROWS if x.is_cuda else 0,
         )
         a = decode_attention(
             q,
