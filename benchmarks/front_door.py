@@ -191,10 +191,20 @@ def _engine_counters(text: str) -> dict[str, float]:
     return out
 
 
-def _gc_max_since_ready(text: str) -> float:
-    """The longest collection since ready so far, the largest over replicas (a gauge)."""
-    found = re.findall(r"^voicewire_engine_gc_pause_max_since_ready_seconds\{[^}]*\} (\S+)$", text, re.M)
+def _gauge_max(text: str, name: str) -> float:
+    """A gauge's largest value over its series (replicas)."""
+    found = re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
     return round(max(map(float, found), default=0.0), 4)
+
+
+def _gateway(text: str) -> dict[str, float]:
+    """The gateway process's own holds since ready (its loop late, its collections) and its loop's
+    stalls so far."""
+    return {
+        "loop_lag_max_since_ready_seconds": _gauge_max(text, "voicewire_gateway_loop_lag_max_since_ready_seconds"),
+        "loop_stalls": _gauge_max(text, "voicewire_gateway_loop_stalls_total"),
+        "gc_pause_max_since_ready_seconds": _gauge_max(text, "voicewire_gateway_gc_pause_max_since_ready_seconds"),
+    }
 
 
 def _probe(base: str, rate: float, duration_s: float, text_args: list[str], res: Path) -> dict[str, Any]:
@@ -218,7 +228,8 @@ def _sweep_point(
 ) -> dict[str, Any]:
     """One load client's run to completion: its summary, and what the engine did meanwhile (the
     worker's time in steps, codec and commands)."""
-    before = _engine_counters(_metrics(base))
+    text = _metrics(base)
+    before, stalls_before = _engine_counters(text), _gateway(text)["loop_stalls"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     row: dict[str, Any] = {"rate": rate, "command": " ".join(shown), "rc": proc.returncode}
     if res.exists():
@@ -230,7 +241,11 @@ def _sweep_point(
         row["stderr"] = proc.stderr[-2000:]
     text = _metrics(base)
     row["engine"] = {k: round(v - before.get(k, 0.0), 3) for k, v in _engine_counters(text).items()}
-    row["engine"]["gc_pause_max_since_ready_seconds"] = _gc_max_since_ready(text)
+    row["engine"]["gc_pause_max_since_ready_seconds"] = _gauge_max(
+        text, "voicewire_engine_gc_pause_max_since_ready_seconds"
+    )
+    row["gateway"] = _gateway(text)
+    row["gateway"]["loop_stalls"] -= stalls_before
     print(f"[{label} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
     return row
 
@@ -246,6 +261,13 @@ def late_digest(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "max_stall_ms": summarize([t.get("max_stall_ms", 0.0) for t in late]),
         "ttfb_ms": summarize([t["ttfb_ms"] for t in late if t.get("ttfb_ms") is not None]),
         "started_by_second": dict(sorted(Counter(int(t["t_start_s"]) for t in late).items())),
+        # when the longest stall of each ended (WebSocket), and how many the gateway's own listener
+        # saw too (audio handed to the transport late: the engine or the gateway's loop, not the wire
+        # or the client)
+        "stalled_by_second": dict(
+            sorted(Counter(int(t["max_stall_at_s"]) for t in late if t.get("max_stall_at_s") is not None).items())
+        ),
+        "server_underran": sum(1 for t in late if (t.get("server") or {}).get("underruns")),
     }
 
 

@@ -20,6 +20,7 @@ class Playout:
     underruns: int = 0  # stalls: a piece arrived after the audio before it had played out
     stall_s: float = 0.0  # total time playback waited
     max_stall_s: float = 0.0  # the longest single wait
+    max_stall_end_s: float | None = None  # when the longest wait ended (perf_counter clock)
     end_s: float | None = None  # when everything received so far has played (perf_counter clock)
 
     def arrive(self, t_s: float, duration_s: float) -> float:
@@ -29,7 +30,8 @@ class Playout:
         elif t_s > self.end_s:
             self.underruns += 1
             self.stall_s += t_s - self.end_s
-            self.max_stall_s = max(self.max_stall_s, t_s - self.end_s)
+            if t_s - self.end_s > self.max_stall_s:
+                self.max_stall_s, self.max_stall_end_s = t_s - self.end_s, t_s
             self.end_s = t_s
         start = self.end_s
         self.end_s += duration_s

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from voicewire.engine import Engine
 from voicewire.engine.core import CoreClient, EngineGroup
+from voicewire.engine.loop_lag import LoopLag
 
 from .auth import Authenticator, AuthError, api_key_from_headers, token_from_request
 from .config import MIN_SESSIONS, GatewayConfig
@@ -55,6 +56,7 @@ class Gateway:
     group: EngineGroup | None = None  # the engine cores, when the engine runs out of process
     voices: VoiceStore = field(default_factory=VoiceStore)  # cloned voices (voices_api.py)
     clients: ClientLedger = field(default_factory=ClientLedger)  # what each client holds (quotas.py)
+    loop_lag: LoopLag = field(default_factory=LoopLag)  # this process's loop, watched once ready (serve)
 
     @classmethod
     def create(cls, config: GatewayConfig, engine: Engine | EngineGroup) -> Gateway:
@@ -65,6 +67,7 @@ class Gateway:
         voices.load()  # small files (a few KB a voice): read before the port opens
         gw = cls(config, engines, Authenticator(config.auth), GatewayMetrics(engines), group=group, voices=voices)
         gw.metrics.watch_clients(gw.clients)
+        gw.metrics.watch_process(gw.loop_lag)
         return gw
 
     @property

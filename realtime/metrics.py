@@ -8,8 +8,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from voicewire.engine import Engine
+from voicewire.engine import Engine, heap
 from voicewire.engine.core import CoreClient
+from voicewire.engine.loop_lag import LoopLag
 
 from .quotas import ClientLedger
 
@@ -85,6 +86,29 @@ class _EngineCollector(Collector):
         yield batches
 
 
+class _ProcessCollector(Collector):
+    def __init__(self, lag: LoopLag) -> None:
+        self._lag = lag
+
+    def collect(self) -> Iterator[Metric]:
+        lag = self._lag
+        yield GaugeMetricFamily(
+            "voicewire_gateway_loop_lag_max_since_ready_seconds",
+            "The longest the gateway's event loop ran late since ready",
+            value=lag.max_since_mark_s,
+        )
+        yield CounterMetricFamily(
+            "voicewire_gateway_loop_stalls",
+            f"Times the gateway's event loop ran {lag.stall_s * 1000:g} ms or more late",
+            value=lag.stalls,
+        )
+        yield GaugeMetricFamily(
+            "voicewire_gateway_gc_pause_max_since_ready_seconds",
+            "The longest garbage collection in the gateway's process since ready",
+            value=heap.PAUSES.max_since_mark_s,
+        )
+
+
 class GatewayMetrics:
     def __init__(self, engines: Sequence[Engine | CoreClient]) -> None:
         self.registry = CollectorRegistry()
@@ -121,6 +145,11 @@ class GatewayMetrics:
         Gauge(
             "voicewire_client_streams_max", "The most engine streams one client holds", registry=self.registry
         ).set_function(lambda: float(ledger.most_streams()))
+
+    def watch_process(self, lag: LoopLag) -> None:
+        """The gateway process's own holds since ready (``serve``): its event loop late for every
+        session at once, and its garbage collector's pauses (an engine core's are the engine's)."""
+        self.registry.register(_ProcessCollector(lag))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

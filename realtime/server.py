@@ -277,10 +277,14 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None, *, reus
                 # the engine's (heap.py): a full one stops the loop that paces every peer's packets
                 heap.freeze()
                 frozen = True
+            heap.PAUSES.install()
+            heap.PAUSES.mark()  # start-up's collections (the freeze's own) are no listener's wait
+            gw.loop_lag.start()
         await stopped
         log.info("draining: %d sessions open", len(gw.sessions))
         await drain(app, config.drain_timeout_s)
     finally:
+        await gw.loop_lag.stop()
         await runner.cleanup()
         if frozen:
             heap.release()

@@ -3,6 +3,7 @@
 import argparse
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -102,6 +103,13 @@ def test_serve_is_live_at_once_and_ready_only_when_warm() -> None:
         )
         with urllib.request.urlopen(req, timeout=30) as r:
             assert r.status == 200 and len(r.read()) > 10_000
+        # the gateway's own loop is watched from ready on (its stalls would hold every session)
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        lag = re.search(r"^voicewire_gateway_loop_lag_max_since_ready_seconds (\S+)$", metrics, re.M)
+        assert lag is not None and 0.0 < float(lag[1]) < 5.0, metrics
+        assert re.search(r"^voicewire_gateway_gc_pause_max_since_ready_seconds \S+$", metrics, re.M)
+        assert re.search(r"^voicewire_gateway_loop_stalls_total \S+$", metrics, re.M)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)

@@ -38,6 +38,7 @@ class PlayedTurn:
     underruns: int
     stall_s: float
     max_stall_s: float
+    max_stall_end_s: float | None
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Heard:
     underruns: int
     stall_s: float
     max_stall_s: float
+    max_stall_end_s: float | None  # perf_counter
     audio_s: float
 
 
@@ -58,7 +60,9 @@ def playout(arrivals: Sequence[Arrival], sample_rate_hz: int, buffer_s: float) -
     listener = Playout(buffer_s=buffer_s)
     starts = [listener.arrive(a.t_s, a.samples / sample_rate_hz) for a in arrivals]
     assert listener.end_s is not None, "no audio to play"
-    return PlayedTurn(starts, listener.end_s, listener.underruns, listener.stall_s, listener.max_stall_s)
+    return PlayedTurn(
+        starts, listener.end_s, listener.underruns, listener.stall_s, listener.max_stall_s, listener.max_stall_end_s
+    )
 
 
 def audible_time_s(arrivals: Sequence[Arrival], sample_rate_hz: int) -> float | None:
@@ -101,5 +105,6 @@ def hear(arrivals: Sequence[Arrival], sample_rate_hz: int, t_first_text_s: float
         underruns=buffered.underruns,
         stall_s=buffered.stall_s,
         max_stall_s=buffered.max_stall_s,
+        max_stall_end_s=buffered.max_stall_end_s,
         audio_s=sum(a.samples for a in arrivals) / sample_rate_hz,
     )

@@ -30,6 +30,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from voicewire.engine import heap
+from voicewire.engine.loop_lag import LoopLag
+
 from .messages import VoicewireError
 from .probe_report import summarize
 from .probe_turn import ProbeConfig, TurnRecord, run_turn
@@ -53,6 +56,8 @@ class Probe:
         self._clients: list[ProtocolClient] = []
         self._receiver_stats: list[dict[str, float]] = []
         self._server: dict[str, Any] = {}
+        self._lag = LoopLag()  # the probe's own loop: an arrival it stamps late is no server's stall
+        self._cpu_s = self._wall_s = 0.0
 
     async def connect(self) -> ProtocolClient:
         t = time.perf_counter()
@@ -157,6 +162,9 @@ class Probe:
     async def run(self) -> None:
         self._server = await _server_info(self.cfg.url)
         progress = asyncio.create_task(self._progress())
+        heap.PAUSES.install()
+        self._lag.start()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
             if self.cfg.rate_per_s is not None:
                 await self._open_loop()
@@ -170,6 +178,8 @@ class Probe:
             self._draw_progress(final=True)
             for client in list(self._clients):
                 await self._retire(client)
+            await self._lag.stop()
+            self._cpu_s, self._wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
 
     async def _progress(self) -> None:
         tty = self._out is not None and self._out.isatty()
@@ -223,6 +233,7 @@ class Probe:
             # the engine's part of server_ttfp: first text -> first audio on the gateway's loop
             "engine_ttfp_ms": summarize(vals(lambda r: r.server.get("engine_ttfp_ms"))),
         }
+        summary["probe_process"] = self._client_figures(done)
         if self.cfg.transport == "webrtc":
             summary["jitter_buffer_ms"] = summarize(vals(lambda r: r.jitter_buffer_ms))
             summary["rtp_jitter_ms"] = summarize(vals(lambda r: r.rtp_jitter_ms))
@@ -238,6 +249,27 @@ class Probe:
             },
             "summary": summary,
             "turns": [asdict(r) for r in self.records],
+        }
+
+    def _client_figures(self, done: list[TurnRecord]) -> dict[str, Any]:
+        """What the probe's own process did: its CPU, its loop's stalls and collections, and the
+        turns whose longest stall overlapped one of those (their arrivals were stamped late here)."""
+        lag, t0 = self._lag, self._t0
+
+        def held(r: TurnRecord) -> bool:
+            if not r.underruns or r.max_stall_at_s is None:
+                return False
+            t_end = t0 + r.max_stall_at_s
+            return bool(lag.between(t_end - r.max_stall_ms / 1000, t_end))
+
+        pauses = heap.PAUSES.between(t0, t0 + self._wall_s)
+        return {
+            "cpu_s": round(self._cpu_s, 2),
+            "wall_s": round(self._wall_s, 2),
+            "loop_lag_max_ms": round(lag.max_s * 1000, 2),
+            "loop_stalls": lag.stalls,
+            "gc_pause_max_ms": round(max((p.seconds for p in pauses), default=0.0) * 1000, 2),
+            "underran_while_held": sum(1 for r in done if held(r)),
         }
 
 

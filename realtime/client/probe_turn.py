@@ -118,6 +118,7 @@ class TurnRecord:
     underruns: int = 0
     stall_ms: float = 0.0
     max_stall_ms: float = 0.0  # the longest single stall
+    max_stall_at_s: float | None = None  # when it ended, seconds since the probe started (WebSocket)
     cut_ms: float | None = None  # a barge-in: turn.cancel this far into the listener's playout
     jitter_buffer_ms: float | None = None
     jitter_buffer_max_ms: float | None = None
@@ -214,7 +215,9 @@ def _measure(rec: TurnRecord, arrivals: list[Arrival], rate: int, t_first: float
     rec.e2e_ms = round(heard.e2e_s * 1000, 2)
     rec.underruns += heard.underruns
     rec.stall_ms = round(rec.stall_ms + heard.stall_s * 1000, 2)
-    rec.max_stall_ms = round(max(rec.max_stall_ms, heard.max_stall_s * 1000), 2)
+    if heard.max_stall_end_s is not None and heard.max_stall_s * 1000 > rec.max_stall_ms:
+        rec.max_stall_ms = round(heard.max_stall_s * 1000, 2)
+        rec.max_stall_at_s = round(heard.max_stall_end_s - t_first + rec.t_start_s, 4)
     rec.audio_ms = round(heard.audio_s * 1000, 1)
 
 

@@ -27,6 +27,7 @@ def test_playout_counts_stalls_against_the_buffer() -> None:
     assert p.underruns == 1 and p.stall_s == pytest.approx(0.130)
     assert p.starts_s == pytest.approx([0.0, 0.230, 0.330])
     assert p.end_s == pytest.approx(0.430)
+    assert p.max_stall_s == pytest.approx(0.130) and p.max_stall_end_s == pytest.approx(0.230)
     buffered = playout(arrivals, RATE_HZ, 0.150)  # a 150 ms buffer absorbs it
     assert buffered.underruns == 0 and buffered.stall_s == 0.0
 
@@ -72,6 +73,9 @@ async def test_probe_cli_agrees_with_the_servers_own_ttfa(engine: Engine, tmp_pa
     assert s["engine_ttfp_ms"]["n"] == len(turns)
     assert 0 < s["engine_ttfp_ms"]["p50"] <= s["server_ttfp_ms"]["p50"]
     assert s["underruns"] == 0
+    # the probe's own process over its 4 s: some CPU, its loop watched
+    own = s["probe_process"]
+    assert 0 < own["cpu_s"] < own["wall_s"] and own["wall_s"] >= 4 and own["loop_lag_max_ms"] > 0, own
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
@@ -160,3 +164,19 @@ async def test_barge_ins_cut_their_share_of_turns_where_the_listener_was(engine:
     assert all(t["server"]["played_ms"] == pytest.approx(t["cut_ms"], abs=1) for t in cut)
     assert all(abs(t["audio_ms"] - t["cut_ms"]) <= 1 and t["cut_ms"] < t["server"]["audio_ms"] for t in cut)
     assert result["summary"]["cut"] == len(cut) and "cut 0.3-0.6 s in" in result["probe"]["description"]
+
+
+def test_a_stall_while_the_probes_own_loop_was_held_is_counted_as_the_clients() -> None:
+    """An arrival the probe's loop stamped late is no server's underrun: the summary says how many
+    late turns had their longest stall overlap a hold of the probe's own loop."""
+    from voicewire.engine.loop_lag import Stall
+    from voicewire.realtime.client.probe import Probe
+    from voicewire.realtime.client.probe_turn import TurnRecord
+
+    p = Probe(ProbeConfig(), out=None)
+    p._t0, p._wall_s = 100.0, 10.0
+    p._lag.recent.append(Stall(t_end=102.0, seconds=0.05))  # the loop held 101.95 .. 102.0
+    inside = TurnRecord(0, 0, 1.0, 5, underruns=1, max_stall_ms=30.0, max_stall_at_s=2.01)  # 101.98 .. 102.01
+    after = TurnRecord(1, 0, 1.5, 5, underruns=1, max_stall_ms=30.0, max_stall_at_s=2.2)
+    clean = TurnRecord(2, 0, 1.5, 5)
+    assert p._client_figures([inside, after, clean])["underran_while_held"] == 1
