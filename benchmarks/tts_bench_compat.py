@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import os
 import statistics
 import sys
 import time
@@ -274,6 +276,7 @@ def summarize(rows: list[dict[str, Any]], rate: float, duration_s: float) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
+    from voicewire.realtime.client.probe_turn import TURNS_PER_PROC
     from voicewire.realtime.client.simulated_llm import TEXTS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -282,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=len(TEXTS))
     p.add_argument("--rate", type=float, default=0.0, help="requests/s, open loop (0: one at a time)")
     p.add_argument("--duration-s", type=float, default=10.0)
-    p.add_argument("--procs", type=int, default=4, help="client processes of the open loop")
+    p.add_argument(
+        "--procs", type=int, default=0, help=f"client processes of the open loop (0: one per {TURNS_PER_PROC:g} requests/s)"
+    )
     p.add_argument("--clients", type=int, default=64, help="loopback addresses the open loop comes from")
     p.add_argument("--seed", type=int, default=0, help="the open loop's draw of arrival times")
     p.add_argument("--out", default="", help="the open loop's summary and requests (JSON)")
@@ -305,7 +310,10 @@ def _main_open_loop(args: argparse.Namespace, texts: list[str]) -> int:
 
     asyncio.run(run(args.base_url, [], args.target))  # the harness's preflight: GET /health
     addresses = [f"127.0.0.{2 + i}" for i in range(args.clients)]
-    procs = max(1, min(args.procs, args.clients))
+    from voicewire.realtime.client.probe_turn import TURNS_PER_PROC
+
+    auto = min(math.ceil(args.rate / TURNS_PER_PROC), os.cpu_count() or 1)
+    procs = max(1, min(args.procs or auto, args.clients))
     start_at = time.time() + 1.0  # every process begins at once
     jobs = [
         (args.base_url, texts[k:] + texts[:k], args.rate / procs, args.duration_s, args.target,

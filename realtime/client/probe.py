@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import platform
 import random
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -35,12 +36,13 @@ from voicewire.engine.loop_lag import LoopLag
 
 from .messages import VoicewireError
 from .probe_report import summarize
-from .probe_turn import ProbeConfig, TurnRecord, run_turn
+from .probe_turn import TURNS_PER_PROC, ProbeConfig, TurnRecord, run_turn
 from .protocol import ProtocolClient
 from .websocket import VoicewireClient
 
 PROGRESS_INTERVAL_S = 0.5  # redraw on a terminal
 PROGRESS_LOG_INTERVAL_S = 5.0  # a new line in a log file
+PROCS_UP_S = 60.0  # a client process's start (its imports) at most
 
 
 class Probe:
@@ -58,6 +60,7 @@ class Probe:
         self._server: dict[str, Any] = {}
         self._lag = LoopLag()  # the probe's own loop: an arrival it stamps late is no server's stall
         self._cpu_s = self._wall_s = 0.0
+        self._start_at: float | None = None  # time.time() at which the open loop begins
 
     async def connect(self) -> ProtocolClient:
         t = time.perf_counter()
@@ -65,7 +68,10 @@ class Probe:
         if self.cfg.transport == "ws":
             options: dict[str, Any] = {}
             if self.cfg.clients > 1:
-                options["local_addr"] = (f"127.0.0.{1 + self._connects % self.cfg.clients}", 0)
+                # this process's share of the addresses (every procs-th from its index), round robin
+                index, procs = self.cfg.part
+                mine = range(index % self.cfg.clients, self.cfg.clients, procs)
+                options["local_addr"] = (f"127.0.0.{1 + mine[self._connects % len(mine)]}", 0)
                 self._connects += 1  # before the await: connects run side by side
             client = await VoicewireClient.connect(self.cfg.url, api_key=self.cfg.api_key, **options)
         else:
@@ -77,6 +83,11 @@ class Probe:
         self._clients.append(client)
         return client
 
+    def _global(self, i: int) -> int:
+        """A session's or arrival's number among every process's (this one's ``i``-th)."""
+        index, procs = self.cfg.part
+        return i * procs + index
+
     def _text(self) -> str:
         return self._rng.choice(self.cfg.texts)
 
@@ -84,7 +95,8 @@ class Probe:
         self, client: ProtocolClient, session: int, n: int, text: str | None = None
     ) -> TurnRecord:
         text = text if text is not None else self._text()
-        rec = TurnRecord(session, n, round(time.perf_counter() - self._t0, 3), len(text.split()))
+        g = self._global
+        rec = TurnRecord(g(session), g(n), round(time.perf_counter() - self._t0, 3), len(text.split()))
         if self.cfg.barge_in and self._rng.random() < self.cfg.barge_in:
             rec.cut_ms = round(self._rng.uniform(*self.cfg.barge_in_after_s) * 1000, 1)
         self.records.append(rec)
@@ -113,6 +125,8 @@ class Probe:
             for _ in range(min(cfg.max_sessions or 1 << 30, max(1, math.ceil(cfg.rate_per_s * 5)))):
                 idle.append((opened, await self.connect()))
                 opened += 1
+        if self._start_at is not None:  # the other processes' arrivals begin at the same moment
+            await asyncio.sleep(max(0.0, self._start_at - time.time()))
         self._t0 = time.perf_counter()
         tasks: set[asyncio.Task[None]] = set()
         n = 0
@@ -122,14 +136,15 @@ class Probe:
             if idle and not cfg.session_per_turn:
                 session, client = idle.pop()
             elif cfg.max_sessions is not None and opened >= cfg.max_sessions:
-                self.records.append(TurnRecord(-1, k, t_arrival_s, 0, "refused", "no free session"))
+                self.records.append(TurnRecord(-1, self._global(k), t_arrival_s, 0, "refused", "no free session"))
                 return
             else:
                 session, opened = opened, opened + 1
                 try:
                     client = await self.connect()
                 except (VoicewireError, OSError, TimeoutError) as err:
-                    self.records.append(TurnRecord(session, k, t_arrival_s, 0, "refused", f"connect: {err}"))
+                    g = self._global
+                    self.records.append(TurnRecord(g(session), g(k), t_arrival_s, 0, "refused", f"connect: {err}"))
                     return
             rec = await self._turn(client, session, k, text)
             if cfg.session_per_turn:
@@ -159,10 +174,14 @@ class Probe:
                 self._receiver_stats.append(await stats())
             await client.close()
 
-    async def run(self) -> None:
-        self._server = await _server_info(self.cfg.url)
+    async def run(self, start_at: float | None = None) -> None:
+        """``start_at``: the open loop's first moment (``time.time()``), for processes that share it."""
+        self._start_at = start_at
+        if self.cfg.part == (0, 1):
+            self._server = await _server_info(self.cfg.url)
         progress = asyncio.create_task(self._progress())
         heap.PAUSES.install()
+        heap.freeze()  # the probe's own start-up heap out of its collections: they stop every arrival's clock
         self._lag.start()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
@@ -179,6 +198,7 @@ class Probe:
             for client in list(self._clients):
                 await self._retire(client)
             await self._lag.stop()
+            heap.release()
             self._cpu_s, self._wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
 
     async def _progress(self) -> None:
@@ -205,53 +225,14 @@ class Probe:
         self._out.flush()
 
     # --- results ---------------------------------------------------------------------------------------
+    def part(self) -> ProbePart:
+        done = [r for r in self.records if r.reason in DONE]
+        return ProbePart(self.records, self.sessions_opened, self.connect_ms, self._receiver_stats, self._own(done))
+
     def result(self) -> dict[str, Any]:
-        done = [r for r in self.records if r.reason in ("completed", "cancelled", "length")]  # audio played
+        return report(self.cfg, self._server, [self.part()])
 
-        def vals(get: Any) -> list[float]:
-            return [v for v in (get(r) for r in done) if v is not None]
-
-        summary: dict[str, Any] = {
-            "turns": len(self.records),
-            "completed": sum(1 for r in self.records if r.reason == "completed"),
-            "cancelled": sum(1 for r in self.records if r.reason == "cancelled"),
-            "cut": sum(1 for r in done if r.cut_ms is not None),
-            "errors": {
-                k: sum(1 for r in self.records if r.reason == k)
-                for k in ("error", "failed", "timeout", "refused")
-            },
-            "sessions": self.sessions_opened,
-            "audio_s": round(sum(r.audio_ms for r in done) / 1000, 2),
-            "underruns": sum(r.underruns for r in done),
-            "turns_with_underruns": sum(1 for r in done if r.underruns),
-            "connect_ms": summarize(self.connect_ms),
-            "ttfb_ms": summarize(vals(lambda r: r.ttfb_ms)),
-            "ttfa_ms": summarize(vals(lambda r: r.ttfa_ms)),
-            "e2e_ms": summarize(vals(lambda r: r.e2e_ms)),
-            "server_ttfp_ms": summarize(vals(lambda r: r.server.get("ttfp_ms"))),
-            "server_ttfa_ms": summarize(vals(lambda r: r.server.get("ttfa_ms"))),
-            # the engine's part of server_ttfp: first text -> first audio on the gateway's loop
-            "engine_ttfp_ms": summarize(vals(lambda r: r.server.get("engine_ttfp_ms"))),
-        }
-        summary["probe_process"] = self._client_figures(done)
-        if self.cfg.transport == "webrtc":
-            summary["jitter_buffer_ms"] = summarize(vals(lambda r: r.jitter_buffer_ms))
-            summary["rtp_jitter_ms"] = summarize(vals(lambda r: r.rtp_jitter_ms))
-            summary["packets_received"] = int(sum(s.get("packets_received", 0) for s in self._receiver_stats))
-            summary["packets_lost"] = int(sum(s.get("packets_lost", 0) for s in self._receiver_stats))
-        return {
-            "probe": {
-                "description": self.cfg.describe(),
-                "config": {k: v for k, v in asdict(self.cfg).items() if k != "api_key"},
-                "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-                "client": f"{platform.node()} python {platform.python_version()}",
-                "server": self._server,
-            },
-            "summary": summary,
-            "turns": [asdict(r) for r in self.records],
-        }
-
-    def _client_figures(self, done: list[TurnRecord]) -> dict[str, Any]:
+    def _own(self, done: list[TurnRecord]) -> dict[str, Any]:
         """What the probe's own process did: its CPU, its loop's stalls and collections, and the
         turns whose longest stall overlapped one of those (their arrivals were stamped late here)."""
         lag, t0 = self._lag, self._t0
@@ -273,6 +254,76 @@ class Probe:
         }
 
 
+DONE = ("completed", "cancelled", "length")  # turns whose audio played
+
+
+@dataclass
+class ProbePart:
+    """One probe process's turns and what it saw of itself, before the summary (picklable)."""
+
+    records: list[TurnRecord]
+    sessions: int
+    connect_ms: list[float]
+    receiver_stats: list[dict[str, float]]
+    own: dict[str, Any]  # Probe._own
+
+
+def report(cfg: ProbeConfig, server: dict[str, Any], parts: list[ProbePart]) -> dict[str, Any]:
+    """The JSON-ready result of every process's part: the summary over all their turns."""
+    records = [r for p in parts for r in p.records]
+    receiver_stats = [s for p in parts for s in p.receiver_stats]
+    done = [r for r in records if r.reason in DONE]
+
+    def vals(get: Any) -> list[float]:
+        return [v for v in (get(r) for r in done) if v is not None]
+
+    own = [p.own for p in parts]
+    summary: dict[str, Any] = {
+        "turns": len(records),
+        "completed": sum(1 for r in records if r.reason == "completed"),
+        "cancelled": sum(1 for r in records if r.reason == "cancelled"),
+        "cut": sum(1 for r in done if r.cut_ms is not None),
+        "errors": {k: sum(1 for r in records if r.reason == k) for k in ("error", "failed", "timeout", "refused")},
+        "sessions": sum(p.sessions for p in parts),
+        "audio_s": round(sum(r.audio_ms for r in done) / 1000, 2),
+        "underruns": sum(r.underruns for r in done),
+        "turns_with_underruns": sum(1 for r in done if r.underruns),
+        "connect_ms": summarize([ms for p in parts for ms in p.connect_ms]),
+        "ttfb_ms": summarize(vals(lambda r: r.ttfb_ms)),
+        "ttfa_ms": summarize(vals(lambda r: r.ttfa_ms)),
+        "e2e_ms": summarize(vals(lambda r: r.e2e_ms)),
+        "server_ttfp_ms": summarize(vals(lambda r: r.server.get("ttfp_ms"))),
+        "server_ttfa_ms": summarize(vals(lambda r: r.server.get("ttfa_ms"))),
+        # the engine's part of server_ttfp: first text -> first audio on the gateway's loop
+        "engine_ttfp_ms": summarize(vals(lambda r: r.server.get("engine_ttfp_ms"))),
+        "probe_process": {
+            "processes": len(parts),
+            "cpu_s": round(sum(o["cpu_s"] for o in own), 2),
+            "wall_s": max(o["wall_s"] for o in own),
+            "loop_lag_max_ms": max(o["loop_lag_max_ms"] for o in own),
+            "loop_stalls": sum(o["loop_stalls"] for o in own),
+            "gc_pause_max_ms": max(o["gc_pause_max_ms"] for o in own),
+            "underran_while_held": sum(o["underran_while_held"] for o in own),
+        },
+    }
+    if cfg.transport == "webrtc":
+        summary["jitter_buffer_ms"] = summarize(vals(lambda r: r.jitter_buffer_ms))
+        summary["rtp_jitter_ms"] = summarize(vals(lambda r: r.rtp_jitter_ms))
+        summary["packets_received"] = int(sum(s.get("packets_received", 0) for s in receiver_stats))
+        summary["packets_lost"] = int(sum(s.get("packets_lost", 0) for s in receiver_stats))
+    return {
+        "probe": {
+            "description": cfg.describe(),
+            "config": {k: v for k, v in asdict(cfg).items() if k != "api_key"},
+            "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+            "client": f"{platform.node()} python {platform.python_version()}",
+            "server": server,
+        },
+        "summary": summary,
+        "turns": [asdict(r) for r in sorted(records, key=lambda r: r.t_start_s)],
+    }
+
+
 async def _server_info(url: str) -> dict[str, Any]:
     """The server's ``/healthz`` (model, sample rate), for the record; {} if it has none."""
     import aiohttp
@@ -290,8 +341,69 @@ async def _server_info(url: str) -> dict[str, Any]:
         return {}
 
 
+def procs_for(cfg: ProbeConfig) -> int:
+    """Client processes for ``cfg``: its ``procs``, else one per TURNS_PER_PROC turns/s of an open
+    loop (at most a process per core)."""
+    if cfg.procs or cfg.rate_per_s is None:
+        return max(1, cfg.procs)
+    return max(1, min(math.ceil(cfg.rate_per_s / TURNS_PER_PROC), os.cpu_count() or 1))
+
+
 async def probe(cfg: ProbeConfig, out: TextIO | None = sys.stderr) -> dict[str, Any]:
     """Run the probe; returns the JSON-ready result."""
-    p = Probe(cfg, out)
-    await p.run()
-    return p.result()
+    procs = procs_for(cfg)
+    if procs == 1:
+        p = Probe(cfg, out)
+        await p.run()
+        return p.result()
+    return await _probe_in_processes(cfg, procs, out)
+
+
+async def _probe_in_processes(cfg: ProbeConfig, procs: int, out: TextIO | None) -> dict[str, Any]:
+    """The open loop from ``procs`` processes (spawned: the parent runs a loop), each a Poisson of
+    ``rate / procs`` with a seed of its own, started at one moment once every one is up."""
+    import multiprocessing
+
+    server = await _server_info(cfg.url)
+    ctx = multiprocessing.get_context("spawn")
+    up, go, start_at, parts = ctx.Barrier(procs + 1), ctx.Event(), ctx.Value("d", 0.0), ctx.Queue()
+    assert cfg.rate_per_s is not None
+    shares = [
+        replace(
+            cfg,
+            rate_per_s=cfg.rate_per_s / procs,
+            max_sessions=None if cfg.max_sessions is None else math.ceil(cfg.max_sessions / procs),
+            seed=cfg.seed * procs + k,
+            part=(k, procs),
+        )
+        for k in range(procs)
+    ]
+    children = [
+        ctx.Process(target=_run_part, args=(share, up, go, start_at, parts), daemon=True) for share in shares
+    ]
+    for child in children:
+        child.start()
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, up.wait, PROCS_UP_S)
+        start_at.value = time.time() + 0.1
+        go.set()
+        if out is not None:
+            print(f"voicewire probe: {procs} client processes, {cfg.duration_s:g} s", file=out, flush=True)
+        wait_s = cfg.duration_s + cfg.turn_timeout_s + PROCS_UP_S
+        got = [await loop.run_in_executor(None, parts.get, True, wait_s) for _ in children]
+    finally:
+        for child in children:
+            await loop.run_in_executor(None, child.join, 5.0)
+            if child.is_alive():
+                child.kill()
+    return report(cfg, server, got)
+
+
+def _run_part(cfg: ProbeConfig, up: Any, go: Any, start_at: Any, parts: Any) -> None:
+    """A client process of ``_probe_in_processes``: up, then its share of the open loop."""
+    up.wait(PROCS_UP_S)
+    go.wait(PROCS_UP_S)
+    p = Probe(cfg, out=None)
+    asyncio.run(p.run(start_at=start_at.value))
+    parts.put(p.part())

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .probe import ProbeConfig, probe
 from .probe_report import format_table, plot
+from .probe_turn import TURNS_PER_PROC
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--procs",
+        type=int,
+        default=0,
+        help=f"open loop: client processes sharing the arrivals (default: one per {TURNS_PER_PROC:g} turns/s; "
+        "one Python loop reading hundreds of sessions stamps their audio late)",
+    )
+    p.add_argument(
         "--api-key",
         default=os.environ.get("VOICEWIRE_API_KEY"),
         help="for a server started with --api-key (default: $VOICEWIRE_API_KEY)",
@@ -92,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
         clients=args.clients,
         barge_in=args.barge_in,
         barge_in_after_s=_seconds_range(args.barge_in_after),
+        procs=args.procs,
     )
 
 

@@ -34,6 +34,8 @@ from .protocol import ProtocolClient
 from .simulated_llm import TEXTS, send_reply
 from .websocket import VoicewireClient
 
+TURNS_PER_PROC = 50.0  # open-loop turns a second one client process takes (procs = 0)
+
 
 @dataclass(frozen=True)
 class ProbeConfig:
@@ -61,6 +63,11 @@ class ProbeConfig:
     clients: int = 1
     barge_in: float = 0.0  # the share of turns a listener cuts with turn.cancel, as a user barging in
     barge_in_after_s: tuple[float, float] = (0.3, 1.5)  # how far into its playout, uniform
+    # Open loop: client processes sharing the arrivals (each a Poisson of rate / procs); 0: one per
+    # TURNS_PER_PROC turns/s. One Python loop reading hundreds of sessions runs out of CPU and
+    # stamps arrivals late, which would read as the server's underruns.
+    procs: int = 0
+    part: tuple[int, int] = (0, 1)  # this process's index among the parts (set by the probe)
 
     def __post_init__(self) -> None:
         if self.transport not in ("ws", "webrtc"):
@@ -71,6 +78,10 @@ class ProbeConfig:
             or (self.max_sessions is not None and self.max_sessions < 1)
         ):
             raise ValueError("duration, concurrency and max sessions must be positive")
+        if self.procs < 0 or not 0 <= self.part[0] < self.part[1]:
+            raise ValueError("procs must be 0 (one per TURNS_PER_PROC turns/s) or more")
+        if self.procs > 1 and self.rate_per_s is None:
+            raise ValueError("more than one client process needs an open loop (a rate)")
         if not 1 <= self.clients <= 254:
             raise ValueError("clients must be within 1..254 (loopback addresses 127.0.0.1-254)")
         if self.clients > 1 and self.transport != "ws":

@@ -137,6 +137,21 @@ async def test_open_loop_opens_sessions_as_arrivals_need_them(engine: Engine) ->
     assert s["sessions"] == 1 and s["errors"]["refused"] >= 1  # the cap holds; arrivals beyond it refused
 
 
+async def test_an_open_loop_from_several_processes_is_one_result(engine: Engine) -> None:
+    async with running_gateway(engine) as base:
+        cfg = ProbeConfig(
+            url=f"http://{base}", rate_per_s=6.0, duration_s=2.0, session_per_turn=True, tokens_per_s=None, procs=2
+        )
+        result = await probe(cfg, out=None)
+    turns, s = result["turns"], result["summary"]
+    assert len(turns) >= 4 and all(t["reason"] == "completed" for t in turns), [t["reason"] for t in turns]
+    assert s["turns"] == s["sessions"] == len({t["session"] for t in turns}) == len(turns)
+    assert {t["turn"] % 2 for t in turns} == {0, 1}  # both processes' arrivals
+    assert [t["t_start_s"] for t in turns] == sorted(t["t_start_s"] for t in turns)
+    assert s["probe_process"]["processes"] == 2 and s["probe_process"]["cpu_s"] > 0
+    assert result["probe"]["server"]["model"] == "hibari"
+
+
 async def test_probe_clients_spread_sessions_over_loopback_addresses(engine: Engine) -> None:
     from voicewire.realtime.limits import ClientQuotas
 
@@ -179,4 +194,4 @@ def test_a_stall_while_the_probes_own_loop_was_held_is_counted_as_the_clients() 
     inside = TurnRecord(0, 0, 1.0, 5, underruns=1, max_stall_ms=30.0, max_stall_at_s=2.01)  # 101.98 .. 102.01
     after = TurnRecord(1, 0, 1.5, 5, underruns=1, max_stall_ms=30.0, max_stall_at_s=2.2)
     clean = TurnRecord(2, 0, 1.5, 5)
-    assert p._client_figures([inside, after, clean])["underran_while_held"] == 1
+    assert p._own([inside, after, clean])["underran_while_held"] == 1
