@@ -84,6 +84,12 @@ def main() -> None:
         default="",
         help="whole replies once more after the other sweeps (is a server slower after a words load?)",
     )
+    ap.add_argument(
+        "--words-one-proc",
+        default="",
+        help="the words sweep once more from one probe process (--procs 1), as every run measured before the "
+        "probe spread its load: how much of a late turn was the client's",
+    )
     ap.add_argument("--plot", default="", help="PNG of the sweeps ('' for none)")
     ap.add_argument("--duration-s", type=float, default=10.0)
     ap.add_argument("--ready-timeout-s", type=float, default=300.0)
@@ -132,6 +138,14 @@ def main() -> None:
                 sweeps.reverse()
             if args.rates_again:
                 sweeps.append(("gateway_again", _points(args.rates_again, args.duration_s), ["--whole"]))
+            if args.words_one_proc:
+                sweeps.append(
+                    (
+                        "gateway_words_one_proc",
+                        _points(args.words_one_proc, args.duration_s),
+                        ["--tokens-per-s", str(args.tokens_per_s), "--barge-in", str(args.barge_in), "--procs", "1"],
+                    )
+                )
             for key, points, text_args in sweeps:
                 out[key] = []
                 for rate, secs, seed in points:

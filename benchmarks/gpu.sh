@@ -37,6 +37,8 @@
 #       WORDS_FIRST=1: the words sweep first (its first rate the first load after ready)
 #       RATES_AGAIN: whole replies again after the other sweeps (the same Poisson draws as RATES')
 #       HTTP_RATES: then HTTP speech as the tts_bench harness sends it, open loop (tts_bench_compat.py)
+#       WORDS_ONE_PROC: the words sweep once more from one probe process (--procs 1), as runs before
+#       the probe spread its load over processes (one per 50 turns/s)
 #       SERVE_FLAGS=--ray TAG=ray: the same with the core placed by Ray (a local cluster in-process; Ray
 #       carried in .whl/site.tar.xz: benchmarks/device_site.sh)
 #   COMMIT=<sha> bash benchmarks/gpu.sh gateways             # WebRTC peers (words at 20/s) that one
@@ -238,7 +240,7 @@ if [ "$MODE" = front-door ]; then
   name="front_door_${SIZE}${TAG:+_$TAG}_${CARD}"
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   step front-door 570 python3 benchmarks/front_door.py --rates "${RATES-1,60,80,90,100,110}" \
-    --words-rates "${WORDS_RATES-1,80}" --http-rates "${HTTP_RATES:-}" --duration-s "${DURATION_S:-10}" ${WORDS_FIRST:+--words-first} ${RATES_AGAIN:+--rates-again "$RATES_AGAIN"} ${PRESTART:+--prestart} \
+    --words-rates "${WORDS_RATES-1,80}" --http-rates "${HTTP_RATES:-}" --duration-s "${DURATION_S:-10}" ${WORDS_FIRST:+--words-first} ${RATES_AGAIN:+--rates-again "$RATES_AGAIN"} ${WORDS_ONE_PROC:+--words-one-proc "$WORDS_ONE_PROC"} ${PRESTART:+--prestart} \
     --engine-only "${ENGINE_ONLY---size $SIZE --max-batch 512 --max-slots 512 --max-seq-len 1536 --length-scale 0.74}" \
     --out "$OUT/$name.json" --plot "$OUT/$name.png" \
     -- --model qwen3-tts --qwen-size "$SIZE" --device cuda --random-weights ${SERVE_FLAGS:-}
