@@ -212,11 +212,12 @@ def _gauge_max(text: str, name: str) -> float:
 
 
 def _gateway(text: str) -> dict[str, float]:
-    """The gateway process's own holds since ready (its loop late, its collections) and its loop's
-    stalls so far."""
+    """The gateway process's own holds since ready (its loop late, its collections), and its loop's
+    stalls and CPU seconds so far."""
     return {
         "loop_lag_max_since_ready_seconds": _gauge_max(text, "voicewire_gateway_loop_lag_max_since_ready_seconds"),
         "loop_stalls": _gauge_max(text, "voicewire_gateway_loop_stalls_total"),
+        "cpu_s": _gauge_max(text, "process_cpu_seconds_total"),
         "gc_pause_max_since_ready_seconds": _gauge_max(text, "voicewire_gateway_gc_pause_max_since_ready_seconds"),
     }
 
@@ -243,7 +244,8 @@ def _sweep_point(
     """One load client's run to completion: its summary, and what the engine did meanwhile (the
     worker's time in steps, codec and commands)."""
     text = _metrics(base)
-    before, stalls_before = _engine_counters(text), _gateway(text)["loop_stalls"]
+    before, gateway_before = _engine_counters(text), _gateway(text)
+    t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     row: dict[str, Any] = {"rate": rate, "command": " ".join(shown), "rc": proc.returncode}
     if res.exists():
@@ -259,7 +261,10 @@ def _sweep_point(
         text, "voicewire_engine_gc_pause_max_since_ready_seconds"
     )
     row["gateway"] = _gateway(text)
-    row["gateway"]["loop_stalls"] -= stalls_before
+    for k in ("loop_stalls", "cpu_s"):  # over this point
+        row["gateway"][k] = round(row["gateway"][k] - gateway_before[k], 2)
+    # of one core, over the client's whole run (its start and the turns' drain included)
+    row["gateway"]["cpu_share"] = round(row["gateway"]["cpu_s"] / (time.perf_counter() - t0), 3)
     print(f"[{label} {rate:g}/s] {json.dumps(row.get('result') or row)[:600]}", flush=True)
     return row
 

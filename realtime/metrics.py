@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -136,6 +136,7 @@ class GatewayMetrics:
             "voicewire_quota_refusals", "Requests and turns refused by a per-client quota", ["quota"], registry=r
         )
         r.register(_EngineCollector(engines))
+        ProcessCollector(registry=r)  # the gateway process's CPU seconds and memory (process_*)
 
     def watch_clients(self, ledger: ClientLedger) -> None:
         """Gauges of the clients holding anything (quotas.py): how many, and the most streams one holds."""

@@ -110,6 +110,8 @@ def test_serve_is_live_at_once_and_ready_only_when_warm() -> None:
         assert lag is not None and 0.0 < float(lag[1]) < 5.0, metrics
         assert re.search(r"^voicewire_gateway_gc_pause_max_since_ready_seconds \S+$", metrics, re.M)
         assert re.search(r"^voicewire_gateway_loop_stalls_total \S+$", metrics, re.M)
+        cpu = re.search(r"^process_cpu_seconds_total (\S+)$", metrics, re.M)  # the gateway process's own
+        assert cpu is not None and float(cpu[1]) > 0, metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
