@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import numpy as np
 
 from voicewire.engine import Engine, EngineConfig
 from voicewire.engine.core import EngineGroup
+from voicewire.engine.core.host_cores import HostCores
 
 from .audio import pcm16_bytes
 from .auth import AuthConfig
@@ -31,6 +33,7 @@ from .engine_flags import (
 )
 from .limits import ClientQuotas
 from .reference_audio import ReferenceLimits
+from .serve_workers import Supervisor, add_worker_args, workers_for
 from .voices import default_voices_dir
 
 
@@ -300,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "may repeat; default: --device)",
     )
     add_ray_serve_args(serve)
+    add_worker_args(serve)
     add_ray_commands(sub, _DefaultsFormatter, add_gateway_args)
     say = sub.add_parser("say", help="synthesize text to a WAV file")
     say.add_argument("text")
@@ -329,24 +333,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("engine", "gateway"):
         return run_ray_command(args, argv if argv is not None else sys.argv[1:], _serve)
 
+    workers = 1
     try:
         engine_config = to_engine_config(args)
         group = engine_group(args, engine_config) if args.command == "serve" else None
-        if args.command == "serve" and args.ray is not None:
-            group = ray_cores(args, engine_config)
         if args.command == "serve":
+            workers = workers_for(args, cores=group is not None)
+            if args.ray is not None:
+                group = ray_cores(args, engine_config)
+            elif args.cores_file:  # a worker of `serve --workers N`: the cores its supervisor started
+                group = HostCores(args.cores_file, engine_config)
             _ice_servers(args)  # a bad --ice-server: a usage error before anything starts
             if (args.tls_cert is None) != (args.tls_key is None):
                 raise UsageError("--tls-cert and --tls-key go together")
-    except UsageError as err:
+    except (UsageError, ValueError) as err:
         print(f"voicewire {args.command}: {err}", file=sys.stderr)
         return 2
     unmet = unmet_requirements(args)
     if unmet is not None:
         print(f"voicewire {args.command}: {unmet}", file=sys.stderr)
         return 1
+    if args.command == "serve" and workers > 1:
+        assert group is not None
+        _setup_logging(args.log_level, args.log_format)
+        child_argv = [sys.executable, "-m", "voicewire.realtime.cli", *(argv if argv is not None else sys.argv[1:])]
+        return Supervisor(workers, child_argv, engine_config, group.group).run()
     if args.command == "serve":
-        return _serve(args, engine_config, group)
+        return _serve(args, engine_config, group, reuse_port=args.reuse_port)
     if not args.text.strip():
         print("voicewire say: text is empty", file=sys.stderr)
         return 2
@@ -400,7 +413,7 @@ def _serve(
             "serving qwen3-tts with random weights (%s shapes): the audio is noise", args.qwen_size
         )
     try:
-        config = gateway_config(args, engine)
+        config = dataclasses.replace(gateway_config(args, engine), shared_port=reuse_port)
     except (ValueError, UsageError) as err:  # a flag's value the config refuses (a short --api-key, ...)
         print(f"voicewire serve: {err}", file=sys.stderr)
         return 2

@@ -134,6 +134,9 @@ class GatewayConfig:
     # (``voicewire serve`` passes --voices-dir, by default under the user's data directory).
     voices_dir: str | None = None
     voice_limits: ReferenceLimits = field(default_factory=ReferenceLimits)  # what an upload may be
+    # Other gateway processes serve this port (SO_REUSEPORT: `serve --workers`, `gateway --workers`):
+    # what they share (the cloned voices) is read from disk, not kept as this process saw it.
+    shared_port: bool = False
 
     def __post_init__(self) -> None:
         if self.base_path != normalize_base_path(self.base_path):

@@ -63,7 +63,7 @@ class Gateway:
         # A group's own list: Ray's cores come and go (engine/core/ray_group.py)
         engines: list[Replica] = engine.replicas if isinstance(engine, EngineGroup) else [engine]  # type: ignore[assignment]
         group = engine if isinstance(engine, EngineGroup) else None
-        voices = VoiceStore(config.voices_dir)
+        voices = VoiceStore(config.voices_dir, shared=config.shared_port)
         voices.load()  # small files (a few KB a voice): read before the port opens
         gw = cls(config, engines, Authenticator(config.auth), GatewayMetrics(engines), group=group, voices=voices)
         gw.metrics.watch_clients(gw.clients)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -92,6 +93,10 @@ class _ProcessCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         lag = self._lag
+        # which gateway process answered: with several on one port (serve --workers) each has its own
+        info = GaugeMetricFamily("voicewire_gateway_process", "This gateway process (its pid)", labels=["pid"])
+        info.add_metric([str(os.getpid())], 1.0)
+        yield info
         yield GaugeMetricFamily(
             "voicewire_gateway_loop_lag_max_since_ready_seconds",
             "The longest the gateway's event loop ran late since ready",

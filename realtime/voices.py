@@ -20,7 +20,10 @@ owner, clones under way included; past them an upload is refused (507 ``voice_st
 ``voice_quota_exceeded``), but one that finds its voice already there is not. A voice whose
 arrays hold NaN or infinity is never stored (422 ``non_finite_voice``) nor loaded.
 
-A store without a directory keeps its voices in memory (an embedded gateway, tests).
+A store without a directory keeps its voices in memory (an embedded gateway, tests). A shared one
+(``shared``: other gateway processes serve the same port and directory, ``voicewire serve
+--workers``) takes the directory as the truth: before each lookup it reads what another process
+added or deleted since (one ``stat`` of the directory when nothing changed).
 """
 
 from __future__ import annotations
@@ -114,8 +117,10 @@ def voice_id(encoder: str, ref: ReferenceAudio, transcript: str) -> str:
 
 
 class VoiceStore:
-    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, shared: bool = False) -> None:
         self.directory = Path(directory).expanduser() if directory is not None else None
+        self.shared = shared and self.directory is not None
+        self._seen_ns = -1  # the directory's mtime when this process last read it (shared)
         self._voices: dict[str, Voice] = {}
         self._pending: dict[str, asyncio.Future[Voice]] = {}  # clones under way, by id
         self._pending_names: set[tuple[str, str]] = set()  # (encoder, casefolded name) of those
@@ -124,6 +129,7 @@ class VoiceStore:
     # --- lookups --------------------------------------------------------------------------------
     def voices(self, encoder: str) -> list[Voice]:
         """The voices of this encoder, oldest first."""
+        self._sync()
         return sorted(
             (v for v in self._voices.values() if v.cloned.encoder == encoder), key=lambda v: v.created_at
         )
@@ -132,6 +138,7 @@ class VoiceStore:
         """By id, else by name (case-insensitive), among this encoder's voices."""
         if not key or not encoder:
             return None
+        self._sync()
         voice = self._voices.get(key)
         if voice is not None and voice.cloned.encoder == encoder:
             return voice
@@ -144,11 +151,13 @@ class VoiceStore:
         return None if found is None else StreamParams(extra={CLONED_VOICE_KEY: found.cloned})
 
     def __iter__(self) -> Iterator[Voice]:
+        self._sync()
         return iter(list(self._voices.values()))
 
     # --- changes --------------------------------------------------------------------------------
     def owned_by(self, owner: str) -> int:
         """Voices of this owner, stored or being cloned."""
+        self._sync()
         return sum(v.owner == owner for v in self._voices.values()) + self._pending_owners[owner]
 
     async def add(
@@ -173,6 +182,7 @@ class VoiceStore:
             )
         encoder = engine.info.voice_encoder
         vid = voice_id(encoder, ref, transcript)
+        self._sync()
         existing = self._voices.get(vid)
         if existing is not None:
             return existing, False
@@ -231,6 +241,31 @@ class VoiceStore:
                     (self.directory / f"{voice.id}{suffix}").unlink()
 
     # --- disk -----------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """A shared store: what other processes added to or deleted from the directory since."""
+        if not self.shared:
+            return
+        assert self.directory is not None
+        try:
+            mtime_ns = self.directory.stat().st_mtime_ns
+        except FileNotFoundError:
+            mtime_ns = 0
+        if mtime_ns == self._seen_ns:
+            return
+        # a change in the same clock tick as this read would leave the mtime as it is: a directory
+        # changed in the last second is read again next time
+        self._seen_ns = mtime_ns if time.time_ns() - mtime_ns > 1_000_000_000 else -1
+        on_disk = {m.name.removesuffix(".json"): m for m in self.directory.glob(f"{ID_PREFIX}*.json")}
+        for gone in set(self._voices) - set(on_disk):
+            del self._voices[gone]
+        for vid, manifest in on_disk.items():
+            if vid not in self._voices:
+                try:
+                    self._voices[vid] = self._read(manifest)
+                except Exception as err:  # half written by another process, or broken: next time
+                    log.debug("voice %s not read: %s", manifest.name, err)
+                    self._seen_ns = -1
+
     def load(self) -> int:
         """Read every voice of the directory (at start); a broken one is skipped with a warning."""
         if self.directory is None or not self.directory.is_dir():

@@ -27,3 +27,14 @@ class SlowWarmupModel(HibariModel):
 
 def slow_warmup(**options: object) -> SlowWarmupModel:
     return SlowWarmupModel(**options)  # type: ignore[arg-type]
+
+
+class NoWeightsModel(HibariModel):
+    """A model whose weights cannot be loaded: its start fails as a missing checkpoint's would."""
+
+    def __init__(self, **options: object) -> None:
+        raise RuntimeError("no weights at /nonexistent")
+
+
+def no_weights(**options: object) -> NoWeightsModel:
+    return NoWeightsModel(**options)

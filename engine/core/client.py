@@ -291,10 +291,7 @@ class CoreClient:
         await self.close()
 
     def _engine_config(self) -> EngineConfig:
-        if not self.device or "device" not in self.config.model_options:
-            return self.config
-        options = {**self.config.model_options, "device": self.device}
-        return dataclasses.replace(self.config, model_options=options)
+        return engine_on(self.config, self.device)
 
     def _bind(self) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix=f"voicewire-{self.name}-")
@@ -424,3 +421,10 @@ def _clone_error(msg: CloneFailed) -> Exception:
     if msg.code == "not_ready":
         return EngineNotReady(msg.message)
     return RuntimeError(msg.message)
+
+
+def engine_on(config: EngineConfig, device: str) -> EngineConfig:
+    """``config`` with its model on ``device`` (where the model takes a device; "": as it is)."""
+    if not device or "device" not in config.model_options:
+        return config
+    return dataclasses.replace(config, model_options={**config.model_options, "device": device})

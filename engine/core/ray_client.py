@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -35,10 +36,14 @@ from .gateways import routing_id
 from .messages import TAG_SHIFT, Attach, encode_attach
 from .shared_core import CoreEndpoint
 
+log = logging.getLogger("voicewire.engine.core")
+
 ATTACH_S = 1.0  # the core drops a gateway silent for GATEWAY_SILENT_S (5 s, gateways.py)
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 3000
 LINK_SILENT_S = 3.0  # the core's Stats come every 0.5 s
+RECONNECT_BACKOFF_S = 0.5  # then doubles, to RECONNECT_MAX_BACKOFF_S: whoever restarts the core is not us
+RECONNECT_MAX_BACKOFF_S = 5.0
 
 
 class RemoteCoreClient(CoreClient):
@@ -73,7 +78,7 @@ class RemoteCoreClient(CoreClient):
         try:
             endpoint = await self._locate()
         except Exception as err:
-            raise CoreStartFailed(f"{self.name} cannot be reached through Ray: {type(err).__name__}: {err}") from err
+            raise CoreStartFailed(f"{self.name} cannot be located: {type(err).__name__}: {err}") from err
         if endpoint.incarnation == self._gone:
             raise CoreStartFailed(f"{self.name} has not been restarted yet")
         self.endpoint, self.config = endpoint, endpoint.engine
@@ -94,6 +99,28 @@ class RemoteCoreClient(CoreClient):
         raise (ready.exception() if ready.done() else None) or CoreStartFailed(
             f"{self.name} went down before it was ready ({self.last_exit})"
         )
+
+    async def stay_connected(self, closing: Callable[[], bool]) -> None:
+        """Connect, and reconnect whenever the core goes down (its owner restarts it meanwhile:
+        Ray, or ``voicewire serve``'s supervisor), until ``closing()``."""
+        backoff_s = RECONNECT_BACKOFF_S
+        while not closing():
+            try:
+                await self.start()
+            except CoreStartFailed as err:
+                log.debug("%s: %s", self.name, err)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2 * backoff_s, RECONNECT_MAX_BACKOFF_S)
+                continue
+            backoff_s = RECONNECT_BACKOFF_S
+            t_up = time.monotonic()
+            log.info("%s is ready (node %s, pid %s)", self.name, self.node, self.pid)
+            await self.wait_exit()
+            if not closing():
+                log.warning(
+                    "%s is down after %.0f s (%s); reconnecting once it is restarted",
+                    self.name, time.monotonic() - t_up, self.last_exit,
+                )  # fmt: skip
 
     async def close(self) -> None:
         """Disconnect; this gateway's streams end with ``engine_closed``. The core keeps running."""

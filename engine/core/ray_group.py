@@ -18,14 +18,13 @@ import asyncio
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from voicewire.engine import EngineConfig
 
-from .client import CoreClient, CoreStartFailed, CoreState
+from .client import CoreStartFailed, CoreState
 from .group import EngineGroup, GroupConfig
 from .ray_actor import NAMESPACE, core_names, join_cluster, start_cores
 from .ray_client import RemoteCoreClient
@@ -35,8 +34,6 @@ log = logging.getLogger("voicewire.engine.core")
 
 DISCOVER_S = 2.0  # how often the namespace is listed for cores added or removed
 LOCATE_TIMEOUT_S = 5.0  # an endpoint() call on a core Ray is still restarting waits this long
-RECONNECT_BACKOFF_S = 0.5  # then doubles, to RECONNECT_MAX_BACKOFF_S: Ray does the restarting
-RECONNECT_MAX_BACKOFF_S = 5.0
 READY_TIMEOUT_S = 600.0  # cores this process starts: a Qwen3 core captures CUDA graphs first
 
 
@@ -193,24 +190,8 @@ class RayCores(EngineGroup):
             self.replicas.remove(gone)
             await gone.close()
 
-    async def _keep(self, core: CoreClient) -> None:
-        """Connect, and reconnect whenever the core goes down (Ray restarts it meanwhile)."""
-        backoff_s = RECONNECT_BACKOFF_S
-        while not self._closing:
-            try:
-                await core.start()
-            except CoreStartFailed as err:
-                log.debug("%s: %s", core.name, err)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(2 * backoff_s, RECONNECT_MAX_BACKOFF_S)
-                continue
-            backoff_s = RECONNECT_BACKOFF_S
-            t_up = time.monotonic()
-            log.info("%s is ready (node %s, pid %s)", core.name, getattr(core, "node", None), core.pid)
-            await core.wait_exit()
-            if not self._closing:
-                log.warning("%s is down after %.0f s (%s); reconnecting once Ray restarts it",
-                            core.name, time.monotonic() - t_up, core.last_exit)
+    async def _keep(self, core: RemoteCoreClient) -> None:
+        await core.stay_connected(lambda: self._closing)
 
 
 async def _in_daemon_thread(work: Callable[[], None], hold: threading.Event | None = None) -> None:

@@ -113,3 +113,23 @@ def test_a_name_that_reads_as_an_id_in_any_case_is_refused() -> None:
             check_name(name)
         assert err.value.code == "invalid_name"
     assert check_name("  my voice_1 ") == "my voice_1"
+
+
+async def test_stores_sharing_a_directory_see_each_others_voices(tmp_path: Path) -> None:
+    """Gateway processes on one port (``serve --workers``): a voice cloned through one is found,
+    counted and listed by the others, and gone from them once deleted; an unshared store keeps what
+    it loaded at start."""
+    a, b = VoiceStore(tmp_path, shared=True), VoiceStore(tmp_path, shared=True)
+    alone = VoiceStore(tmp_path)
+    limits = ReferenceLimits(max_voices_per_client=1)
+    assert b.find("Ana", ENCODER) is None  # read (empty) before the voice exists
+    voice, _ = await a.add("Ana", ref(1), "", Cloner(), owner="addr:a", limits=limits)
+    found = b.find("Ana", ENCODER)
+    assert found is not None and found.id == voice.id and found.owner == "addr:a"
+    assert [v.id for v in b.voices(ENCODER)] == [voice.id] and b.owned_by("addr:a") == 1
+    with pytest.raises(VoiceError) as err:  # the client's quota holds across processes
+        await b.add("Bo", ref(2), "", Cloner(), owner="addr:a", limits=limits)
+    assert err.value.code == "voice_quota_exceeded"
+    assert alone.find("Ana", ENCODER) is None
+    a.delete(voice)
+    assert b.find(voice.id, ENCODER) is None and list(b) == []

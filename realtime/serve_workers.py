@@ -1,0 +1,202 @@
+"""``voicewire serve --workers N``: N gateway processes on one port in front of the engine cores this
+process starts and supervises, on one host and without Ray.
+
+One gateway's event loop takes every session's messages, audio and connects: at a few hundred new
+turns a second on a GPU that is a whole core, and its collections walk every open session's objects
+(the performance history's twenty-sixth pass). N processes share that, each with its own loop and
+heap, in front of the same cores:
+
+    this process   one SharedCore per replica (engine/core/shared_core.py): the core binds its
+                   gateways' TCP sockets on 127.0.0.1; where they are goes to a file (host_cores.py)
+    N workers      `voicewire serve <the same flags> --workers 1 --reuse-port --cores-file FILE`:
+                   each a full gateway (SO_REUSEPORT: the kernel spreads connections over them; a
+                   session is one connection, so it stays on its process) whose group is HostCores
+
+A core that ends after it was ready is started again (after a backoff that doubles, as
+EngineGroup's) and the file rewritten: the workers reconnect to it. A core that cannot start its
+model ends everything with its error, as one process would. A worker that dies after it served a
+while is started again; one that dies at once (a taken port, a bad flag: it said why) ends it all.
+SIGTERM or SIGINT: every worker drains (``--drain-timeout``), then the cores stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from voicewire.engine import EngineConfig
+from voicewire.engine.core.client import engine_on
+from voicewire.engine.core.group import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S, STABLE_UPTIME_S, GroupConfig
+from voicewire.engine.core.host_cores import write_endpoints
+from voicewire.engine.core.shared_core import CoreEndpoint, SharedCore
+
+log = logging.getLogger("voicewire.serve")
+
+HOST = "127.0.0.1"  # the cores' gateway sockets: only this host's workers reach them
+LISTEN_S = 60.0  # a core binds its sockets before its model loads: seconds at most
+WORKER_RESTART_UPTIME_S = 10.0  # a worker that ran this long and died is restarted; a quicker death ends it all
+POLL_S = 0.2
+CORES_PER_WORKER = 4  # the default: a gateway process per this many CPU cores...
+MAX_AUTO_WORKERS = 4  # ...up to this many
+
+
+def add_worker_args(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help=f"gateway processes on this port in front of the engine cores (SO_REUSEPORT; default: one "
+        f"per {CORES_PER_WORKER} CPU cores, at most {MAX_AUTO_WORKERS}, when the engine runs in core "
+        "processes; else 1)",
+    )
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
+    serve.add_argument("--cores-file", help=argparse.SUPPRESS)  # each worker: where the cores listen
+
+
+def workers_for(args: argparse.Namespace, cores: bool) -> int:
+    """Gateway processes for ``serve``'s flags; ``cores``: the engine runs in core processes.
+    Raises ValueError for a count that cannot be."""
+    if args.workers is not None:
+        if args.workers < 1:
+            raise ValueError("--workers must be 1 or more")
+        if args.workers > 1 and (not cores or args.ray is not None):
+            raise ValueError(
+                "--workers needs engine cores this command starts (--replicas 1 or more, no --ray; "
+                "across hosts: voicewire gateway --ray --workers N)"
+            )
+        return int(args.workers)
+    if not cores or args.ray is not None or args.cores_file:
+        return 1
+    return max(1, min(MAX_AUTO_WORKERS, (os.cpu_count() or 1) // CORES_PER_WORKER))
+
+
+class _Core:
+    """One replica: its current incarnation, started again when it ends after it was ready."""
+
+    def __init__(self, index: int, engine: EngineConfig) -> None:
+        self.index, self.engine = index, engine
+        self.shared: SharedCore | None = None
+        self.ended = threading.Event()  # the current incarnation's process ended
+        self.ended_ready = False  # ...after it was ready
+        self.served = False  # some incarnation was ready: a later one that fails is retried
+        self.backoff_s = RESTART_BACKOFF_S
+        self.t_up = 0.0
+        self.restart_at: float | None = None
+
+    def start(self) -> CoreEndpoint:
+        self.ended.clear()
+        self.shared = SharedCore(self.engine, HOST, f"replica-{self.index}", self._on_exit)
+        self.shared.start()
+        self.t_up = time.monotonic()
+        deadline = self.t_up + LISTEN_S
+        while True:
+            try:
+                return self.shared.endpoint(HOST, "")
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+
+    def _on_exit(self, code: int, was_ready: bool) -> None:  # on the SharedCore's thread
+        self.ended_ready = was_ready
+        self.served = self.served or was_ready
+        self.ended.set()
+
+    def stop(self) -> None:
+        if self.shared is not None:
+            self.shared.stop()
+
+
+class Supervisor:
+    def __init__(self, workers: int, child_argv: list[str], engine: EngineConfig, group: GroupConfig) -> None:
+        self.workers = workers
+        self._dir = Path(tempfile.mkdtemp(prefix="voicewire-serve-"))
+        self.endpoints_file = self._dir / "cores"
+        self.child_argv = [*child_argv, "--workers", "1", "--reuse-port", "--cores-file", str(self.endpoints_file)]
+        devices = group.devices
+        self.cores = [_Core(i, engine_on(engine, devices[i % len(devices)])) for i in range(group.replicas)]
+        self._endpoints: list[CoreEndpoint] = []
+        self._procs: list[tuple[subprocess.Popen[bytes], float]] = []
+        self._stopping = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        try:
+            try:
+                self._endpoints = [core.start() for core in self.cores]
+            except (TimeoutError, RuntimeError) as err:
+                print(f"voicewire serve: an engine core did not start: {err}", file=sys.stderr)
+                return 1
+            write_endpoints(self.endpoints_file, self._endpoints)
+            log.info("%d gateway processes in front of %d engine cores", self.workers, len(self.cores))
+            self._procs = [(self._spawn(), time.monotonic()) for _ in range(self.workers)]
+            return self._watch()
+        finally:
+            for core in self.cores:
+                core.stop()
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.child_argv)
+
+    def _stop(self, signum: int = signal.SIGTERM, frame: object = None) -> None:
+        self._stopping = True
+        for p, _ in self._procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    def _watch(self) -> int:
+        code = 0
+        while any(p.poll() is None for p, _ in self._procs):
+            time.sleep(POLL_S)
+            if not self._stopping and not self._tend_cores():
+                code = 1
+                self._stop()
+            for i, (p, t_start) in enumerate(self._procs):
+                rc = p.poll()
+                if rc is None or self._stopping:
+                    continue
+                if rc != 0 and time.monotonic() - t_start > WORKER_RESTART_UPTIME_S:
+                    print(f"voicewire serve: gateway process {p.pid} died ({rc}); starting another", file=sys.stderr)
+                    self._procs[i] = (self._spawn(), time.monotonic())
+                else:
+                    code = code or rc or 1
+                    self._stop()
+        return code
+
+    def _tend_cores(self) -> bool:
+        """Start again each core that ended after it was ready; False: one failed before it was."""
+        for core in self.cores:
+            if not core.ended.is_set():
+                continue
+            assert core.shared is not None
+            if not core.served:
+                print(f"voicewire serve: the model failed to start: {core.shared.failure}", file=sys.stderr)
+                return False
+            now = time.monotonic()
+            if core.restart_at is None:
+                if now - core.t_up > STABLE_UPTIME_S:
+                    core.backoff_s = RESTART_BACKOFF_S
+                log.warning("replica-%d's core ended; starting it again in %.1f s", core.index, core.backoff_s)
+                core.restart_at = now + core.backoff_s
+                core.backoff_s = min(2 * core.backoff_s, MAX_RESTART_BACKOFF_S)
+            if now < core.restart_at:
+                continue
+            core.restart_at = None
+            core.stop()
+            try:
+                self._endpoints[core.index] = core.start()
+            except (TimeoutError, RuntimeError) as err:
+                log.error("replica-%d's core did not start again: %s", core.index, err)
+                continue
+            write_endpoints(self.endpoints_file, self._endpoints)
+        return True

@@ -1,0 +1,155 @@
+"""``voicewire serve --workers N`` as a user runs it: gateway processes on one port in front of one
+engine core, a core killed and started again, a model that cannot start, and the flag's bounds.
+
+Real processes (the supervisor, its workers, the core), SO_REUSEPORT, ZeroMQ over TCP on 127.0.0.1
+and the project's WebSocket client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import free_port, speak_turn
+from voicewire.realtime.client import VoicewireClient
+from voicewire.realtime.serve_workers import workers_for
+
+SERVE = [sys.executable, "-m", "voicewire.realtime.cli", "serve"]
+
+
+def _readyz(port: int) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return dict(json.loads(r.read()))
+    except urllib.error.HTTPError as err:
+        return dict(json.loads(err.read()))
+
+
+def _wait_ready(port: int, timeout_s: float, restarts: int = 0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            body = _readyz(port)
+        except OSError:
+            body = {}
+        if body.get("status") == "ready" and body["replicas"][0]["restarts"] >= restarts:
+            return body
+        time.sleep(0.1)
+    raise AssertionError(f"not ready within {timeout_s} s: {body}")
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*SERVE, "--port", str(port), "--replicas", "1", "--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_ready(port, 60)
+        yield port, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+async def _turn(port: int, text: str) -> str:
+    client = await VoicewireClient.connect(f"http://127.0.0.1:{port}")
+    try:
+        turn, audio = await speak_turn(client, text, None)
+        assert audio.done is not None and audio.done.reason == "completed" and audio.pcm().size > 0
+        return str(turn.turn_id)
+    finally:
+        await client.close()
+
+
+def test_workers_share_the_port_in_front_of_one_core_and_stop_together(
+    served: tuple[int, subprocess.Popen[str]],
+) -> None:
+    port, proc = served
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    bodies = [_readyz(port) for _ in range(40)]  # a connection each: the kernel spreads them
+    answered = {b["gateway_pid"] for b in bodies}
+    assert len(answered) == 2 and answered <= {p.pid for p in tree}, answered
+    assert len({b["replicas"][0]["pid"] for b in bodies}) == 1  # one core behind both
+
+    async def turns() -> None:
+        await asyncio.gather(*(_turn(port, f"Turn number {i} is spoken.") for i in range(4)))
+
+    asyncio.run(turns())
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert out.count("voicewire: ready") == 2, out
+    gone = psutil.wait_procs(tree, timeout=10)[1]
+    assert not gone, gone  # no worker, no core left
+
+
+def test_a_core_that_dies_is_started_again_and_the_workers_reconnect(
+    served: tuple[int, subprocess.Popen[str]],
+) -> None:
+    port, _ = served
+    core = _readyz(port)["replicas"][0]["pid"]
+    os.kill(core, signal.SIGKILL)
+    body = _wait_ready(port, 40, restarts=1)
+    assert body["replicas"][0]["pid"] != core
+    for _ in range(6):  # whichever worker takes the connection has reconnected
+        assert _readyz(port)["status"] == "ready"
+    asyncio.run(_turn(port, "Back after the core was started again."))
+
+
+def test_a_model_that_cannot_start_ends_serve_with_its_error_in_one_line() -> None:
+    proc = subprocess.run(
+        [*SERVE, "--port", str(free_port()), "--replicas", "1", "--workers", "2", "--model", "tests.doubles:no_weights"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 1
+    assert "voicewire serve: the model failed to start: " in proc.stderr and "no weights at" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_workers_default_to_the_cores_only_where_the_engine_runs_in_core_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def args(**kw: Any) -> argparse.Namespace:
+        return argparse.Namespace(**{"workers": None, "ray": None, "cores_file": None, **kw})
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert workers_for(args(), cores=True) == 4
+    assert workers_for(args(), cores=False) == 1  # the engine in the gateway's process
+    assert workers_for(args(ray="auto"), cores=True) == 1
+    assert workers_for(args(cores_file="/tmp/x"), cores=True) == 1  # a worker itself
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert workers_for(args(), cores=True) == 1
+    assert workers_for(args(workers=3), cores=True) == 3
+    for bad in ({"workers": 0}, {"workers": 2, "ray": "auto"}):
+        with pytest.raises(ValueError):
+            workers_for(args(**bad), cores=True)
+    with pytest.raises(ValueError):
+        workers_for(args(workers=2), cores=False)
+
+
+def test_workers_without_engine_cores_is_a_usage_error() -> None:
+    proc = subprocess.run(
+        [*SERVE, "--port", str(free_port()), "--workers", "2"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "--workers needs engine cores" in proc.stderr, proc.stderr
