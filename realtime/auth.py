@@ -28,17 +28,23 @@ masks them in log lines, whatever their spelling.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from yarl import URL
 
 MAX_TOKEN_TTL_S = 300.0
+# The session tokens' HMAC key, hex: gateway processes that share it accept each other's tokens
+# (serve --workers gives its workers one, this one where set; gateways of several hosts may share one).
+TOKEN_SECRET_ENV = "VOICEWIRE_TOKEN_SECRET"
 TOKEN_SUBPROTOCOL_PREFIX = "voicewire.token."
 # Query parameters whose values are credentials. Only ``token`` is read; the others are names
 # clients try for a key, masked all the same. Matched case-insensitively, after decoding.
@@ -60,6 +66,9 @@ class AuthConfig:
     allowed_origins: tuple[str, ...] = ()  # empty: any origin
     token_ttl_s: float = 120.0
     secret: bytes = b""  # HMAC key for session tokens; random per process when empty
+    # Where spent tokens are marked, one file each, shared by the gateway processes of one port
+    # (serve --workers: a token minted by one is redeemed by any, once); None: this process's memory.
+    spent_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.token_ttl_s <= MAX_TOKEN_TTL_S:
@@ -71,6 +80,18 @@ class AuthConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.api_keys)
+
+
+def token_secret(environ: Mapping[str, str]) -> bytes:
+    """The HMAC key ``TOKEN_SECRET_ENV`` sets (b"": a random one per process); ValueError if unusable."""
+    value = environ.get(TOKEN_SECRET_ENV, "")
+    try:
+        secret = bytes.fromhex(value)
+    except ValueError:
+        raise ValueError(f"{TOKEN_SECRET_ENV} must be hex digits") from None
+    if value and len(secret) < 32:
+        raise ValueError(f"{TOKEN_SECRET_ENV} must hold at least 32 bytes (64 hex digits)")
+    return secret
 
 
 def _b64(data: bytes) -> str:
@@ -109,6 +130,8 @@ class Authenticator:
             good = hmac.compare_digest(_unb64(sig), hmac.new(self._secret, payload, hashlib.sha256).digest())
             claims = json.loads(payload) if good else None
             exp, jti = float(claims["exp"]), str(claims["jti"])  # type: ignore[index]
+            if not (jti.isascii() and jti.isalnum()):  # it names a file in spent_dir
+                raise ValueError(jti)
         except (ValueError, KeyError, TypeError, json.JSONDecodeError):
             raise AuthError(
                 401, "invalid_token", "the session token is malformed or its signature is wrong"
@@ -117,9 +140,25 @@ class Authenticator:
         self._prune(now)
         if exp <= now:
             raise AuthError(401, "expired_token", "the session token has expired; mint a new one")
-        if jti in self._used:
+        if jti in self._used or not self._claim(jti, exp, now):
             raise AuthError(401, "token_reused", "session tokens are single-use")
         self._used[jti] = exp
+
+    def _claim(self, jti: str, exp: float, now: float) -> bool:
+        """Spend ``jti`` where every gateway process of the port sees it: False if one did before."""
+        if self.config.spent_dir is None:
+            return True
+        spent = Path(self.config.spent_dir)
+        if len(self._used) % 64 == 0:  # now and then: the files of expired tokens
+            for old in spent.iterdir():
+                with contextlib.suppress(ValueError, OSError):
+                    if float(old.name.split("-")[0]) <= now:
+                        old.unlink()
+        try:  # created or found at once, whichever process comes first
+            os.close(os.open(spent / f"{exp:.3f}-{jti}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return False
+        return True
 
     def _prune(self, now: float) -> None:
         if len(self._used) > 1024:

@@ -20,7 +20,7 @@ from voicewire.engine.core import EngineGroup
 from voicewire.engine.core.host_cores import HostCores
 
 from .audio import pcm16_bytes
-from .auth import AuthConfig
+from .auth import AuthConfig, token_secret
 from .cli_ray import add_ray_commands, add_ray_serve_args, ray_cores, run_ray_command
 from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
 from .engine_flags import (
@@ -379,7 +379,12 @@ def gateway_config(args: argparse.Namespace, engine: EngineConfig) -> GatewayCon
         host=args.host,
         port=args.port,
         engine=engine,
-        auth=AuthConfig(api_keys=tuple(keys), allowed_origins=tuple(args.allow_origin)),
+        auth=AuthConfig(
+            api_keys=tuple(keys),
+            allowed_origins=tuple(args.allow_origin),
+            secret=token_secret(os.environ),
+            spent_dir=getattr(args, "tokens_dir", None),
+        ),
         max_sessions=args.max_sessions,
         max_speech_requests=args.max_speech_requests,
         quotas=ClientQuotas(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,8 @@ from voicewire.engine.core.client import engine_on
 from voicewire.engine.core.group import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S, STABLE_UPTIME_S, GroupConfig
 from voicewire.engine.core.host_cores import write_endpoints
 from voicewire.engine.core.shared_core import CoreEndpoint, SharedCore
+
+from .auth import TOKEN_SECRET_ENV
 
 log = logging.getLogger("voicewire.serve")
 
@@ -60,6 +63,7 @@ def add_worker_args(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
     serve.add_argument("--cores-file", help=argparse.SUPPRESS)  # each worker: where the cores listen
+    serve.add_argument("--tokens-dir", help=argparse.SUPPRESS)  # each worker: where session tokens are spent
 
 
 def workers_for(args: argparse.Namespace, cores: bool) -> int:
@@ -120,7 +124,11 @@ class Supervisor:
         self.workers = workers
         self._dir = Path(tempfile.mkdtemp(prefix="voicewire-serve-"))
         self.endpoints_file = self._dir / "cores"
-        self.child_argv = [*child_argv, "--workers", "1", "--reuse-port", "--cores-file", str(self.endpoints_file)]
+        spent = self._dir / "spent-tokens"
+        spent.mkdir()
+        self.child_argv = [*child_argv, "--workers", "1", "--reuse-port", "--cores-file", str(self.endpoints_file),
+                           "--tokens-dir", str(spent)]  # fmt: skip
+        self.child_env = {**os.environ, TOKEN_SECRET_ENV: os.environ.get(TOKEN_SECRET_ENV) or secrets.token_hex(32)}
         devices = group.devices
         self.cores = [_Core(i, engine_on(engine, devices[i % len(devices)])) for i in range(group.replicas)]
         self._endpoints: list[CoreEndpoint] = []
@@ -146,7 +154,7 @@ class Supervisor:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.child_argv)
+        return subprocess.Popen(self.child_argv, env=self.child_env)
 
     def _stop(self, signum: int = signal.SIGTERM, frame: object = None) -> None:
         self._stopping = True

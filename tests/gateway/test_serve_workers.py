@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+import websockets
 
 from tests.conftest import free_port, speak_turn
 from voicewire.realtime.client import VoicewireClient
@@ -153,3 +154,40 @@ def test_workers_without_engine_cores_is_a_usage_error() -> None:
         [*SERVE, "--port", str(free_port()), "--workers", "2"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "--workers needs engine cores" in proc.stderr, proc.stderr
+
+
+def test_a_session_token_minted_by_one_worker_opens_a_session_on_any_and_only_once() -> None:
+    import websockets.sync.client as ws_sync
+
+    key = "workers-key-0123456789abcdef"
+    port = free_port()
+    proc = subprocess.Popen(
+        [*SERVE, "--port", str(port), "--replicas", "1", "--workers", "2", "--api-key", key],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait_ready(port, 60)
+
+        def mint() -> str:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/session-tokens", method="POST", headers={"Authorization": f"Bearer {key}"}
+            )
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return str(json.loads(r.read())["token"])
+
+        def opens(token: str) -> bool:
+            try:
+                with ws_sync.connect(f"ws://127.0.0.1:{port}/v1/stream?token={token}", open_timeout=5) as ws:
+                    return bool(json.loads(ws.recv(timeout=5))["type"] == "session.created")
+            except websockets.InvalidStatus as err:
+                assert err.response.status_code == 401, err
+                return False
+
+        tokens = [mint() for _ in range(8)]  # minted on either worker, redeemed on either
+        assert all(opens(t) for t in tokens)
+        replays = [opens(tokens[0]) for _ in range(8)]  # whichever worker takes it: spent
+        assert not any(replays)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
