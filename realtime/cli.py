@@ -148,6 +148,10 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
     """The gateway's flags (``serve`` and ``gateway``): listening, logs, auth, limits, deployment."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    # each of several gateway processes on one port (gateway_procs.py): the port shared, and where
+    # session tokens are spent
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tokens-dir", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=8080, help="TCP port to listen on")
     p.add_argument(
         "--log-level",
@@ -383,7 +387,7 @@ def gateway_config(args: argparse.Namespace, engine: EngineConfig) -> GatewayCon
             api_keys=tuple(keys),
             allowed_origins=tuple(args.allow_origin),
             secret=token_secret(os.environ),
-            spent_dir=getattr(args, "tokens_dir", None),
+            spent_dir=args.tokens_dir,
         ),
         max_sessions=args.max_sessions,
         max_speech_requests=args.max_speech_requests,

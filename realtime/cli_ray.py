@@ -17,10 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,9 +25,9 @@ from voicewire.engine import EngineConfig
 from voicewire.engine.core.ray_group import OwnCores, RayCores
 
 from .engine_flags import UsageError, add_model_args, to_engine_config, unmet_requirements
+from .gateway_procs import GatewayProcesses
 
 READY_TIMEOUT_S = 600.0  # `engine` waits this long for its cores (a Qwen3 core captures CUDA graphs)
-WORKER_RESTART_UPTIME_S = 10.0  # a worker that ran this long and died is restarted; a quicker death ends it all
 
 
 def _resources(value: str) -> dict[str, float]:
@@ -95,7 +92,6 @@ def add_ray_commands(
     gateway.add_argument(
         "--workers", type=int, default=1, help="gateway processes on this port (SO_REUSEPORT)"
     )
-    gateway.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
 
 
 def ray_cores(args: argparse.Namespace, engine: EngineConfig) -> RayCores:
@@ -169,35 +165,9 @@ def _engine(args: argparse.Namespace) -> int:
 
 
 def _workers(n: int, argv: list[str]) -> int:
-    """N gateway processes on one port; SIGTERM/SIGINT goes to each (each drains), and a worker
-    that dies after it had served a while is started again."""
-    child_argv = [sys.executable, "-m", "voicewire.realtime.cli", *_without_workers(argv), "--reuse-port"]
-    procs: list[tuple[subprocess.Popen[bytes], float]] = [(subprocess.Popen(child_argv), time.monotonic()) for _ in range(n)]
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for p, _ in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    code = 0
-    while any(p.poll() is None for p, _ in procs):
-        time.sleep(0.2)
-        for i, (p, t_start) in enumerate(procs):
-            rc = p.poll()
-            if rc is None or stopping:
-                continue
-            if rc != 0 and time.monotonic() - t_start > WORKER_RESTART_UPTIME_S:
-                print(f"voicewire gateway: worker {p.pid} died ({rc}); starting another", file=sys.stderr, flush=True)
-                procs[i] = (subprocess.Popen(child_argv), time.monotonic())
-            elif rc != 0:
-                code = rc
-                stop(signal.SIGTERM, None)
-    return code
+    """N gateway processes on one port (gateway_procs.py)."""
+    argv = [sys.executable, "-m", "voicewire.realtime.cli", *_without_workers(argv)]
+    return GatewayProcesses(n, argv, "voicewire gateway").run()
 
 
 def _without_workers(argv: list[str]) -> list[str]:

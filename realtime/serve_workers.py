@@ -8,15 +8,13 @@ heap, in front of the same cores:
 
     this process   one SharedCore per replica (engine/core/shared_core.py): the core binds its
                    gateways' TCP sockets on 127.0.0.1; where they are goes to a file (host_cores.py)
-    N workers      `voicewire serve <the same flags> --workers 1 --reuse-port --cores-file FILE`:
-                   each a full gateway (SO_REUSEPORT: the kernel spreads connections over them; a
-                   session is one connection, so it stays on its process) whose group is HostCores
+    N workers      `voicewire serve <the same flags> --workers 1 --cores-file FILE` on the port
+                   (gateway_procs.py): each a full gateway whose group is HostCores
 
 A core that ends after it was ready is started again (after a backoff that doubles, as
 EngineGroup's) and the file rewritten: the workers reconnect to it. A core that cannot start its
-model ends everything with its error, as one process would. A worker that dies after it served a
-while is started again; one that dies at once (a taken port, a bad flag: it said why) ends it all.
-SIGTERM or SIGINT: every worker drains (``--drain-timeout``), then the cores stop.
+model ends everything with its error, as one process would. SIGTERM or SIGINT: every worker drains
+(``--drain-timeout``), then the cores stop.
 """
 
 from __future__ import annotations
@@ -24,10 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import secrets
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,14 +35,12 @@ from voicewire.engine.core.group import MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S
 from voicewire.engine.core.host_cores import write_endpoints
 from voicewire.engine.core.shared_core import CoreEndpoint, SharedCore
 
-from .auth import TOKEN_SECRET_ENV
+from .gateway_procs import GatewayProcesses
 
 log = logging.getLogger("voicewire.serve")
 
 HOST = "127.0.0.1"  # the cores' gateway sockets: only this host's workers reach them
 LISTEN_S = 60.0  # a core binds its sockets before its model loads: seconds at most
-WORKER_RESTART_UPTIME_S = 10.0  # a worker that ran this long and died is restarted; a quicker death ends it all
-POLL_S = 0.2
 CORES_PER_WORKER = 4  # the default: a gateway process per this many CPU cores...
 MAX_AUTO_WORKERS = 4  # ...up to this many
 
@@ -61,9 +54,7 @@ def add_worker_args(serve: argparse.ArgumentParser) -> None:
         f"per {CORES_PER_WORKER} CPU cores, at most {MAX_AUTO_WORKERS}, when the engine runs in core "
         "processes; else 1)",
     )
-    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
     serve.add_argument("--cores-file", help=argparse.SUPPRESS)  # each worker: where the cores listen
-    serve.add_argument("--tokens-dir", help=argparse.SUPPRESS)  # each worker: where session tokens are spent
 
 
 def workers_for(args: argparse.Namespace, cores: bool) -> int:
@@ -124,20 +115,13 @@ class Supervisor:
         self.workers = workers
         self._dir = Path(tempfile.mkdtemp(prefix="voicewire-serve-"))
         self.endpoints_file = self._dir / "cores"
-        spent = self._dir / "spent-tokens"
-        spent.mkdir()
-        self.child_argv = [*child_argv, "--workers", "1", "--reuse-port", "--cores-file", str(self.endpoints_file),
-                           "--tokens-dir", str(spent)]  # fmt: skip
-        self.child_env = {**os.environ, TOKEN_SECRET_ENV: os.environ.get(TOKEN_SECRET_ENV) or secrets.token_hex(32)}
+        argv = [*child_argv, "--workers", "1", "--cores-file", str(self.endpoints_file)]
+        self.gateways = GatewayProcesses(workers, argv, "voicewire serve")
         devices = group.devices
         self.cores = [_Core(i, engine_on(engine, devices[i % len(devices)])) for i in range(group.replicas)]
         self._endpoints: list[CoreEndpoint] = []
-        self._procs: list[tuple[subprocess.Popen[bytes], float]] = []
-        self._stopping = False
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
         try:
             try:
                 self._endpoints = [core.start() for core in self.cores]
@@ -146,40 +130,11 @@ class Supervisor:
                 return 1
             write_endpoints(self.endpoints_file, self._endpoints)
             log.info("%d gateway processes in front of %d engine cores", self.workers, len(self.cores))
-            self._procs = [(self._spawn(), time.monotonic()) for _ in range(self.workers)]
-            return self._watch()
+            return self.gateways.run(tend=self._tend_cores)
         finally:
             for core in self.cores:
                 core.stop()
             shutil.rmtree(self._dir, ignore_errors=True)
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.child_argv, env=self.child_env)
-
-    def _stop(self, signum: int = signal.SIGTERM, frame: object = None) -> None:
-        self._stopping = True
-        for p, _ in self._procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    def _watch(self) -> int:
-        code = 0
-        while any(p.poll() is None for p, _ in self._procs):
-            time.sleep(POLL_S)
-            if not self._stopping and not self._tend_cores():
-                code = 1
-                self._stop()
-            for i, (p, t_start) in enumerate(self._procs):
-                rc = p.poll()
-                if rc is None or self._stopping:
-                    continue
-                if rc != 0 and time.monotonic() - t_start > WORKER_RESTART_UPTIME_S:
-                    print(f"voicewire serve: gateway process {p.pid} died ({rc}); starting another", file=sys.stderr)
-                    self._procs[i] = (self._spawn(), time.monotonic())
-                else:
-                    code = code or rc or 1
-                    self._stop()
-        return code
 
     def _tend_cores(self) -> bool:
         """Start again each core that ended after it was ready; False: one failed before it was."""
