@@ -81,7 +81,6 @@ class _Core:
         self.index, self.engine = index, engine
         self.shared: SharedCore | None = None
         self.ended = threading.Event()  # the current incarnation's process ended
-        self.ended_ready = False  # ...after it was ready
         self.served = False  # some incarnation was ready: a later one that fails is retried
         self.backoff_s = RESTART_BACKOFF_S
         self.t_up = 0.0
@@ -101,7 +100,6 @@ class _Core:
                     raise
 
     def _on_exit(self, code: int, was_ready: bool) -> None:  # on the SharedCore's thread
-        self.ended_ready = was_ready
         self.served = self.served or was_ready
         self.ended.set()
 
