@@ -133,3 +133,19 @@ class EngineGroup:
             if core.state is CoreState.READY and core.silent_s() > HANG_TIMEOUT_S:
                 log.error("%s sent nothing for %.0f s; killing it", core.name, core.silent_s())
                 core.kill()
+
+
+class SharedCores(EngineGroup):
+    """Cores that other gateways front too (Ray's, or ``serve --workers``'): this gateway serves
+    while any of them is ready, and each row says what the core holds for every gateway."""
+
+    @property
+    def ready(self) -> bool:
+        return any(r.ready for r in self.replicas)
+
+    def describe(self) -> list[dict[str, Any]]:
+        rows = super().describe()
+        for row, core in zip(rows, self.replicas, strict=True):
+            row["core_streams"] = core.load()  # every gateway's, as the core reports it
+            row["streams_opened"] = core.stats.streams_opened  # the core's count, every gateway's
+        return rows

@@ -5,7 +5,7 @@ gateways' TCP sockets on the loopback address, reached as Ray's gateways reach t
 (``write_endpoints``) and rewrites it whenever it restarts one; a gateway reads it each time it
 (re)connects, so a restarted core is found as Ray's are, without Ray.
 
-Readiness follows ``RayCores``: the gateway serves while any core is ready.
+Readiness and ``/readyz``'s rows are ``SharedCores``' (group.py), as Ray's gateways have them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from voicewire.engine import EngineConfig
 
-from .group import EngineGroup, GroupConfig
+from .group import GroupConfig, SharedCores
 from .ray_client import RemoteCoreClient
 from .shared_core import CoreEndpoint
 
@@ -38,7 +38,7 @@ def read_endpoints(path: Path) -> list[CoreEndpoint]:
     return endpoints
 
 
-class HostCores(EngineGroup):
+class HostCores(SharedCores):
     start_cancellable = True  # start() waits until the cores are ready: as long as their warm-up takes
 
     def __init__(self, endpoints_file: str | os.PathLike[str], config: EngineConfig) -> None:
@@ -46,16 +46,6 @@ class HostCores(EngineGroup):
         self.path = Path(endpoints_file)
         self.replicas.clear()  # one client per core of the file, made at start
         self._keepers: list[asyncio.Task[None]] = []
-
-    @property
-    def ready(self) -> bool:
-        return any(r.ready for r in self.replicas)
-
-    def describe(self) -> list[dict[str, Any]]:
-        rows = super().describe()
-        for row, core in zip(rows, self.replicas, strict=True):
-            row["core_streams"] = core.load()  # every gateway process's, as the core reports it
-        return rows
 
     async def start(self) -> HostCores:
         """Connect to every core of the file and wait until each is ready (the supervisor ends

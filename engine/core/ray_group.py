@@ -25,7 +25,7 @@ from typing import Any
 from voicewire.engine import EngineConfig
 
 from .client import CoreStartFailed, CoreState
-from .group import EngineGroup, GroupConfig
+from .group import GroupConfig, SharedCores
 from .ray_actor import NAMESPACE, core_names, join_cluster, start_cores
 from .ray_client import RemoteCoreClient
 from .shared_core import CoreEndpoint
@@ -70,7 +70,7 @@ class _Actor:
             ray.kill(self._handle, no_restart=False)
 
 
-class RayCores(EngineGroup):
+class RayCores(SharedCores):
     start_cancellable = True  # start() waits until a core is ready: as long as it takes
 
     def __init__(self, address: str | None, cores: OwnCores | None = None) -> None:
@@ -85,11 +85,6 @@ class RayCores(EngineGroup):
         self._discover: asyncio.Task[None] | None = None
         self._head_released = threading.Event()  # close(): a local cluster's head may go
 
-    @property
-    def ready(self) -> bool:
-        """Some core is ready: the gateway can serve (``describe()`` says which)."""
-        return any(r.ready for r in self.replicas)
-
     def describe(self) -> list[dict[str, Any]]:
         rows = super().describe()
         for row, core in zip(rows, self.replicas, strict=True):
@@ -98,8 +93,6 @@ class RayCores(EngineGroup):
             row["node"] = endpoint.node if endpoint is not None else None
             row["node_id"] = endpoint.node_id if endpoint is not None else None
             row["device"] = str(core.config.model_options.get("device", "cpu"))
-            row["core_streams"] = core.load()  # every gateway's, as the core reports it
-            row["streams_opened"] = core.stats.streams_opened  # the core's count, every gateway's
         return rows
 
     async def start(self) -> RayCores:
