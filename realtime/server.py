@@ -284,7 +284,7 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None, *, reus
         log.info("draining: %d sessions open", len(gw.sessions))
         await drain(app, config.drain_timeout_s)
     finally:
-        await gw.loop_lag.stop()
+        gw.loop_lag.stop()
         await runner.cleanup()
         if frozen:
             heap.release()

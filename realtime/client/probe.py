@@ -197,7 +197,7 @@ class Probe:
             self._draw_progress(final=True)
             for client in list(self._clients):
                 await self._retire(client)
-            await self._lag.stop()
+            self._lag.stop()
             heap.release()
             self._cpu_s, self._wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
 
