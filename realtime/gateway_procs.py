@@ -40,13 +40,19 @@ class GatewayProcesses:
         self._stopping = False
 
     def run(self, tend: Callable[[], bool] = lambda: True) -> int:
-        """Start them and watch them until every one has ended; ``tend()`` runs between looks (False:
-        stop them all, exit code 1). Returns the exit code."""
+        self.start()
+        return self.watch(tend)
+
+    def start(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        self._procs = [(self._spawn(), time.monotonic()) for _ in range(self.n)]
+
+    def watch(self, tend: Callable[[], bool] = lambda: True) -> int:
+        """Until every process has ended; ``tend()`` runs between looks (False: stop them all, exit
+        code 1). Returns the exit code."""
         code = 0
         try:
-            self._procs = [(self._spawn(), time.monotonic()) for _ in range(self.n)]
             while any(p.poll() is None for p, _ in self._procs):
                 time.sleep(POLL_S)
                 if not self._stopping and not tend():

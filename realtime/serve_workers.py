@@ -120,15 +120,20 @@ class Supervisor:
         self._endpoints: list[CoreEndpoint] = []
 
     def run(self) -> int:
+        """The gateway processes first (their port answers health probes at once, and a port that is
+        taken ends it all before a model loads), then the cores; the processes wait for the file."""
         try:
+            self.gateways.start()
             try:
                 self._endpoints = [core.start() for core in self.cores]
             except (TimeoutError, RuntimeError) as err:
                 print(f"voicewire serve: an engine core did not start: {err}", file=sys.stderr)
+                self.gateways.stop()
+                self.gateways.watch()
                 return 1
             write_endpoints(self.endpoints_file, self._endpoints)
             log.info("%d gateway processes in front of %d engine cores", self.workers, len(self.cores))
-            return self.gateways.run(tend=self._tend_cores)
+            return self.gateways.watch(tend=self._tend_cores)
         finally:
             for core in self.cores:
                 core.stop()

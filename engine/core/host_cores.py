@@ -48,8 +48,10 @@ class HostCores(SharedCores):
         self._keepers: list[asyncio.Task[None]] = []
 
     async def start(self) -> HostCores:
-        """Connect to every core of the file and wait until each is ready (the supervisor ends
-        this process if one cannot start its model)."""
+        """Connect to every core of the file once it is there, and wait until each is ready (the
+        supervisor ends this process if one cannot start its model)."""
+        while not self.path.exists():  # the supervisor starts its gateways before its cores
+            await asyncio.sleep(0.05)
         count = len(read_endpoints(self.path))
         for i in range(count):
             core = RemoteCoreClient(f"replica-{i}", self._locator(i), self._killer(i))

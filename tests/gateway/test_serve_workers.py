@@ -191,3 +191,20 @@ def test_a_session_token_minted_by_one_worker_opens_a_session_on_any_and_only_on
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_a_taken_port_ends_serve_before_a_model_has_loaded() -> None:
+    """The gateway processes open the port before the cores load their model: a taken port ends
+    it all in one line each, without waiting out a warm-up."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**os.environ, "VOICEWIRE_TEST_WARMUP_S": "120"}
+        argv = [*SERVE, "--port", str(taken.getsockname()[1]), "--replicas", "1", "--workers", "2"]
+        proc = subprocess.run(
+            [*argv, "--model", "tests.doubles:slow_warmup"], env=env, capture_output=True, text=True, timeout=90
+        )
+    assert proc.returncode == 1 and "cannot listen" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
