@@ -2,8 +2,8 @@
 process starts and supervises, on one host and without Ray.
 
 One gateway's event loop takes every session's messages, audio and connects: at a few hundred new
-turns a second on a GPU that is a whole core, and its collections walk every open session's objects
-(the performance history's twenty-sixth pass). N processes share that, each with its own loop and
+turns a second on a GPU that is a whole core, and its collections walk every open session's
+objects. N processes share that, each with its own loop and
 heap, in front of the same cores:
 
     this process   one SharedCore per replica (engine/core/shared_core.py): the core binds its

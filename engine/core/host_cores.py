@@ -45,7 +45,6 @@ class HostCores(SharedCores):
         super().__init__(config, GroupConfig(replicas=1))
         self.path = Path(endpoints_file)
         self.replicas.clear()  # one client per core of the file, made at start
-        self._keepers: list[asyncio.Task[None]] = []
 
     async def start(self) -> HostCores:
         """Connect to every core of the file once it is there, and wait until each is ready (the
@@ -56,19 +55,13 @@ class HostCores(SharedCores):
         for i in range(count):
             core = RemoteCoreClient(f"replica-{i}", self._locator(i), self._killer(i))
             self.replicas.append(core)
-            self._keepers.append(
+            # EngineGroup's close() cancels these and closes the clients
+            self._supervisors.append(
                 asyncio.create_task(core.stay_connected(lambda: self._closing), name=f"keep-replica-{i}")
             )
         while not all(r.ready for r in self.replicas):
             await asyncio.sleep(0.05)
         return self
-
-    async def close(self) -> None:
-        self._closing = True
-        for task in self._keepers:
-            task.cancel()
-        await asyncio.gather(*self._keepers, return_exceptions=True)
-        await asyncio.gather(*(r.close() for r in self.replicas), return_exceptions=True)
 
     def _locator(self, i: int) -> Any:
         async def locate() -> CoreEndpoint:

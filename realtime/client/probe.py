@@ -21,12 +21,10 @@ import asyncio
 import contextlib
 import math
 import os
-import platform
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import replace
 from typing import Any, TextIO
 
 import numpy as np
@@ -35,7 +33,7 @@ from voicewire.engine import heap
 from voicewire.engine.loop_lag import LoopLag
 
 from .messages import VoicewireError
-from .probe_report import summarize
+from .probe_report import DONE, ProbePart, report
 from .probe_turn import TURNS_PER_PROC, ProbeConfig, TurnRecord, run_turn
 from .protocol import ProtocolClient
 from .websocket import VoicewireClient
@@ -252,76 +250,6 @@ class Probe:
             "gc_pause_max_ms": round(max((p.seconds for p in pauses), default=0.0) * 1000, 2),
             "underran_while_held": sum(1 for r in done if held(r)),
         }
-
-
-DONE = ("completed", "cancelled", "length")  # turns whose audio played
-
-
-@dataclass
-class ProbePart:
-    """One probe process's turns and what it saw of itself, before the summary (picklable)."""
-
-    records: list[TurnRecord]
-    sessions: int
-    connect_ms: list[float]
-    receiver_stats: list[dict[str, float]]
-    own: dict[str, Any]  # Probe._own
-
-
-def report(cfg: ProbeConfig, server: dict[str, Any], parts: list[ProbePart]) -> dict[str, Any]:
-    """The JSON-ready result of every process's part: the summary over all their turns."""
-    records = [r for p in parts for r in p.records]
-    receiver_stats = [s for p in parts for s in p.receiver_stats]
-    done = [r for r in records if r.reason in DONE]
-
-    def vals(get: Any) -> list[float]:
-        return [v for v in (get(r) for r in done) if v is not None]
-
-    own = [p.own for p in parts]
-    summary: dict[str, Any] = {
-        "turns": len(records),
-        "completed": sum(1 for r in records if r.reason == "completed"),
-        "cancelled": sum(1 for r in records if r.reason == "cancelled"),
-        "cut": sum(1 for r in done if r.cut_ms is not None),
-        "errors": {k: sum(1 for r in records if r.reason == k) for k in ("error", "failed", "timeout", "refused")},
-        "sessions": sum(p.sessions for p in parts),
-        "audio_s": round(sum(r.audio_ms for r in done) / 1000, 2),
-        "underruns": sum(r.underruns for r in done),
-        "turns_with_underruns": sum(1 for r in done if r.underruns),
-        "connect_ms": summarize([ms for p in parts for ms in p.connect_ms]),
-        "ttfb_ms": summarize(vals(lambda r: r.ttfb_ms)),
-        "ttfa_ms": summarize(vals(lambda r: r.ttfa_ms)),
-        "e2e_ms": summarize(vals(lambda r: r.e2e_ms)),
-        "server_ttfp_ms": summarize(vals(lambda r: r.server.get("ttfp_ms"))),
-        "server_ttfa_ms": summarize(vals(lambda r: r.server.get("ttfa_ms"))),
-        # the engine's part of server_ttfp: first text -> first audio on the gateway's loop
-        "engine_ttfp_ms": summarize(vals(lambda r: r.server.get("engine_ttfp_ms"))),
-        "probe_process": {
-            "processes": len(parts),
-            "cpu_s": round(sum(o["cpu_s"] for o in own), 2),
-            "wall_s": max(o["wall_s"] for o in own),
-            "loop_lag_max_ms": max(o["loop_lag_max_ms"] for o in own),
-            "loop_stalls": sum(o["loop_stalls"] for o in own),
-            "gc_pause_max_ms": max(o["gc_pause_max_ms"] for o in own),
-            "underran_while_held": sum(o["underran_while_held"] for o in own),
-        },
-    }
-    if cfg.transport == "webrtc":
-        summary["jitter_buffer_ms"] = summarize(vals(lambda r: r.jitter_buffer_ms))
-        summary["rtp_jitter_ms"] = summarize(vals(lambda r: r.rtp_jitter_ms))
-        summary["packets_received"] = int(sum(s.get("packets_received", 0) for s in receiver_stats))
-        summary["packets_lost"] = int(sum(s.get("packets_lost", 0) for s in receiver_stats))
-    return {
-        "probe": {
-            "description": cfg.describe(),
-            "config": {k: v for k, v in asdict(cfg).items() if k != "api_key"},
-            "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-            "client": f"{platform.node()} python {platform.python_version()}",
-            "server": server,
-        },
-        "summary": summary,
-        "turns": [asdict(r) for r in sorted(records, key=lambda r: r.t_start_s)],
-    }
 
 
 async def _server_info(url: str) -> dict[str, Any]:
