@@ -33,7 +33,6 @@ PORT = 18940
 # The load comes from this many loopback addresses: traffic of many users, as the server's
 # per-client quotas (a quarter of the sessions each, a fair share of the streams) expect it.
 CLIENTS = 64
-GATEWAY_SCRAPES = 32  # /metrics asked this often a point: 4 gateway processes each answer with odds > 99.9%
 
 
 def _stop(server: subprocess.Popen[bytes]) -> None:
@@ -214,19 +213,20 @@ def _gauge_max(text: str, name: str) -> float:
 
 def _gateways(base: str) -> dict[str, dict[str, float]]:
     """Each gateway process's own holds since ready (its loop late, its collections), and its loop's
-    stalls and CPU seconds so far, by pid: with several on the port (``serve --workers``) each
-    answers for itself, and a connection reaches any one, so it asks until each has answered."""
-    found: dict[str, dict[str, float]] = {}
-    for _ in range(GATEWAY_SCRAPES):
-        text = _metrics(base)
-        pid = re.search(r'^voicewire_gateway_process\{pid="(\d+)"\} ', text, re.M)
-        found[pid[1] if pid else "?"] = {
-            "loop_lag_max_since_ready_seconds": _gauge_max(text, "voicewire_gateway_loop_lag_max_since_ready_seconds"),
-            "loop_stalls": _gauge_max(text, "voicewire_gateway_loop_stalls_total"),
-            "cpu_s": _gauge_max(text, "process_cpu_seconds_total"),
-            "gc_pause_max_since_ready_seconds": _gauge_max(text, "voicewire_gateway_gc_pause_max_since_ready_seconds"),
-        }
-    return found
+    stalls and CPU seconds so far, by pid: with several on the port (``serve --workers``) whichever
+    answers gives each one's with a ``pid`` label; one alone gives its own unlabelled."""
+    text = _metrics(base)
+    samples = {(m[1], m[2] or ""): float(m[3]) for m in re.finditer(r"^(\w+)(\{[^}]*\})? (\S+)$", text, re.M)}
+    names = {
+        "loop_lag_max_since_ready_seconds": "voicewire_gateway_loop_lag_max_since_ready_seconds",
+        "loop_stalls": "voicewire_gateway_loop_stalls_total",
+        "cpu_s": "process_cpu_seconds_total",
+        "gc_pause_max_since_ready_seconds": "voicewire_gateway_gc_pause_max_since_ready_seconds",
+    }
+    return {
+        pid: {k: samples.get((n, f'{{pid="{pid}"}}'), samples.get((n, ""), 0.0)) for k, n in names.items()}
+        for pid in re.findall(r'^voicewire_gateway_process\{pid="(\d+)"\} ', text, re.M)
+    }
 
 
 def _gateway_point(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], wall_s: float) -> dict[str, Any]:

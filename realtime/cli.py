@@ -25,6 +25,7 @@ from .cli_ray import add_ray_commands, add_ray_serve_args, ray_cores, run_ray_co
 from .config import MIN_SESSIONS, GatewayConfig, IceServer, normalize_base_path, parse_networks
 from .engine_flags import (
     UsageError,
+    add_core_args,
     add_model_args,
     engine_group,
     positive_int,
@@ -151,7 +152,7 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     # each of several gateway processes on one port (gateway_procs.py): the port shared, and where
     # session tokens are spent
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--tokens-dir", help=argparse.SUPPRESS)
+    p.add_argument("--peers-dir", help=argparse.SUPPRESS)  # what the processes of a port share
     p.add_argument("--port", type=int, default=8080, help="TCP port to listen on")
     p.add_argument(
         "--log-level",
@@ -292,20 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_gateway_args(serve)
     add_model_args(serve)
-    serve.add_argument(
-        "--replicas",
-        type=int,
-        default=None,
-        help="engine cores, one process each, spread over --devices (0: the engine runs in the "
-        "gateway's process; default: 0 for the embedded voice, 1 for qwen3-tts, or one per device "
-        "when --devices is given)",
-    )
-    serve.add_argument(
-        "--devices",
-        default=None,
-        help="comma-separated devices for the engine cores, round-robin (cuda:0,cuda:1; a device "
-        "may repeat; default: --device)",
-    )
+    add_core_args(serve)
     add_ray_serve_args(serve)
     add_worker_args(serve)
     add_ray_commands(sub, _DefaultsFormatter, add_gateway_args)
@@ -387,7 +375,7 @@ def gateway_config(args: argparse.Namespace, engine: EngineConfig) -> GatewayCon
             api_keys=tuple(keys),
             allowed_origins=tuple(args.allow_origin),
             secret=token_secret(os.environ),
-            spent_dir=args.tokens_dir,
+            spent_dir=os.path.join(args.peers_dir, "spent-tokens") if args.peers_dir else None,
         ),
         max_sessions=args.max_sessions,
         max_speech_requests=args.max_speech_requests,
@@ -422,7 +410,7 @@ def _serve(
             "serving qwen3-tts with random weights (%s shapes): the audio is noise", args.qwen_size
         )
     try:
-        config = dataclasses.replace(gateway_config(args, engine), shared_port=reuse_port)
+        config = dataclasses.replace(gateway_config(args, engine), shared_port=reuse_port, peers_dir=args.peers_dir)
     except (ValueError, UsageError) as err:  # a flag's value the config refuses (a short --api-key, ...)
         print(f"voicewire serve: {err}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from voicewire.engine import MODEL_NAMES, EngineConfig
 from voicewire.engine.core import EngineGroup, GroupConfig
+from voicewire.engine.core.group import HANG_TIMEOUT_S
 
 
 class UsageError(Exception):
@@ -180,7 +181,36 @@ def engine_group(args: argparse.Namespace, engine: EngineConfig) -> EngineGroup 
         if args.devices:
             raise UsageError("--devices needs engine cores: --replicas 1 or more")
         return None
-    return EngineGroup(engine, GroupConfig(replicas=replicas, devices=_devices(args)))
+    if args.hang_timeout <= 0:
+        raise UsageError("--hang-timeout must be more than 0")
+    return EngineGroup(
+        engine, GroupConfig(replicas=replicas, devices=_devices(args), hang_timeout_s=args.hang_timeout)
+    )
+
+
+def add_core_args(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="engine cores, one process each, spread over --devices (0: the engine runs in the "
+        "gateway's process; default: 0 for the embedded voice, 1 for qwen3-tts, or one per device "
+        "when --devices is given)",
+    )
+    serve.add_argument(
+        "--devices",
+        default=None,
+        help="comma-separated devices for the engine cores, round-robin (cuda:0,cuda:1; a device "
+        "may repeat; default: --device)",
+    )
+    serve.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=HANG_TIMEOUT_S,
+        metavar="SECONDS",
+        help="an engine core that was ready and has sent no heartbeat (twice a second) for this long "
+        "is stuck: it is killed and started again",
+    )
 
 
 def _model_name(name: str) -> str:

@@ -3,10 +3,11 @@
 kernel spreads new connections over them; a session is one connection, so it stays on its process).
 
 What the processes of one port must agree on travels with them: one HMAC key for session tokens
-(``TOKEN_SECRET_ENV``, this one's where set, else a random one), and a directory where a token is
-spent once whichever process redeems it (``--tokens-dir``). SIGTERM or SIGINT goes to each (each
-drains); one that dies after it served a while is started again, one that dies at once (a taken
-port, a bad flag: it said why) ends them all.
+(``TOKEN_SECRET_ENV``, this one's where set, else a random one), and a directory they share
+(``--peers-dir``): a token is spent there once whichever process redeems it, and each keeps a
+socket there through which any one answers ``/metrics`` for all (peer_metrics.py). SIGTERM or
+SIGINT goes to each (each drains); one that dies after it served a while is started again, one that
+dies at once (a taken port, a bad flag: it said why) ends them all.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class GatewayProcesses:
         self.n, self.what = n, what
         self._dir = Path(tempfile.mkdtemp(prefix="voicewire-gateways-"))
         (self._dir / "spent-tokens").mkdir()
-        self.argv = [*argv, "--reuse-port", "--tokens-dir", str(self._dir / "spent-tokens")]
+        self.argv = [*argv, "--reuse-port", "--peers-dir", str(self._dir)]
         self.env = {**os.environ, TOKEN_SECRET_ENV: os.environ.get(TOKEN_SECRET_ENV) or secrets.token_hex(32)}
         self._procs: list[tuple[subprocess.Popen[bytes], float]] = []
         self._stopping = False

@@ -12,7 +12,8 @@ heap, in front of the same cores:
                    (gateway_procs.py): each a full gateway whose group is HostCores
 
 A core that ends after it was ready is started again (after a backoff that doubles, as
-EngineGroup's) and the file rewritten: the workers reconnect to it. A core that cannot start its
+EngineGroup's) and the file rewritten: the workers reconnect to it. One that hangs alive is killed
+once its heartbeat has stopped for ``--hang-timeout`` (SharedCore), and so started again too. A core that cannot start its
 model ends everything with its error, as one process would. SIGTERM or SIGINT: every worker drains
 (``--drain-timeout``), then the cores stop.
 """
@@ -77,8 +78,8 @@ def workers_for(args: argparse.Namespace, cores: bool) -> int:
 class _Core:
     """One replica: its current incarnation, started again when it ends after it was ready."""
 
-    def __init__(self, index: int, engine: EngineConfig) -> None:
-        self.index, self.engine = index, engine
+    def __init__(self, index: int, engine: EngineConfig, hang_timeout_s: float) -> None:
+        self.index, self.engine, self.hang_timeout_s = index, engine, hang_timeout_s
         self.shared: SharedCore | None = None
         self.ended = threading.Event()  # the current incarnation's process ended
         self.served = False  # some incarnation was ready: a later one that fails is retried
@@ -88,7 +89,7 @@ class _Core:
 
     def start(self) -> CoreEndpoint:
         self.ended.clear()
-        self.shared = SharedCore(self.engine, HOST, f"replica-{self.index}", self._on_exit)
+        self.shared = SharedCore(self.engine, HOST, f"replica-{self.index}", self._on_exit, self.hang_timeout_s)
         self.shared.start()
         self.t_up = time.monotonic()
         deadline = self.t_up + LISTEN_S
@@ -116,7 +117,10 @@ class Supervisor:
         argv = [*child_argv, "--workers", "1", "--cores-file", str(self.endpoints_file)]
         self.gateways = GatewayProcesses(workers, argv, "voicewire serve")
         devices = group.devices
-        self.cores = [_Core(i, engine_on(engine, devices[i % len(devices)])) for i in range(group.replicas)]
+        self.cores = [
+            _Core(i, engine_on(engine, devices[i % len(devices)]), group.hang_timeout_s)
+            for i in range(group.replicas)
+        ]
         self._endpoints: list[CoreEndpoint] = []
 
     def run(self) -> int:

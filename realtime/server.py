@@ -36,6 +36,7 @@ from .config import GatewayConfig
 from .gateway import GATEWAY, Gateway
 from .http_api import healthz_handler, models_handler, speech_handler
 from .http_log import RequestErrorLog, access_logger
+from .peer_metrics import render_all, serve_own
 from .proxy import trusted_proxy_middleware
 from .request_body import request_body_middleware
 from .voices_api import add_voice_routes
@@ -151,7 +152,10 @@ async def metrics_handler(request: web.Request) -> web.Response:
         refused = gw.check_key(request)
         if refused is not None:
             return refused
-    return web.Response(body=gw.metrics.render(), content_type="text/plain", charset="utf-8")
+    body = gw.metrics.render()
+    if gw.config.peers_dir is not None:  # other processes serve this port: one answer for all
+        body = await render_all(gw.config.peers_dir, body)
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
 async def rtc_configuration_handler(request: web.Request) -> web.Response:
@@ -248,6 +252,7 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None, *, reus
     runner = make_runner(app)
     await runner.setup()
     frozen = False
+    peers: web.AppRunner | None = None
     try:
         site = web.TCPSite(runner, config.host, config.port, ssl_context=tls, reuse_port=reuse_port or None)
         await site.start()
@@ -258,6 +263,8 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None, *, reus
             f"(ready once the model is warm: GET {config.base_path}/readyz)",
             flush=True,
         )
+        if config.peers_dir is not None:
+            peers = await serve_own(config.peers_dir, gw.metrics.render)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -285,6 +292,8 @@ async def serve(config: GatewayConfig, group: EngineGroup | None = None, *, reus
         await drain(app, config.drain_timeout_s)
     finally:
         gw.loop_lag.stop()
+        if peers is not None:
+            await peers.cleanup()
         await runner.cleanup()
         if frozen:
             heap.release()

@@ -6,7 +6,7 @@ to one); the group owns their lives: ``start`` brings every core up (a core that
 its model fails the whole start, as an in-process engine would), then one supervisor per core
 restarts it whenever it dies, after a backoff that doubles from ``RESTART_BACKOFF_S`` up to
 ``MAX_RESTART_BACKOFF_S`` and resets once a core has stayed up ``STABLE_UPTIME_S``. A core whose
-heartbeat stops for ``HANG_TIMEOUT_S`` is killed, and so restarted, too.
+heartbeat stops for ``hang_timeout_s`` is killed, and so restarted, too.
 """
 
 from __future__ import annotations
@@ -35,12 +35,15 @@ class GroupConfig:
     devices: tuple[str, ...] = ("cpu",)
     restart_backoff_s: float = RESTART_BACKOFF_S
     max_restart_backoff_s: float = MAX_RESTART_BACKOFF_S
+    hang_timeout_s: float = HANG_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if not self.devices or not all(self.devices):
             raise ValueError(f"devices must name at least one device, got {self.devices}")
+        if self.hang_timeout_s <= 0:
+            raise ValueError(f"hang_timeout_s must be > 0, got {self.hang_timeout_s}")
 
 
 class EngineGroup:
@@ -130,7 +133,7 @@ class EngineGroup:
     async def _watch_heartbeat(self, core: CoreClient) -> None:
         while True:
             await asyncio.sleep(1.0)
-            if core.state is CoreState.READY and core.silent_s() > HANG_TIMEOUT_S:
+            if core.state is CoreState.READY and core.silent_s() > self.group.hang_timeout_s:
                 log.error("%s sent nothing for %.0f s; killing it", core.name, core.silent_s())
                 core.kill()
 

@@ -11,10 +11,8 @@ Readiness and ``/readyz``'s rows are ``SharedCores``' (group.py), as Ray's gatew
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pickle
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +51,7 @@ class HostCores(SharedCores):
             await asyncio.sleep(0.05)
         count = len(read_endpoints(self.path))
         for i in range(count):
-            core = RemoteCoreClient(f"replica-{i}", self._locator(i), self._killer(i))
+            core = RemoteCoreClient(f"replica-{i}", self._locator(i))
             self.replicas.append(core)
             # EngineGroup's close() cancels these and closes the clients
             self._supervisors.append(
@@ -68,11 +66,3 @@ class HostCores(SharedCores):
             return read_endpoints(self.path)[i]
 
         return locate
-
-    def _killer(self, i: int) -> Any:
-        def kill() -> None:
-            """A hung core: the supervisor sees it end and starts it again."""
-            with contextlib.suppress(ProcessLookupError, FileNotFoundError, IndexError):
-                os.kill(read_endpoints(self.path)[i].pid, signal.SIGKILL)
-
-        return kill

@@ -145,7 +145,9 @@ async def _serve(spec: CoreSpec) -> None:
         if gateways is not None:
             await to_starter(ready)
         log.info("engine core ready (pid %d, %d streams)", os.getpid(), max_streams)
-        tasks.append(asyncio.create_task(core.report_stats()))
+        # A shared core's starter hears the heartbeat too: a core that hangs alive is killed by it.
+        heartbeat = (to_starter,) if gateways is not None else ()
+        tasks.append(asyncio.create_task(core.report_stats(*heartbeat)))
         if spec.parent_pid:
             tasks.append(asyncio.create_task(_watch_parent(spec.parent_pid)))
         receive = asyncio.create_task(core.receive(to_core))
@@ -290,7 +292,10 @@ class _Core:
             self._streams.pop(sid, None)
             self._consumed.pop(sid, None)
 
-    async def report_stats(self) -> None:
+    async def report_stats(self, *also: Callable[[FromCore], Coroutine[Any, Any, None]]) -> None:
+        """The counters every ``STATS_INTERVAL_S`` to the clients, and to ``also``."""
         while True:
-            await self.send(Stats(self.engine.stats, self.engine.active_streams()))
+            stats = Stats(self.engine.stats, self.engine.active_streams())
+            for send in (self.send, *also):
+                await send(stats)
             await asyncio.sleep(STATS_INTERVAL_S)

@@ -49,12 +49,11 @@ RECONNECT_MAX_BACKOFF_S = 5.0
 class RemoteCoreClient(CoreClient):
     shared = True
 
-    def __init__(self, name: str, locate: Callable[[], Awaitable[CoreEndpoint]], restart: Callable[[], None]) -> None:
+    def __init__(self, name: str, locate: Callable[[], Awaitable[CoreEndpoint]]) -> None:
         super().__init__(EngineConfig(), name=name)
         self.tag = random.randrange(2**30, 2**31)
         self._ids = itertools.count((self.tag << TAG_SHIFT) + 1)
         self._locate = locate
-        self._restart = restart
         self.endpoint: CoreEndpoint | None = None
         self._gone: str | None = None  # the incarnation that went down: not to be reconnected to
         self._link: list[asyncio.Task[None]] = []
@@ -135,10 +134,6 @@ class RemoteCoreClient(CoreClient):
             self._ctx = None
         self.state = CoreState.STOPPED
         self._closing = False
-
-    def kill(self) -> None:
-        """Have Ray kill the core's actor, which it then restarts (a hung core)."""
-        self._restart()
 
     # --- the link ------------------------------------------------------------------------------
     def _connect(self, endpoint: CoreEndpoint) -> None:

@@ -63,12 +63,6 @@ class _Actor:
         endpoint: CoreEndpoint = await asyncio.wait_for(self._handle.endpoint.remote(), LOCATE_TIMEOUT_S)
         return endpoint
 
-    def restart(self) -> None:
-        import ray
-
-        if self._handle is not None:
-            ray.kill(self._handle, no_restart=False)
-
 
 class RayCores(SharedCores):
     start_cancellable = True  # start() waits until a core is ready: as long as it takes
@@ -173,7 +167,7 @@ class RayCores(SharedCores):
         for name in names:
             if name not in known:
                 actor = _Actor(name)
-                found = RemoteCoreClient(name, actor.endpoint, actor.restart)
+                found = RemoteCoreClient(name, actor.endpoint)
                 self.replicas.append(found)
                 self._keepers[name] = asyncio.create_task(self._keep(found), name=f"keep-{name}")
                 log.info("found engine core %s", name)

@@ -1,7 +1,7 @@
 """A shared engine core's process, as its Ray actor starts and watches it (ray_actor.py).
 
     gateways ─tcp─▶ the core's PULL / ROUTER (gateways.py): commands in, audio out, no hop between
-    actor   ─ipc─▶ the core: Shutdown          core ─ipc─▶ actor: Listening, Ready, StartFailed
+    actor   ─ipc─▶ the core: Shutdown          core ─ipc─▶ actor: Listening, Ready, StartFailed, Stats
 
 The actor starts the core as ``CoreClient`` does on one host (process.py in a fresh interpreter,
 which inherits the actor's ``CUDA_VISIBLE_DEVICES``) with ``CoreSpec.gateways_host`` set: the core
@@ -10,6 +10,10 @@ where (``Listening``) before its model loads. A gateway that starts, restarts or
 Ray for them (``CoreEndpoint``), and a core that Ray restarted reports its new ones: gateways come
 and go, a core's address is the fixed point. Ray and the actor are the control plane; the audio
 goes from the core's loop straight to each gateway's socket.
+
+Once ready, the core sends its starter the heartbeat it sends its gateways (``Stats``, twice a
+second). One silent for ``hang_timeout_s`` is stuck, alive (a gateway cannot tell that from a host
+gone, nor restart it): it is killed here, and so ends as a crashed one does.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import zmq
 
 from voicewire.engine import EngineConfig
 
+from .group import HANG_TIMEOUT_S
 from .messages import Listening, Ready, Shutdown, StartFailed, decode_from_core, encode_to_core
 from .process import CoreSpec
 
@@ -57,7 +62,12 @@ class SharedCore:
     thread of its own. ``on_core_exit(code, was_ready)`` runs on that thread when the process ends."""
 
     def __init__(
-        self, engine: EngineConfig, host: str, name: str, on_core_exit: Callable[[int, bool], None]
+        self,
+        engine: EngineConfig,
+        host: str,
+        name: str,
+        on_core_exit: Callable[[int, bool], None],
+        hang_timeout_s: float = HANG_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.name = name
@@ -65,6 +75,8 @@ class SharedCore:
         self.failure: str | None = None  # why it cannot serve (StartFailed, or its exit)
         self._host = host
         self._on_core_exit = on_core_exit
+        self._hang_timeout_s = hang_timeout_s
+        self._heard_at = 0.0  # when the core last said anything
         self._listening: Listening | None = None
         self._heard = threading.Event()  # Listening came, or the core ended before it
         self._ctx = zmq.Context()
@@ -140,6 +152,10 @@ class SharedCore:
         while not self._stopping.is_set():
             if self._from_core.poll(POLL_MS):
                 self._drain()
+            silent_s = time.monotonic() - self._heard_at
+            if self.ready.is_set() and silent_s > self._hang_timeout_s and self._process.poll() is None:
+                log.error("%s sent nothing for %.0f s; killing it", self.name, silent_s)
+                self._process.kill()
             code = self._process.poll()
             if code is not None:
                 self._drain()  # what it said before it ended (a StartFailed)
@@ -160,6 +176,7 @@ class SharedCore:
                 msg = decode_from_core(self._from_core.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
+            self._heard_at = time.monotonic()
             if isinstance(msg, Listening):
                 self._listening = msg
                 self._heard.set()

@@ -42,7 +42,7 @@ def gateway(core: SharedCore, name: str) -> RemoteCoreClient:
     async def locate() -> CoreEndpoint:
         return await asyncio.get_running_loop().run_in_executor(None, core.endpoint, "127.0.0.1", "node")
 
-    return RemoteCoreClient(name, locate, lambda: None)
+    return RemoteCoreClient(name, locate)
 
 
 @pytest_asyncio.fixture(loop_scope="module")

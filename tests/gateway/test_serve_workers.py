@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from typing import Any
 import psutil
 import pytest
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port, speak_turn
 from voicewire.realtime.client import VoicewireClient
@@ -39,6 +41,24 @@ def _readyz(port: int) -> dict[str, Any]:
         return dict(json.loads(err.read()))
 
 
+Sample = tuple[str, frozenset[tuple[str, str]]]
+
+
+def _metrics(port: int) -> dict[Sample, float]:
+    """/metrics' samples by name and labels, as Prometheus reads them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _sample(name: str, **labels: str) -> Sample:
+    return name, frozenset(labels.items())
+
+
 def _wait_ready(port: int, timeout_s: float, restarts: int = 0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     body: dict[str, Any] = {}
@@ -53,11 +73,11 @@ def _wait_ready(port: int, timeout_s: float, restarts: int = 0) -> dict[str, Any
     raise AssertionError(f"not ready within {timeout_s} s: {body}")
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[int, subprocess.Popen[str]]]:
+@contextlib.contextmanager
+def _serving(*flags: str) -> Iterator[tuple[int, subprocess.Popen[str]]]:
     port = free_port()
     proc = subprocess.Popen(
-        [*SERVE, "--port", str(port), "--replicas", "1", "--workers", "2"],
+        [*SERVE, "--port", str(port), "--replicas", "1", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -69,6 +89,12 @@ def served() -> Iterator[tuple[int, subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    with _serving("--workers", "2") as server:
+        yield server
 
 
 async def _turn(port: int, text: str) -> str:
@@ -95,6 +121,11 @@ def test_workers_share_the_port_in_front_of_one_core_and_stop_together(
         await asyncio.gather(*(_turn(port, f"Turn number {i} is spoken.") for i in range(4)))
 
     asyncio.run(turns())
+    for _ in range(6):  # whichever process is asked answers for both
+        metrics = _metrics(port)
+        assert metrics[_sample("voicewire_gateway_processes")] == 2
+        assert metrics[_sample("voicewire_turns_total", reason="completed", transport="websocket")] == 4
+        assert {_sample("process_cpu_seconds_total", pid=str(p)) for p in answered} <= metrics.keys()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
@@ -114,6 +145,23 @@ def test_a_core_that_dies_is_started_again_and_the_workers_reconnect(
     for _ in range(6):  # whichever worker takes the connection has reconnected
         assert _readyz(port)["status"] == "ready"
     asyncio.run(_turn(port, "Back after the core was started again."))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_core_that_hangs_alive_is_killed_and_started_again(workers: int) -> None:
+    """A stopped core keeps its sockets and sends nothing: after --hang-timeout whoever started it
+    (the gateway's group in one process, the supervisor with workers) kills it and starts another."""
+    with _serving("--workers", str(workers), "--hang-timeout", "3") as (port, _):
+        core = psutil.Process(_readyz(port)["replicas"][0]["pid"])
+        core.suspend()
+        try:
+            body = _wait_ready(port, 45, restarts=1)
+            assert body["replicas"][0]["pid"] != core.pid
+            assert not psutil.wait_procs([core], timeout=10)[1]  # killed, not left stopped
+        finally:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                core.kill()
+        asyncio.run(_turn(port, "Back after the core hung."))
 
 
 def test_a_model_that_cannot_start_ends_serve_with_its_error_in_one_line() -> None:
