@@ -29,6 +29,7 @@ from .auth import Authenticator, AuthError, api_key_from_headers, token_from_req
 from .config import MIN_SESSIONS, GatewayConfig
 from .log_limit import LogLimiter
 from .metrics import GatewayMetrics
+from .peer_holds import PeerHolds
 from .proxy import client_address
 from .quotas import Client, ClientLedger, StreamShare, client_id
 from .voices import VoiceStore
@@ -56,6 +57,8 @@ class Gateway:
     group: EngineGroup | None = None  # the engine cores, when the engine runs out of process
     voices: VoiceStore = field(default_factory=VoiceStore)  # cloned voices (voices_api.py)
     clients: ClientLedger = field(default_factory=ClientLedger)  # what each client holds (quotas.py)
+    # with other processes on the port: each client's sessions and speech requests over all of them
+    peer_holds: PeerHolds | None = None
     loop_lag: LoopLag = field(default_factory=LoopLag)  # this process's loop, watched once ready (serve)
 
     @classmethod
@@ -66,6 +69,8 @@ class Gateway:
         voices = VoiceStore(config.voices_dir, shared=config.shared_port)
         voices.load()  # small files (a few KB a voice): read before the port opens
         gw = cls(config, engines, Authenticator(config.auth), GatewayMetrics(engines), group=group, voices=voices)
+        if config.peers_dir is not None:
+            gw.peer_holds = PeerHolds(config.peers_dir)
         gw.metrics.watch_clients(gw.clients)
         gw.metrics.watch_process(gw.loop_lag)
         return gw
@@ -151,9 +156,10 @@ class Gateway:
             held, quota, what = client.sessions, quotas.sessions(self.session_limit()), "sessions"
         else:
             held, quota, what = client.speech_requests, quotas.speech_requests(self.speech_limit()), "speech requests"
-        if quota is not None and held >= quota:
+        kind = what.split()[0]
+        if quota is not None and not self._hold(client, kind, held, quota):
             self.clients.release(client)
-            self.metrics.quota_refusals.labels(what.split()[0]).inc()
+            self.metrics.quota_refusals.labels(kind).inc()
             resp = self.refuse(request, 429, "quota_exceeded", f"a client may hold at most {quota} {what} at once")
             resp.headers["Retry-After"] = "1"
             return resp
@@ -163,11 +169,26 @@ class Gateway:
             client.speech_requests += 1
         return client
 
+    def _hold(self, client: Client, kind: str, held: int, quota: int) -> bool:
+        """One more of ``kind`` for ``client`` within ``quota``: as this process counts, or over every
+        process of the port."""
+        if self.peer_holds is None:
+            return held < quota
+        hold = self.peer_holds.take(client.id, kind, quota)
+        if hold is not None:
+            client.peer_holds.append(hold)
+        return hold is not None
+
     def give_client(self, client: Client, *, session: bool = False, speech: bool = False) -> None:
         if session:
             client.sessions -= 1
         if speech:
             client.speech_requests -= 1
+        for kind in ("sessions",) * session + ("speech",) * speech:
+            hold = next((h for h in client.peer_holds if h.name.startswith(f"{kind}.")), None)
+            if hold is not None:
+                client.peer_holds.remove(hold)
+                PeerHolds.give(hold)
         self.clients.release(client)
 
     def stream_share(self, client: Client) -> StreamShare:

@@ -4,8 +4,9 @@ kernel spreads new connections over them; a session is one connection, so it sta
 
 What the processes of one port must agree on travels with them: one HMAC key for session tokens
 (``TOKEN_SECRET_ENV``, this one's where set, else a random one), and a directory they share
-(``--peers-dir``): a token is spent there once whichever process redeems it, and each keeps a
-socket there through which any one answers ``/metrics`` for all (peer_metrics.py). SIGTERM or
+(``--peers-dir``): a token is spent there once whichever process redeems it, each client's sessions
+and speech requests are counted there over all of them (peer_holds.py), and each keeps a socket
+there through which any one answers ``/metrics`` for all (peer_metrics.py). SIGTERM or
 SIGINT goes to each (each drains); one that dies after it served a while is started again, one that
 dies at once (a taken port, a bad flag: it said why) ends them all.
 """
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .auth import TOKEN_SECRET_ENV
+from .peer_holds import forget
 
 RESTART_UPTIME_S = 10.0  # a process that ran this long and died is restarted; a quicker death ends it all
 POLL_S = 0.2
@@ -65,6 +67,7 @@ class GatewayProcesses:
                         continue
                     if rc != 0 and time.monotonic() - t_start > RESTART_UPTIME_S:
                         print(f"{self.what}: gateway process {p.pid} died ({rc}); starting another", file=sys.stderr)
+                        forget(self._dir, p.pid)  # its clients' sessions and speech requests ended with it
                         self._procs[i] = (self._spawn(), time.monotonic())
                     elif rc != 0:
                         code = code or rc

@@ -27,7 +27,7 @@ import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port, speak_turn
-from voicewire.realtime.client import VoicewireClient
+from voicewire.realtime.client import VoicewireClient, VoicewireError
 from voicewire.realtime.serve_workers import workers_for
 
 SERVE = [sys.executable, "-m", "voicewire.realtime.cli", "serve"]
@@ -162,6 +162,30 @@ def test_a_core_that_hangs_alive_is_killed_and_started_again(workers: int) -> No
             with contextlib.suppress(psutil.NoSuchProcess):
                 core.kill()
         asyncio.run(_turn(port, "Back after the core hung."))
+
+
+def test_a_clients_session_quota_holds_over_every_process() -> None:
+    """Its connections reach either process (the kernel hashes each one's port): the quota counts
+    them all, and a session given back in one process is one to take in any."""
+
+    async def sessions(port: int) -> None:
+        url = f"http://127.0.0.1:{port}"
+        held, refused, reached = [], 0, set()
+        for _ in range(10):
+            reached.add(_readyz(port)["gateway_pid"])
+            try:
+                held.append(await VoicewireClient.connect(url))
+            except VoicewireError as err:
+                assert err.code == "quota_exceeded", err
+                refused += 1
+        assert (len(held), refused, len(reached)) == (2, 8, 2)
+        await held.pop().close()
+        held.append(await VoicewireClient.connect(url))
+        for client in held:
+            await client.close()
+
+    with _serving("--workers", "2", "--max-sessions-per-client", "2") as (port, _):
+        asyncio.run(sessions(port))
 
 
 def test_a_model_that_cannot_start_ends_serve_with_its_error_in_one_line() -> None:
