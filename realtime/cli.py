@@ -149,10 +149,10 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
     """The gateway's flags (``serve`` and ``gateway``): listening, logs, auth, limits, deployment."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    # each of several gateway processes on one port (gateway_procs.py): the port shared, and where
-    # session tokens are spent
+    # each of several gateway processes on one port (gateway_procs.py): the port shared, and the
+    # directory they share
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--peers-dir", help=argparse.SUPPRESS)  # what the processes of a port share
+    p.add_argument("--peers-dir", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=8080, help="TCP port to listen on")
     p.add_argument(
         "--log-level",
@@ -395,6 +395,7 @@ def gateway_config(args: argparse.Namespace, engine: EngineConfig) -> GatewayCon
         tls_key_file=args.tls_key,
         ice_servers=_ice_servers(args),
         demo_token_url=args.demo_token_url,
+        peers_dir=args.peers_dir,
     )
 
 
@@ -410,7 +411,7 @@ def _serve(
             "serving qwen3-tts with random weights (%s shapes): the audio is noise", args.qwen_size
         )
     try:
-        config = dataclasses.replace(gateway_config(args, engine), shared_port=reuse_port, peers_dir=args.peers_dir)
+        config = dataclasses.replace(gateway_config(args, engine), shared_port=reuse_port)
     except (ValueError, UsageError) as err:  # a flag's value the config refuses (a short --api-key, ...)
         print(f"voicewire serve: {err}", file=sys.stderr)
         return 2

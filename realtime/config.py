@@ -137,8 +137,9 @@ class GatewayConfig:
     # Other gateway processes serve this port (SO_REUSEPORT: `serve --workers`, `gateway --workers`):
     # what they share (the cloned voices) is read from disk, not kept as this process saw it.
     shared_port: bool = False
-    # The directory those processes share (gateway_procs.py): spent session tokens, and a socket
-    # each through which one /metrics answers for all (peer_metrics.py). None: this process alone.
+    # The directory those processes share (gateway_procs.py): spent session tokens, each client's
+    # sessions and speech requests (peer_holds.py), and a socket each through which one /metrics
+    # answers for all (peer_metrics.py). None: this process alone.
     peers_dir: str | None = None
 
     def __post_init__(self) -> None:
