@@ -153,10 +153,10 @@ class Gateway:
         client = self.clients.get(client_id(request, self.auth.config.enabled))
         quotas = self.config.quotas
         if session:
-            held, quota, what = client.sessions, quotas.sessions(self.session_limit()), "sessions"
+            held, quota, what, kind = client.sessions, quotas.sessions(self.session_limit()), "sessions", "sessions"
         else:
-            held, quota, what = client.speech_requests, quotas.speech_requests(self.speech_limit()), "speech requests"
-        kind = what.split()[0]
+            held, quota = client.speech_requests, quotas.speech_requests(self.speech_limit())
+            what, kind = "speech requests", "speech"
         if quota is not None and not self._hold(client, kind, held, quota):
             self.clients.release(client)
             self.metrics.quota_refusals.labels(kind).inc()
@@ -176,7 +176,7 @@ class Gateway:
             return held < quota
         hold = self.peer_holds.take(client.id, kind, quota)
         if hold is not None:
-            client.peer_holds.append(hold)
+            client.peer_holds.setdefault(kind, []).append(hold)
         return hold is not None
 
     def give_client(self, client: Client, *, session: bool = False, speech: bool = False) -> None:
@@ -184,11 +184,9 @@ class Gateway:
             client.sessions -= 1
         if speech:
             client.speech_requests -= 1
-        for kind in ("sessions",) * session + ("speech",) * speech:
-            hold = next((h for h in client.peer_holds if h.name.startswith(f"{kind}.")), None)
-            if hold is not None:
-                client.peer_holds.remove(hold)
-                PeerHolds.give(hold)
+        for kind, given in (("sessions", session), ("speech", speech)):
+            if given and client.peer_holds.get(kind):
+                PeerHolds.give(client.peer_holds[kind].pop())
         self.clients.release(client)
 
     def stream_share(self, client: Client) -> StreamShare:
