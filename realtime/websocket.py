@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -98,13 +99,23 @@ async def stream_handler(request: web.Request) -> web.StreamResponse:
     client = gw.take_client(request, session=True)
     if isinstance(client, web.Response):
         return client
+    given = False
+
+    def give_back() -> None:
+        nonlocal given
+        if not given:
+            given = True
+            gw.give_client(client, session=True)
+
     try:
-        return await _serve_session(request, gw, client)
+        return await _serve_session(request, gw, client, give_back)
     finally:
-        gw.give_client(client, session=True)
+        give_back()
 
 
-async def _serve_session(request: web.Request, gw: Gateway, client: Client) -> web.WebSocketResponse:
+async def _serve_session(
+    request: web.Request, gw: Gateway, client: Client, give_back: Callable[[], None]
+) -> web.WebSocketResponse:
     engine, cfg = gw.pick_engine(), gw.config
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     ws = web.WebSocketResponse(
@@ -112,6 +123,9 @@ async def _serve_session(request: web.Request, gw: Gateway, client: Client) -> w
         heartbeat=cfg.ws_heartbeat_s,
         compress=False,
         timeout=CLOSE_HANDSHAKE_TIMEOUT_S,
+        # The close reply waits for the session's end, holds given back: a client that has seen its
+        # session closed may open the next at once, within its quota.
+        autoclose=False,
         # A browser fails the handshake unless the server selects the token subprotocol it offered.
         protocols=[p for p in offered if p.startswith(TOKEN_SUBPROTOCOL_PREFIX)][:1],
     )
@@ -144,6 +158,7 @@ async def _serve_session(request: web.Request, gw: Gateway, client: Client) -> w
         gw.sessions.discard(session)
         gw.metrics.sessions.labels("websocket").dec()
         await session.close()
+        give_back()
         if close is not None:
             code, why = close
             log.info("session %s: closing with %d (%s)", session.session_id, code, why)
