@@ -9,6 +9,8 @@
 #     soak                 100 sessions for 5 min, 0.5-2 s pauses (overloads 2 cores) -> soak_cpu.json
 #     soak-conversational  the same with 3-6 s pauses                   -> soak_cpu_conversational.json
 #     words                the embedded voice's word timings vs onsets and faster-whisper -> word_timing_cpu.json
+#     wer                  WER of 16 agent replies through `voicewire serve`: WebSocket whole, WebSocket a word
+#                          a delta at 30/s, HTTP speech (Whisper tiny.en)               -> intelligibility_cpu.json
 #     queue                the same overload with the admission queue off and on (2 streams)  -> admission_queue_cpu.json
 #     core                 the engine-core boundary per chunk, engine TTFP in process and through a core,
 #                          10 WebRTC peers' packet gaps with the engine in and out of the gateway -> core_ipc_cpu.json
@@ -81,6 +83,11 @@ fi
 if want words; then
   step words 600 "$PY" benchmarks/word_timing.py --out "$OUT/word_timing_cpu.json"
   stamp "$OUT/word_timing_cpu.json"
+fi
+
+if want wer; then
+  step wer 600 "$PY" benchmarks/intelligibility.py --out "$OUT/intelligibility_cpu.json"
+  stamp "$OUT/intelligibility_cpu.json"
 fi
 
 if want sim; then
