@@ -229,8 +229,7 @@ FUSED_VARIANTS: dict[str, FusedSettings] = {
     "fused-prefetch-all": FusedSettings(prefetch_kib=1 << 16),  # whole weight bands prefetched
     "fused-nogemv": FusedSettings(gemv_rows=0),  # one and two rows on the tiled kernel too
     "fused-gemv1": FusedSettings(gemv_rows=1),  # two rows on the tiled kernel
-    "fused-split-prologue": FusedSettings(attend_prologue_rows=0),  # q/k norm + RoPE a launch of its own
-    "fused-prologue-all": FusedSettings(attend_prologue_rows=1 << 20),  # ... inside attention at any batch
+    "fused-split-prologue": FusedSettings(attend_prologue=False),  # q/k norm + RoPE a launch of its own
 }
 
 

@@ -1,11 +1,12 @@
-"""The frame step's decode work on fused Triton kernels: 6 launches per decoder layer (5 in a frame of one
-or two streams; 9 above 8 rows, 11 above 128), against ~20 for the unfused layers even after torch.compile.
+"""The frame step's decode work on fused Triton kernels: 5 launches per decoder layer of a frame (a prefill's
+rows and the code predictor's pair pass 6; 3 more above 8 rows, 5 above 128), against ~20 for the unfused
+layers even after torch.compile.
 
     qkv  = rms_norm(x) @ Wqkv^T                       fused_linear (norm prologue)
     q    = rope(norm(q)); cache <- rope(norm(k)), v   qk_norm_rope_store (through the block table)
     a    = attention(q, cache[slot][:pos + 1])         decode_attention (+ a combine launch when split)
-                                                      (one launch at a few rows that each have a
-                                                      slot of their own: qk_norm_rope_attend)
+                                                      (both in one launch where every row has a slot
+                                                      of its own: qk_norm_rope_attend)
     x    = x + a @ Wo^T                               fused_linear (residual epilogue)
     g    = silu(n @ Wg^T) * (n @ Wu^T), n = norm(x)   fused_linear (norm prologue, SwiGLU epilogue)
     x    = x + g @ Wd^T                               fused_linear (residual epilogue)
@@ -144,7 +145,7 @@ class FusedDecode:
         self.cublas_rows, self.pdl = settings.cublas_rows, settings.pdl
         self.residual_cublas_rows, self.prefill = settings.residual_cublas_rows, settings.prefill
         self.prefetch_bytes, self.gemv_rows = settings.prefetch_bytes, settings.gemv_rows
-        self.attend_prologue_rows = settings.attend_prologue_rows
+        self.attend_prologue = settings.attend_prologue
         self._rows: dict[int, _Rows] = {}
 
     # --- the talker -------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ class FusedDecode:
     ) -> Tensor:
         m = x.shape[0]
         qkv = self._linear(x, w.qkv, w.ln1, w.eps)
-        if own_slots and m <= self.attend_prologue_rows:
+        if own_slots and self.attend_prologue:
             a = qk_norm_rope_attend(
                 qkv,
                 w.q_norm,

@@ -49,10 +49,9 @@ def _model(fused: bool, settings: FusedSettings | None = None) -> Qwen3TTSModel:
     [
         FusedSettings(),
         FusedSettings(cublas_rows=0, residual_cublas_rows=0),
-        FusedSettings(attend_prologue_rows=0),
-        FusedSettings(attend_prologue_rows=1 << 20),
+        FusedSettings(attend_prologue=False),
     ],
-    ids=["fused-linears", "norm+cublas-linears", "prologue-apart", "prologue-in-attention"],
+    ids=["fused-linears", "norm+cublas-linears", "prologue-apart"],
 )
 def test_fused_step_gives_the_unfused_codes_and_cache(settings: FusedSettings) -> None:
     """Both ways of running the linears: the fused kernels (few rows) and norm + GEMM + epilogue (many);
