@@ -229,7 +229,6 @@ FUSED_VARIANTS: dict[str, FusedSettings] = {
     "fused-prefetch-all": FusedSettings(prefetch_kib=1 << 16),  # whole weight bands prefetched
     "fused-nogemv": FusedSettings(gemv_rows=0),  # one and two rows on the tiled kernel too
     "fused-gemv1": FusedSettings(gemv_rows=1),  # two rows on the tiled kernel
-    "fused-split-prologue": FusedSettings(attend_prologue=False),  # q/k norm + RoPE a launch of its own
 }
 
 

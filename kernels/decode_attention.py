@@ -32,13 +32,6 @@ Algorithm (FlashDecoding with the GQA group packed into the M dimension of the m
    S partials: out = sum_s 2^(lse_s - max) * o_s / sum_s 2^(lse_s - max). An empty split (length shorter
    than the split start) writes lse = -inf and weighs nothing.
 
-With a ``QKVPrologue`` (decode rows that each add one token to their own slot: the talker's frame, the
-code predictor's one-row passes) the kernel also does qk_norm_rope.py's work, one launch a layer fewer
-in a B = 1 frame's chain of ~700: each program norms and rotates its G queries and its KV head's new
-key from the q|k|v row (a few hundred elements, cheaper than a launch), walks the cache before the new
-token, and the split holding the new token writes its key and value to the cache and folds it into its
-softmax from registers. No program reads a cache entry this launch writes.
-
 The number of splits is chosen on the host from the batch size and an upper bound on the lengths that the
 caller already knows (no device->host sync): the fewest splits that fill whole waves of programs across
 the GPU's multiprocessors, each split keeping at least MIN_TOKENS_PER_SPLIT tokens. Plan once per step
@@ -59,15 +52,18 @@ import triton.language as tl
 
 from voicewire.kernels.decode_attention_plan import (
     DecodeAttentionPlan,
-    QKVPrologue,
-    check_decode_bounds,
-    check_decode_inputs,
     contiguous_block_table,
     plan_decode_attention,
 )
-from voicewire.kernels.launch_checks import LOG2_E, MIN_DOT_DIM
+from voicewire.kernels.launch_checks import (
+    LOG2_E,
+    MIN_DOT_DIM,
+    SUPPORTED_DTYPES,
+    check_index,
+    check_same_device_unit_stride,
+    check_values_in_range,
+)
 from voicewire.kernels.pdl import pdl_enter, pdl_launch
-from voicewire.kernels.qk_rope import rope_angles, rope_heads
 
 
 @triton.jit
@@ -99,12 +95,6 @@ def _decode_attention_kernel(
     stride_ps,
     stride_lb,
     stride_lh,
-    qkv_ptr,
-    q_norm_ptr,
-    k_norm_ptr,
-    inv_freq_ptr,
-    stride_qkv,
-    eps,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -112,9 +102,6 @@ def _decode_attention_kernel(
     PAGE: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    PROLOGUE: tl.constexpr,
-    Q_HEADS: tl.constexpr,
-    KV_HEADS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
@@ -132,35 +119,22 @@ def _decode_attention_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + offs_h  # query heads of this KV head (GQA: head i reads KV head i // G)
     head_mask = offs_h < GROUP
+
+    q = tl.load(
+        q_ptr + row.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=head_mask[:, None],
+        other=0.0,
+    )  # (BLOCK_H, D)
     k_head = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_head = v_ptr + kv_head.to(tl.int64) * stride_vh
-
-    if PROLOGUE:  # q and the new token's k, v from the q|k|v row (module docstring); the cache up to it
-        pos = length - 1
-        qkv_row = qkv_ptr + row.to(tl.int64) * stride_qkv
-        cos, sin = rope_angles(pos, inv_freq_ptr, tl.arange(0, HEAD_DIM // 2), qkv_ptr.dtype.element_ty)
-        q_src = qkv_row + heads[:, None] * HEAD_DIM
-        q = rope_heads(q_src, head_mask[:, None], q_norm_ptr, cos, sin, eps, HEAD_DIM)  # (BLOCK_H, D)
-        one = tl.arange(0, 1)[:, None]  # the KV head as a one-head tile
-        k_src = qkv_row + (Q_HEADS + kv_head + one) * HEAD_DIM
-        k_new = rope_heads(k_src, one == 0, k_norm_ptr, cos, sin, eps, HEAD_DIM)  # (1, D)
-        v_new = tl.load(qkv_row + (Q_HEADS + KV_HEADS + kv_head) * HEAD_DIM + offs_d[None, :])  # (1, D)
-        cached = tl.minimum(hi, pos)
-    else:
-        q = tl.load(
-            q_ptr + row.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=head_mask[:, None],
-            other=0.0,
-        )  # (BLOCK_H, D)
-        cached = hi
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
-    # Every iteration holds at least one valid token (start < cached): m_new is finite from the first one on.
-    for start in range(lo, cached, BLOCK_N):
+    # Every iteration holds at least one valid token (start < hi), so m_new is finite from the first one on.
+    for start in range(lo, hi, BLOCK_N):
         tokens = start + offs_n
-        token_mask = tokens < cached
+        token_mask = tokens < hi
         # The tile's page, once per tile. int64: 16k blocks x 8 heads x 64 tokens x 128 dims is 2^30
         # elements per layer, past int32 offsets at twice that.
         block = tl.load(table_row + start // PAGE).to(tl.int64)
@@ -182,20 +156,6 @@ def _decode_attention_kernel(
         )  # (BLOCK_N, D)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
-
-    if PROLOGUE:  # noqa: SIM102 (a constexpr branch: compiled out when off)
-        if (lo <= pos) & (pos < hi):  # the new token's split: it writes it to the cache and attends to it
-            block = tl.load(table_row + pos // PAGE).to(tl.int64)
-            at = pos % PAGE
-            tl.store(k_head + block * stride_kb + at * stride_kt + offs_d[None, :], k_new)
-            tl.store(v_head + block * stride_vb + at * stride_vt + offs_d[None, :], v_new)
-            score = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * qk_scale_log2  # (BLOCK_H,)
-            m_new = tl.maximum(m_i, score)
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(score - m_new)
-            l_i = l_i * alpha + p
-            acc = acc * alpha[:, None] + p.to(v_new.dtype).to(tl.float32)[:, None] * v_new.to(tl.float32)
-            m_i = m_new
 
     # An empty range (length 0, or a split past the length) leaves l = 0, acc = 0: output 0, lse = -inf.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -255,6 +215,64 @@ def _decode_combine_kernel(
     tl.store(out, o.to(out_ptr.dtype.element_ty))
 
 
+def _check_decode_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_idx: torch.Tensor,
+    lengths: torch.Tensor,
+    out: torch.Tensor | None,
+) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be (B, Hq, D), got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must both be (num_blocks, Hkv, PAGE, D), got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    batch, q_heads, head_dim = q.shape
+    _, kv_heads, _, cache_dim = k_cache.shape
+    if cache_dim != head_dim:
+        raise ValueError(f"head_dim of q ({head_dim}) and of the cache ({cache_dim}) differ")
+    if head_dim < MIN_DOT_DIM or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= {MIN_DOT_DIM}, got {head_dim}")
+    if q_heads % kv_heads:
+        raise ValueError(f"query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"q dtype must be one of {SUPPORTED_DTYPES}, got {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[1] < 1:
+        raise TypeError(
+            f"block_table must be int32 (S, max_blocks), got {block_table.dtype} {tuple(block_table.shape)}"
+        )
+    check_index("slot_idx", slot_idx, batch)
+    check_index("lengths", lengths, batch)
+    tensors = {
+        "q": q,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "block_table": block_table,
+        "slot_idx": slot_idx,
+        "lengths": lengths,
+    }
+    if out is not None:
+        if out.shape != q.shape or out.dtype != q.dtype:
+            raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+        tensors["out"] = out
+    check_same_device_unit_stride(tensors, q.device)
+
+
+def _check_decode_bounds(
+    block_table: torch.Tensor, slot_idx: torch.Tensor, lengths: torch.Tensor, num_blocks: int, length_bound: int
+) -> None:
+    """Value checks that need a device->host sync: debugging and tests only, never in the hot path."""
+    check_values_in_range("slot_idx", slot_idx, 0, block_table.shape[0] - 1)
+    check_values_in_range("lengths (bound: the plan's and the block table's)", lengths, 0, length_bound)
+    check_values_in_range("block_table", block_table, 0, num_blocks - 1)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -269,7 +287,6 @@ def decode_attention(
     out: torch.Tensor | None = None,
     check_bounds: bool = False,
     pdl: bool = False,
-    prologue: QKVPrologue | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per row over the first `lengths[b]` cached keys of its slot.
 
@@ -281,16 +298,12 @@ def decode_attention(
     upper bound on every length (e.g. the longest stream's position + 1, or max_blocks x PAGE). Lengths
     above the bound are silently truncated to it: the bound is a promise, checked only with
     `check_bounds=True` (which syncs). Returns out (B, Hq, D) in q's dtype (written into `out` when given).
-    With ``prologue`` (qk_norm_rope.py's ``qk_norm_rope_attend``) q is not read: its queries and new keys
-    come from ``prologue.qkv``, and q gives only their shape and dtype (pass ``out``).
     """
     if block_table is None:
         block_table = contiguous_block_table(k_cache.shape[0], q.device)
-    check_decode_inputs(q, k_cache, v_cache, block_table, slot_idx, lengths, out)
+    _check_decode_inputs(q, k_cache, v_cache, block_table, slot_idx, lengths, out)
     batch, q_heads, head_dim = q.shape
     num_blocks, kv_heads, page, _ = k_cache.shape
-    if prologue is not None:
-        prologue.check(q.shape, kv_heads, q.dtype)
     cache_len = block_table.shape[1] * page
     if plan is None:
         if max_len_bound is None:
@@ -302,7 +315,7 @@ def decode_attention(
             "lie in one page (or every slot be one page)"
         )
     if check_bounds:
-        check_decode_bounds(block_table, slot_idx, lengths, num_blocks, min(plan.max_len_bound, cache_len))
+        _check_decode_bounds(block_table, slot_idx, lengths, num_blocks, min(plan.max_len_bound, cache_len))
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -322,7 +335,7 @@ def decode_attention(
     else:
         part_o = part_lse = out  # unused placeholders: the SPLIT=False kernel never touches them
 
-    launch, p = pdl_launch(pdl, q.device), prologue
+    launch = pdl_launch(pdl, q.device)
     _decode_attention_kernel[(batch, kv_heads, plan.num_splits)](
         q,
         k_cache,
@@ -351,10 +364,6 @@ def decode_attention(
         part_o.stride(2) if split else 0,
         part_lse.stride(0) if split else 0,
         part_lse.stride(1) if split else 0,
-        # the prologue's tensors, or q standing in for them (PROLOGUE=False never reads them)
-        *(
-            (q, q, q, q, 0, 0.0) if p is None else (p.qkv, p.q_norm, p.k_norm, p.inv_freq, p.qkv.stride(0), p.eps)
-        ),
         GROUP=group,
         BLOCK_H=block_h,
         BLOCK_N=plan.block_n,
@@ -362,9 +371,6 @@ def decode_attention(
         PAGE=page,
         SPLIT=split,
         DOT_PRECISION=dot_precision,
-        PROLOGUE=prologue is not None,
-        Q_HEADS=q_heads,
-        KV_HEADS=kv_heads,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
         **launch,

@@ -15,13 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from voicewire.kernels.launch_checks import (
-    MIN_DOT_DIM,
-    SUPPORTED_DTYPES,
-    check_index,
-    check_same_device_unit_stride,
-    check_values_in_range,
-)
+from voicewire.kernels.launch_checks import MIN_DOT_DIM
 
 # Tile of keys per loop iteration: 64 tokens x 128 dims x 2 B = 16 KiB of K (and as much V) per stage,
 # loaded with cp.async, 16 B per thread per load (seen in the sm_90 PTX of Triton 3.9).
@@ -128,90 +122,3 @@ def contiguous_block_table(num_slots: int, device: torch.device | str) -> torch.
     """(num_slots, 1) int32, row s = [s]: a slot-contiguous (num_slots, Hkv, L, D) cache as one page of
     L tokens per slot. Make it once and keep it (graphs capture its address)."""
     return torch.arange(num_slots, dtype=torch.int32, device=device)[:, None]
-
-
-@dataclass(frozen=True)
-class QKVPrologue:
-    """Qwen3's attention prologue (kernels/qk_norm_rope.py) folded into the attention kernel, one launch a
-    layer fewer: each row's queries and its new token come from its q|k|v projection, the token at
-    position ``lengths - 1`` of the row's own slot (no two rows may share a slot: a row reads no key
-    that another row of the launch writes). The kernel norms and rotates them as qk_norm_rope_store does,
-    writes the new key and value into the cache, and attends over the cache before it plus the new token."""
-
-    qkv: torch.Tensor  # (B, (Hq + 2 Hkv) D)
-    q_norm: torch.Tensor  # (D,)
-    k_norm: torch.Tensor  # (D,)
-    inv_freq: torch.Tensor  # (D / 2,) float32
-    eps: float
-
-    def check(self, q_shape: torch.Size, kv_heads: int, dtype: torch.dtype) -> None:
-        batch, q_heads, head_dim = q_shape
-        if self.qkv.shape != (batch, (q_heads + 2 * kv_heads) * head_dim) or self.qkv.dtype != dtype:
-            raise ValueError(
-                f"qkv must be ({batch}, ({q_heads} + 2 x {kv_heads}) x {head_dim}) {dtype}, "
-                f"got {tuple(self.qkv.shape)} {self.qkv.dtype}"
-            )
-        if self.q_norm.shape != (head_dim,) or self.k_norm.shape != (head_dim,):
-            raise ValueError("q_norm / k_norm must be (D,)")
-        if self.inv_freq.shape != (head_dim // 2,) or self.inv_freq.dtype != torch.float32:
-            raise TypeError("inv_freq must be (D / 2,) float32")
-        tensors = {"qkv": self.qkv, "q_norm": self.q_norm, "k_norm": self.k_norm, "inv_freq": self.inv_freq}
-        check_same_device_unit_stride(tensors, self.qkv.device)
-
-
-def check_decode_inputs(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    slot_idx: torch.Tensor,
-    lengths: torch.Tensor,
-    out: torch.Tensor | None,
-) -> None:
-    if q.dim() != 3:
-        raise ValueError(f"q must be (B, Hq, D), got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be (num_blocks, Hkv, PAGE, D), got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    batch, q_heads, head_dim = q.shape
-    _, kv_heads, _, cache_dim = k_cache.shape
-    if cache_dim != head_dim:
-        raise ValueError(f"head_dim of q ({head_dim}) and of the cache ({cache_dim}) differ")
-    if head_dim < MIN_DOT_DIM or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two >= {MIN_DOT_DIM}, got {head_dim}")
-    if q_heads % kv_heads:
-        raise ValueError(f"query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"q dtype must be one of {SUPPORTED_DTYPES}, got {q.dtype}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[1] < 1:
-        raise TypeError(
-            f"block_table must be int32 (S, max_blocks), got {block_table.dtype} {tuple(block_table.shape)}"
-        )
-    check_index("slot_idx", slot_idx, batch)
-    check_index("lengths", lengths, batch)
-    tensors = {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "block_table": block_table,
-        "slot_idx": slot_idx,
-        "lengths": lengths,
-    }
-    if out is not None:
-        if out.shape != q.shape or out.dtype != q.dtype:
-            raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
-        tensors["out"] = out
-    check_same_device_unit_stride(tensors, q.device)
-
-
-def check_decode_bounds(
-    block_table: torch.Tensor, slot_idx: torch.Tensor, lengths: torch.Tensor, num_blocks: int, length_bound: int
-) -> None:
-    """Value checks that need a device->host sync: debugging and tests only, never in the hot path."""
-    check_values_in_range("slot_idx", slot_idx, 0, block_table.shape[0] - 1)
-    check_values_in_range("lengths (bound: the plan's and the block table's)", lengths, 0, length_bound)
-    check_values_in_range("block_table", block_table, 0, num_blocks - 1)

@@ -24,16 +24,29 @@ import torch
 import triton
 import triton.language as tl
 
-from voicewire.kernels.decode_attention import decode_attention
-from voicewire.kernels.decode_attention_plan import DecodeAttentionPlan, QKVPrologue, contiguous_block_table
+from voicewire.kernels.decode_attention_plan import contiguous_block_table
 from voicewire.kernels.launch_checks import SUPPORTED_DTYPES, check_index, check_same_device_unit_stride
 from voicewire.kernels.pdl import pdl_enter, pdl_launch
-from voicewire.kernels.qk_rope import rms_rope, rope_angles
 
 # Rows up to which each head is a program of its own. Between the two measured sizes (1 and 256 rows)
 # the per-head grid stays within one wave of resident one-warp programs up to ~170 rows; 128 is the
 # largest decode bucket below that.
 HEAD_GRID_ROWS = 128
+
+
+@triton.jit
+def _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM: tl.constexpr):
+    """RMS-normed, weight-scaled and rotated halves (H, D / 2) of a row's heads (reference rounding)."""
+    dtype = x1.dtype
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)[:, None]
+    n1 = ((f1 * rstd).to(dtype).to(tl.float32) * w1[None, :]).to(dtype).to(tl.float32)
+    n2 = ((f2 * rstd).to(dtype).to(tl.float32) * w2[None, :]).to(dtype).to(tl.float32)
+    # x * cos + cat(-x2, x1) * sin, each product rounded, then the sum
+    c, s = cos[None, :], sin[None, :]
+    o1 = (n1 * c).to(dtype).to(tl.float32) + (-n2 * s).to(dtype).to(tl.float32)
+    o2 = (n2 * c).to(dtype).to(tl.float32) + (n1 * s).to(dtype).to(tl.float32)
+    return o1.to(dtype), o2.to(dtype)
 
 
 @triton.jit
@@ -80,7 +93,10 @@ def _qk_norm_rope_store_kernel(
     half: tl.constexpr = HEAD_DIM // 2
     d = tl.arange(0, half)
     pos = tl.load(pos_ptr + m)
-    cos, sin = rope_angles(pos, inv_freq_ptr, d, qkv_ptr.dtype.element_ty)
+    angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + d)
+    dtype = qkv_ptr.dtype.element_ty
+    cos = tl.cos(angle).to(dtype).to(tl.float32)
+    sin = tl.sin(angle).to(dtype).to(tl.float32)
     row = qkv_ptr + m * stride_qkv
 
     if run_q:
@@ -91,7 +107,7 @@ def _qk_norm_rope_store_kernel(
         w2 = tl.load(q_norm_ptr + half + d).to(tl.float32)
         x1 = tl.load(q_src, mask=q_ok, other=0.0)
         x2 = tl.load(q_src + half, mask=q_ok, other=0.0)
-        o1, o2 = rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
+        o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
         q_dst = q_out_ptr + m * stride_qm + hq[:, None] * stride_qh + d[None, :]
         tl.store(q_dst, o1, mask=q_ok)
         tl.store(q_dst + half, o2, mask=q_ok)
@@ -103,7 +119,7 @@ def _qk_norm_rope_store_kernel(
         w2 = tl.load(k_norm_ptr + half + d).to(tl.float32)
         x1 = tl.load(k_src, mask=kv_ok, other=0.0)
         x2 = tl.load(k_src + half, mask=kv_ok, other=0.0)
-        o1, o2 = rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
+        o1, o2 = _rms_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
         slot = tl.load(slot_ptr + m).to(tl.int64)
         block = tl.load(table_ptr + slot * stride_table + pos // PAGE).to(tl.int64)
         at = pos % PAGE
@@ -219,38 +235,4 @@ def qk_norm_rope_store(
     return q_out
 
 
-def qk_norm_rope_attend(
-    qkv: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    inv_freq: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    lengths: torch.Tensor,
-    *,
-    q_heads: int,
-    eps: float,
-    scale: float,
-    plan: DecodeAttentionPlan,
-    block_table: torch.Tensor | None = None,
-    pdl: bool = False,
-) -> torch.Tensor:
-    """``qk_norm_rope_store`` and then ``decode_attention`` in the attention's launch (and its combine,
-    when the plan splits), for rows that each add one token at ``lengths - 1`` of a slot of their own:
-    the talker's frame rows and the code predictor's one-row passes, not a prefill's rows or the
-    predictor's pair pass (their rows read keys that the launch writes). Returns the attention (M, Hq, D);
-    the keys and values are in the caches as qk_norm_rope_store leaves them."""
-    if qkv.dim() != 2 or k_cache.dim() != 4:
-        raise ValueError(
-            f"qkv must be (M, W) and the caches (S, Hkv, L, D), got {qkv.shape} and {k_cache.shape}"
-        )
-    out = torch.empty((qkv.shape[0], q_heads, k_cache.shape[3]), device=qkv.device, dtype=qkv.dtype)
-    prologue = QKVPrologue(qkv, q_norm, k_norm, inv_freq, eps)
-    return decode_attention(
-        out, k_cache, v_cache, slots, lengths,
-        scale=scale, block_table=block_table, plan=plan, out=out, pdl=pdl, prologue=prologue,
-    )
-
-
-__all__ = ["qk_norm_rope_attend", "qk_norm_rope_store"]
+__all__ = ["qk_norm_rope_store"]

@@ -1,12 +1,9 @@
-"""The frame step's decode work on fused Triton kernels: 5 launches per decoder layer of a frame (a prefill's
-rows and the code predictor's pair pass 6; 3 more above 8 rows, 5 above 128), against ~20 for the unfused
-layers even after torch.compile.
+"""The frame step's decode work on fused Triton kernels: 6 launches per decoder layer (9 above 8 rows, 11 above 128),
+against ~20 for the unfused layers even after torch.compile.
 
     qkv  = rms_norm(x) @ Wqkv^T                       fused_linear (norm prologue)
     q    = rope(norm(q)); cache <- rope(norm(k)), v   qk_norm_rope_store (through the block table)
     a    = attention(q, cache[slot][:pos + 1])         decode_attention (+ a combine launch when split)
-                                                      (both in one launch where every row has a slot
-                                                      of its own: qk_norm_rope_attend)
     x    = x + a @ Wo^T                               fused_linear (residual epilogue)
     g    = silu(n @ Wg^T) * (n @ Wu^T), n = norm(x)   fused_linear (norm prologue, SwiGLU epilogue)
     x    = x + g @ Wd^T                               fused_linear (residual epilogue)
@@ -57,7 +54,7 @@ from voicewire.kernels.decode_attention_plan import (
     plan_decode_attention,
 )
 from voicewire.kernels.fused_linear import ACT_SILU_MUL, fused_linear, rms_norm_rows, silu_mul_rows
-from voicewire.kernels.qk_norm_rope import HEAD_GRID_ROWS, qk_norm_rope_attend, qk_norm_rope_store
+from voicewire.kernels.qk_norm_rope import HEAD_GRID_ROWS, qk_norm_rope_store
 from voicewire.kernels.sampling import sample_rows
 
 from .code_predictor import CodePredictor
@@ -145,14 +142,13 @@ class FusedDecode:
         self.cublas_rows, self.pdl = settings.cublas_rows, settings.pdl
         self.residual_cublas_rows, self.prefill = settings.residual_cublas_rows, settings.prefill
         self.prefetch_bytes, self.gemv_rows = settings.prefetch_bytes, settings.gemv_rows
-        self.attend_prologue = settings.attend_prologue
         self._rows: dict[int, _Rows] = {}
 
     # --- the talker -------------------------------------------------------------------------------
     def talker_hidden(self, x: Tensor, slots32: Tensor, positions: Tensor) -> Tensor:
         """x (B, H) input embeddings of one token per slot (int32 slot ids) at ``positions`` (B,) int64
         -> final-norm hidden (B, H)."""
-        x = self._talker_layers(x, slots32, positions.to(torch.int32), own_slots=True)
+        x = self._talker_layers(x, slots32, positions.to(torch.int32))
         norm = self.talker.norm
         return rms_norm_rows(x, norm.weight, norm.eps, pdl=self.pdl)
 
@@ -166,9 +162,8 @@ class FusedDecode:
         positions = torch.arange(t, device=x.device, dtype=torch.int32).repeat(b)
         self._talker_layers(x.reshape(b * t, h), slots.to(torch.int32).repeat_interleave(t), positions)
 
-    def _talker_layers(self, x: Tensor, slots32: Tensor, pos32: Tensor, own_slots: bool = False) -> Tensor:
-        """x (M, H) one token per row at ``pos32`` (M,) of ``slots32`` (M,) -> the last layer's output.
-        ``own_slots``: no two rows share a slot (a frame's rows, not a prefill's)."""
+    def _talker_layers(self, x: Tensor, slots32: Tensor, pos32: Tensor) -> Tensor:
+        """x (M, H) one token per row at ``pos32`` (M,) of ``slots32`` (M,) -> the last layer's output."""
         plan = self.rows(x.shape[0]).talker_plan
         lengths = pos32 + 1
         for i, w in enumerate(self.talker_layers):
@@ -183,7 +178,6 @@ class FusedDecode:
                 self.kv.block_table,
                 self.talker_freqs,
                 plan,
-                own_slots,
             )
         return x
 
@@ -286,7 +280,6 @@ class FusedDecode:
                     rows.predictor_table,
                     self.cp_freqs,
                     rows.predictor_plan,
-                    own_slots=True,
                 )
             last = h
         return torch.stack(codes, dim=1)
@@ -315,47 +308,9 @@ class FusedDecode:
         block_table: Tensor,
         freqs: Tensor,
         plan: DecodeAttentionPlan,
-        own_slots: bool = False,
     ) -> Tensor:
         m = x.shape[0]
         qkv = self._linear(x, w.qkv, w.ln1, w.eps)
-        if own_slots and self.attend_prologue:
-            a = qk_norm_rope_attend(
-                qkv,
-                w.q_norm,
-                w.k_norm,
-                freqs,
-                k_cache,
-                v_cache,
-                slots,
-                lengths,
-                q_heads=w.q_heads,
-                eps=w.eps,
-                scale=w.scale,
-                plan=plan,
-                block_table=block_table,
-                pdl=self.pdl,
-            )
-        else:
-            a = self._attend(w, qkv, slots, positions, lengths, k_cache, v_cache, block_table, freqs, plan)
-        x = self._residual(a.view(m, -1), w.o, x)
-        g = self._linear(x, w.gate_up, w.ln2, w.eps, ACT_SILU_MUL)
-        return self._residual(g, w.down, x)
-
-    def _attend(
-        self,
-        w: _Layer,
-        qkv: Tensor,
-        slots: Tensor,
-        positions: Tensor,
-        lengths: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        block_table: Tensor,
-        freqs: Tensor,
-        plan: DecodeAttentionPlan,
-    ) -> Tensor:
-        """The prologue's launch, then the attention's: rows may read keys that rows of the launch write."""
         q = qk_norm_rope_store(
             qkv,
             w.q_norm,
@@ -371,9 +326,9 @@ class FusedDecode:
             pdl=self.pdl,
             # the per-head grid is for a GPU's occupancy; in Triton's CPU interpreter (tests) every
             # program costs its ops' Python, so a row's heads go in one
-            head_grid_rows=HEAD_GRID_ROWS if qkv.is_cuda else 0,
+            head_grid_rows=HEAD_GRID_ROWS if x.is_cuda else 0,
         )
-        return decode_attention(
+        a = decode_attention(
             q,
             k_cache,
             v_cache,
@@ -384,6 +339,9 @@ class FusedDecode:
             plan=plan,
             pdl=self.pdl,
         )
+        x = self._residual(a.view(m, -1), w.o, x)
+        g = self._linear(x, w.gate_up, w.ln2, w.eps, ACT_SILU_MUL)
+        return self._residual(g, w.down, x)
 
     def rows(self, b: int) -> _Rows:
         """Row metadata for batch ``b`` (made on first use: the eager warm-up runs before capture)."""

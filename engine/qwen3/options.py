@@ -36,10 +36,6 @@ class FusedSettings:
     # linears of at most this many rows run on the one-/two-row kernel, which loads its weights into
     # registers before the wait (kernels/gemv.py); 0 = always the tiled kernel
     gemv_rows: int = 2
-    # where each row adds one token to a slot of its own (a frame's talker rows, the code predictor's
-    # one-row passes), q/k norm, RoPE and the cache write inside the attention's launch
-    # (kernels/qk_norm_rope.py's qk_norm_rope_attend): one launch a layer fewer
-    attend_prologue: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.gemv_rows <= GEMV_MAX_ROWS:

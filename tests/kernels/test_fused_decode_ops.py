@@ -15,8 +15,6 @@ from tests.kernels.common import REL_TOL, rel_err, skip_unsupported
 from voicewire.engine.qwen3.layers import rms_norm, silu_mul
 from voicewire.engine.qwen3.rope import cos_sin, inv_freq, rotate
 from voicewire.engine.qwen3.sampler import RowParams, apply_repetition_penalty, sample
-from voicewire.kernels.decode_attention import decode_attention
-from voicewire.kernels.decode_attention_plan import plan_decode_attention
 from voicewire.kernels.fused_linear import (
     ACT_SILU,
     ACT_SILU_MUL,
@@ -26,7 +24,7 @@ from voicewire.kernels.fused_linear import (
     silu_mul_rows,
 )
 from voicewire.kernels.gemv import GemvConfig
-from voicewire.kernels.qk_norm_rope import qk_norm_rope_attend, qk_norm_rope_store
+from voicewire.kernels.qk_norm_rope import qk_norm_rope_store
 from voicewire.kernels.sampling import sample_rows
 
 EPS = 1e-6
@@ -372,59 +370,3 @@ def test_sampler_kernel_picks_the_reference_codes(device: str, vocab: int, proce
         expect[slots, ref] = True
         assert torch.equal(seen, expect)
         assert (out == eos_id).any() and not (out == eos_id).all(), "the case should exercise EOS masking"
-
-
-@pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(16, 4, 2), (128, 16, 8)])
-def test_qk_norm_rope_attend_is_the_prologue_then_attention(
-    device: str, head_dim: int, q_heads: int, kv_heads: int, num_splits: int
-) -> None:
-    """One launch against qk_norm_rope_store + decode_attention: the same attention and the same cache,
-    through a shuffled block table, for new tokens at the first position, at page edges, in any split.
-    The new tokens' cache entries start as NaN (reading one before writing it would show), as does every
-    entry past a row's length; a length-0 row writes nothing and attends to nothing."""
-    if device == "cpu" and head_dim > 16:
-        pytest.skip("real shapes run on the GPU only")
-    g = torch.Generator().manual_seed(head_dim + num_splits)
-    page, num_blocks, max_blocks = 64, 30, 4  # pages of whole 64-token tiles (the kernel's bf16 tile)
-    lengths = [1, 64, 65, 129, 250, 0, 150]  # new token at position length - 1
-    m = len(lengths)
-    for dtype in _dtypes(device):
-        qkv = torch.randn(m, (q_heads + 2 * kv_heads) * head_dim, generator=g).to(device, dtype)
-        qn = (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype)
-        kn = (torch.rand(head_dim, generator=g) + 0.5).to(device, dtype)
-        freqs = inv_freq(head_dim, 1e6).to(device)
-        table = torch.randperm(num_blocks, generator=g)[: m * max_blocks].view(m, max_blocks)
-        table = table.to(torch.int32).to(device)
-        k_cache = torch.full((num_blocks, kv_heads, page, head_dim), float("nan"), dtype=dtype, device=device)
-        for r, n in enumerate(lengths):  # the keys and values before each new token
-            for p in range(n - 1):
-                key = torch.randn(kv_heads, head_dim, generator=g)
-                k_cache[table[r, p // page], :, p % page] = key.to(device, dtype)
-        v_cache = k_cache.clone()
-        k_ref, v_ref = k_cache.clone(), v_cache.clone()
-        slots = torch.arange(m, dtype=torch.int32, device=device)
-        lens = torch.tensor(lengths, dtype=torch.int32, device=device)
-        plan = plan_decode_attention(m, kv_heads, page * max_blocks, device, dtype, num_splits=num_splits)
-        kw = {"q_heads": q_heads, "eps": EPS, "block_table": table}
-        fused = qk_norm_rope_attend(
-            qkv, qn, kn, freqs, k_cache, v_cache, slots, lens, scale=head_dim**-0.5, plan=plan, **kw
-        )
-        q = qk_norm_rope_store(qkv, qn, kn, freqs, k_ref, v_ref, slots, (lens - 1).clamp(min=0), **kw)
-        ref = decode_attention(
-            q, k_ref, v_ref, slots, lens, scale=head_dim**-0.5, plan=plan, block_table=table
-        )
-        assert not fused.isnan().any()
-        assert rel_err(fused, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
-        assert not fused[lengths.index(0)].any()
-        for r, n in enumerate(lengths):
-            for p in range(n):
-                b, t = int(table[r, p // page]), p % page
-                assert torch.equal(k_cache[b, :, t], k_ref[b, :, t])
-                assert torch.equal(v_cache[b, :, t], v_ref[b, :, t])
-        # nothing else written: what was NaN still is, the length-0 row's position 0 too (the
-        # reference wrote it, at its position clamped to 0)
-        untouched = k_ref.isnan()
-        untouched[table[lengths.index(0), 0], :, 0] = True
-        assert torch.equal(k_cache.isnan(), untouched) and torch.equal(v_cache.isnan(), untouched)
-

@@ -46,17 +46,12 @@ def _model(fused: bool, settings: FusedSettings | None = None) -> Qwen3TTSModel:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; the GPU has its own")
 @pytest.mark.parametrize(
     "settings",
-    [
-        FusedSettings(),
-        FusedSettings(cublas_rows=0, residual_cublas_rows=0),
-        FusedSettings(attend_prologue=False),
-    ],
-    ids=["fused-linears", "norm+cublas-linears", "prologue-apart"],
+    [FusedSettings(), FusedSettings(cublas_rows=0, residual_cublas_rows=0)],
+    ids=["fused-linears", "norm+cublas-linears"],
 )
 def test_fused_step_gives_the_unfused_codes_and_cache(settings: FusedSettings) -> None:
-    """Both ways of running the linears: the fused kernels (few rows) and norm + GEMM + epilogue (many);
-    a frame's q/k norm and RoPE inside the attention's launch and in a launch of their own. The prefill
-    runs on them too: its KV is in the cache compared."""
+    """Both ways of running the linears: the fused kernels (few rows) and norm + GEMM + epilogue (many).
+    The prefill runs on them too: its KV is in the cache compared."""
     fused, plain = _model(True, settings), _model(False)
     assert fused.step.fused is not None and plain.step.fused is None
     got, want = run_joining(fused, STREAMS, 12), run_joining(plain, STREAMS, 12)
