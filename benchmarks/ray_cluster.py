@@ -27,10 +27,19 @@ RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 VOICEWIRE = [sys.executable, "-m", "voicewire.realtime.cli"]
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now and not handed out before by this process: the kernel may give a
+    just-closed port to the next bind, and a Ray node started with two such would fail on its own."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def node_ports() -> list[str]:

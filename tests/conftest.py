@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# one source of ports for the tests and their Ray clusters (it never hands out a port twice)
+from benchmarks.ray_cluster import free_port as free_port
 from voicewire.engine import Engine, EngineConfig
 
 if TYPE_CHECKING:  # the GPU machine runs the engine tests without the transport packages
@@ -46,12 +47,6 @@ async def running_gateway(engine: Engine, **config: Any) -> AsyncIterator[str]:
 
     async with gateway(engine, **config) as gw:
         yield gw.url.removeprefix("http://")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_engine_idle(engine: Engine, timeout_s: float = 2.0) -> None:
