@@ -153,7 +153,8 @@ class Gateway:
         client = self.clients.get(client_id(request, self.auth.config.enabled))
         quotas = self.config.quotas
         if session:
-            held, quota, what, kind = client.sessions, quotas.sessions(self.session_limit()), "sessions", "sessions"
+            held, quota = client.sessions, quotas.sessions(self.session_limit())
+            what, kind = "sessions", "sessions"
         else:
             held, quota = client.speech_requests, quotas.speech_requests(self.speech_limit())
             what, kind = "speech requests", "speech"

@@ -63,7 +63,8 @@ class Client:
     sessions: int = 0
     speech_requests: int = 0
     streams: set[Stream] = field(default_factory=set)  # its turns' and speech requests' engine streams
-    peer_holds: dict[str, list[Path]] = field(default_factory=dict)  # by kind: its holds in the port's count (peer_holds.py)
+    # by kind: its holds in the count the port's gateway processes share (peer_holds.py)
+    peer_holds: dict[str, list[Path]] = field(default_factory=dict)
 
     def open_streams(self) -> int:
         self.streams = {s for s in self.streams if not s.closed}
