@@ -1,4 +1,4 @@
-"""The frame step's decode work on fused Triton kernels: 6 launches per decoder layer (9 above 8 rows, 11 above 128),
+"""The frame step's decode work on fused Triton kernels: 6 launches per decoder layer (9 above 8 rows),
 against ~20 for the unfused layers even after torch.compile.
 
     qkv  = rms_norm(x) @ Wqkv^T                       fused_linear (norm prologue)
@@ -19,8 +19,8 @@ one-kernel norm, with a one-kernel SwiGLU: the fused kernel's norm prologue and 
 every band of W, which at 64 rows costs 2-2.5x cuBLAS's time (gate|up 34-40 us against 16 us,
 benchmarks/linear_bench.py); at a few rows the fused kernel wins by the launches it saves. o and down
 keep the fused residual epilogue up to ``residual_cublas_rows`` (128); above, cuBLAS's tiles beat the
-decode-shaped ones (talker gate|up at 256 rows 21 us against 55 for the best fused tile) and pay for
-the extra add. Each way is measured by benchmarks/serving_bench.py's step variants fused-kernels /
+decode-shaped ones (talker gate|up at 256 rows 21 us against 55 for the best fused tile), the residual
+added in cuBLAS's epilogue (an in-place addmm). Each way is measured by benchmarks/serving_bench.py's step variants fused-kernels /
 fused-cublas / fused-residual-fused (docs/performance-history.md).
 
 The prompt's prefill runs on the same layers (``talker_prefill``): its B x T positions are rows of one
@@ -178,6 +178,7 @@ class FusedDecode:
                 self.kv.block_table,
                 self.talker_freqs,
                 plan,
+                x_owned=i > 0,  # the first layer's input is the caller's (the prefill reads it after)
             )
         return x
 
@@ -198,10 +199,14 @@ class FusedDecode:
             return silu_mul_rows(y, pdl=self.pdl)
         return y.float() if logits else y
 
-    def _residual(self, x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
-        """residual + x @ W^T (o and down)."""
+    def _residual(self, x: Tensor, weight: Tensor, residual: Tensor, owned: bool = True) -> Tensor:
+        """residual + x @ W^T (o and down). Above residual_cublas_rows an ``owned`` residual (no one
+        else reads it after) takes the sum in place: cuBLAS adds it in the GEMM's epilogue (beta = 1),
+        one launch where a GEMM then an add are two."""
         if x.shape[0] <= self.residual_cublas_rows:
             return self._fused(x, weight, residual=residual)
+        if owned:
+            return residual.addmm_(x, weight.t())
         return residual + F.linear(x, weight)
 
     def _fused(self, x: Tensor, weight: Tensor, **kw: Any) -> Tensor:
@@ -308,7 +313,10 @@ class FusedDecode:
         block_table: Tensor,
         freqs: Tensor,
         plan: DecodeAttentionPlan,
+        x_owned: bool = True,
     ) -> Tensor:
+        """One decoder layer. ``x_owned``: x is this step's own (the layers may overwrite it), not
+        a caller's input."""
         m = x.shape[0]
         qkv = self._linear(x, w.qkv, w.ln1, w.eps)
         q = qk_norm_rope_store(
@@ -339,7 +347,7 @@ class FusedDecode:
             plan=plan,
             pdl=self.pdl,
         )
-        x = self._residual(a.view(m, -1), w.o, x)
+        x = self._residual(a.view(m, -1), w.o, x, owned=x_owned)
         g = self._linear(x, w.gate_up, w.ln2, w.eps, ACT_SILU_MUL)
         return self._residual(g, w.down, x)
 
