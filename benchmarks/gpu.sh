@@ -56,7 +56,8 @@
 #                                                            # CUDA, bf16 against fp32 at 1.7B shapes
 #                                                            -> clone_parity_h200.json, clone_precision_h200.json
 #   COMMIT=<sha> bash benchmarks/gpu.sh profile [STEP...]    # where the GPU and the worker's time goes
-#       step       per-kernel profile of the captured frame step            -> profile_h200.json
+#       step       per-kernel profile of the captured frame step (VARIANTS: profile_step.py's, default fused;
+#                  BATCHES, default 1,64; MAX_BATCH past 128 for larger ones) -> profile[_TAG]_h200.json
 #       serve      the served 1.7B engine under open-loop load (RATES, VARIANTS, SECTIONS, PROFILE_FLAGS of profile_serve.py), each
 #                  tick's host phases and every graph call's GPU span; the codec's kernels and convs
 #                                                                           -> profile_serve_h200.json
@@ -356,8 +357,9 @@ fi
 
 if [ "$MODE" = profile ]; then
   if want step; then
-    step profile 200 python3 benchmarks/profile_step.py --size 1.7b --variants fused --batches 1,64 \
-      --out "$OUT/profile_${CARD}.json"
+    step profile 200 python3 benchmarks/profile_step.py --size 1.7b --variants "${VARIANTS:-fused}" \
+      --batches "${BATCHES:-1,64}" --max-batch "${MAX_BATCH:-128}" --max-slots "${MAX_BATCH:-128}" \
+      --out "$OUT/profile${TAG:+_$TAG}_${CARD}.json"
     stamp "$OUT/profile_${CARD}.json"
   fi
   if want serve; then
