@@ -11,6 +11,9 @@
 #     words                the embedded voice's word timings vs onsets and faster-whisper -> word_timing_cpu.json
 #     wer                  WER of 16 agent replies through `voicewire serve`: WebSocket whole, WebSocket a word
 #                          a delta at 30/s, HTTP speech (Whisper tiny.en)               -> intelligibility_cpu.json
+#     heap                 what a gateway process's full collection walks: tracked objects an open WebSocket
+#                          session holds, a full collection at the load's peak (40 turns/s, paced null model)
+#                                                                                   -> gateway_heap_cpu.json
 #     queue                the same overload with the admission queue off and on (2 streams)  -> admission_queue_cpu.json
 #     core                 the engine-core boundary per chunk, engine TTFP in process and through a core,
 #                          10 WebRTC peers' packet gaps with the engine in and out of the gateway -> core_ipc_cpu.json
@@ -88,6 +91,11 @@ fi
 if want wer; then
   step wer 600 "$PY" benchmarks/intelligibility.py --out "$OUT/intelligibility_cpu.json"
   stamp "$OUT/intelligibility_cpu.json"
+fi
+
+if want heap; then
+  step heap 120 "$PY" benchmarks/gateway_heap.py --rate 40 --duration-s 10 --out "$OUT/gateway_heap_cpu.json"
+  stamp "$OUT/gateway_heap_cpu.json"
 fi
 
 if want sim; then

@@ -174,7 +174,17 @@ async def _serve_session(
             wait_s = CLOSE_HANDSHAKE_TIMEOUT_S if code == CLOSE_SLOW_CONSUMER else CLOSE_REPLY_TIMEOUT_S
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ws.close(code=code, message=why.encode(), drain=False), wait_s)
+        unhook_heartbeat(request)
     return ws
+
+
+def unhook_heartbeat(request: web.Request) -> None:
+    """aiohttp leaves a WebSocket's heartbeat hook on the connection once the socket is closed: protocol ->
+    hook -> WebSocketResponse -> request -> protocol, ~30 objects a session that only a full collection
+    frees, by then in the oldest generation, where every full collection walks them."""
+    protocol = request.protocol
+    if getattr(protocol, "_data_received_cb", None) is not None:
+        protocol._data_received_cb = None
 
 
 async def _receive(ws: web.WebSocketResponse, session: Session) -> None:

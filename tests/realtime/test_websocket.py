@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import Any
 
@@ -170,3 +171,23 @@ async def test_a_cancel_after_turn_done_truncates_at_the_position_played(gateway
     assert whole["played_ms"] == heard.done.audio_ms  # capped at the audio sent
     assert whole["text_spoken"] == LONG_TURN
     await wait_engine_idle(engine)
+
+
+async def test_closed_sessions_leave_no_connection_for_the_collector(gateway: str, engine: Engine) -> None:
+    """A closed session's connection (aiohttp's protocol, request and WebSocketResponse) goes when its
+    last reference does, not at the next full collection, which in a loaded gateway walks it first."""
+    gc.collect()
+    for text in TURNS:
+        async with await _connect(gateway) as client:
+            _, heard = await speak_turn(client, text, None)
+            assert heard.done.reason == "completed"
+    await wait_engine_idle(engine)
+    await asyncio.sleep(0.2)  # the server's side of the last close
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        left = [type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("aiohttp.web")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not left, f"closed sessions' objects freed only by the collector: {sorted(set(left))}"
