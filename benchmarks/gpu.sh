@@ -360,7 +360,7 @@ if [ "$MODE" = profile ]; then
     step profile 200 python3 benchmarks/profile_step.py --size 1.7b --variants "${VARIANTS:-fused}" \
       --batches "${BATCHES:-1,64}" --max-batch "${MAX_BATCH:-128}" --max-slots "${MAX_BATCH:-128}" \
       --out "$OUT/profile${TAG:+_$TAG}_${CARD}.json"
-    stamp "$OUT/profile_${CARD}.json"
+    stamp "$OUT/profile${TAG:+_$TAG}_${CARD}.json"
   fi
   if want serve; then
     step profile-serve 420 python3 benchmarks/profile_serve.py --size 1.7b --rates "${RATES:-170}" \

@@ -20,8 +20,8 @@ every band of W, which at 64 rows costs 2-2.5x cuBLAS's time (gate|up 34-40 us a
 benchmarks/linear_bench.py); at a few rows the fused kernel wins by the launches it saves. o and down
 keep the fused residual epilogue up to ``residual_cublas_rows`` (128); above, cuBLAS's tiles beat the
 decode-shaped ones (talker gate|up at 256 rows 21 us against 55 for the best fused tile), the residual
-added in cuBLAS's epilogue (an in-place addmm). Each way is measured by benchmarks/serving_bench.py's step variants fused-kernels /
-fused-cublas / fused-residual-fused (docs/performance-history.md).
+added in cuBLAS's epilogue (an in-place addmm). Each way is measured by benchmarks/serving_bench.py's step
+variants fused-kernels / fused-cublas / fused-residual-fused (docs/performance-history.md).
 
 The prompt's prefill runs on the same layers (``talker_prefill``): its B x T positions are rows of one
 batch, each a query over its own slot's cache up to its position.

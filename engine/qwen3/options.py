@@ -23,9 +23,9 @@ class FusedSettings:
 
     # batches above this many rows run the wide projections on norm + cuBLAS + SwiGLU
     cublas_rows: int = 8
-    # and above this many, o and down too (cuBLAS, then the residual add); below, the fused epilogue.
-    # 1.7B frame step on the H200: at 128 rows the fused epilogue wins (7.0 against 7.6 ms), at 256
-    # cuBLAS (9.2 against 12.0 ms) and at 512 (13.6 against 20.4 ms)
+    # and above this many, o and down too (cuBLAS, the residual added in its epilogue); below, the fused
+    # epilogue. 1.7B frame step on the H200, the add then a launch of its own: at 128 rows the fused
+    # epilogue won (7.0 against 7.6 ms), at 256 cuBLAS (9.2 against 12.0 ms) and at 512 (13.6 against 20.4)
     residual_cublas_rows: int = 128
     # the prompt's prefill on these kernels, its positions as rows (False: the unfused talker layers)
     prefill: bool = True
