@@ -29,17 +29,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.realtime.gateway
 
-from aiohttp import web
 from engine_load import load_config
 from null_model import NullModel
 from ws_bench import write_results
 
+from tests.realtime.gateway import Gateway, gateway
 from voicewire.engine import heap
 from voicewire.engine.engine import Engine
-from voicewire.realtime.config import GatewayConfig
-from voicewire.realtime.gateway import GATEWAY
-from voicewire.realtime.server import create_app, make_runner
 
 FRAMES_PER_WORD = 4  # ~3 words a second at 12.5 frames a second, as speech goes
 TOP_TYPES = 20
@@ -90,13 +88,15 @@ def cyclic_garbage() -> collections.Counter[str]:
 async def run(rate: float, duration_s: float) -> dict[str, Any]:
     model = RealTimeNull(max_slots=1024, max_batch=1024, step_s=0.08)
     engine = Engine(load_config("null", 1024), model=model).start()
-    app = create_app(GatewayConfig(), engine=engine)
-    runner = make_runner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    sessions = app[GATEWAY].sessions
+    try:
+        async with gateway(engine) as gw:
+            return await measure(gw, rate, duration_s)
+    finally:
+        engine.close()
+
+
+async def measure(gw: Gateway, rate: float, duration_s: float) -> dict[str, Any]:
+    sessions = gw.sessions
     probe_out = str(Path(tempfile.mkdtemp()) / "probe.json")
     try:
         await asyncio.sleep(0.5)
@@ -107,7 +107,7 @@ async def run(rate: float, duration_s: float) -> dict[str, Any]:
         heap.PAUSES.mark()
         full_before = heap.PAUSES.count[2]
         probe = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "voicewire"), "probe", "--url", f"http://127.0.0.1:{port}",
+            str(Path(sys.executable).parent / "voicewire"), "probe", "--url", gw.url,
             "--rate", str(rate), "--duration", str(duration_s), "--session-per-turn", "--whole",
             "--procs", "1", "--out", probe_out, "--plot", "",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
@@ -155,8 +155,6 @@ async def run(rate: float, duration_s: float) -> dict[str, Any]:
         }
     finally:
         gc.unfreeze()
-        await runner.cleanup()
-        engine.close()
 
 
 def main() -> None:
