@@ -100,8 +100,7 @@ async def measure(gw: Gateway, rate: float, duration_s: float) -> dict[str, Any]
     probe_out = str(Path(tempfile.mkdtemp()) / "probe.json")
     try:
         await asyncio.sleep(0.5)
-        gc.collect()
-        gc.freeze()
+        heap.freeze()  # as `voicewire serve` does once ready
         base = tracked()
         heap.PAUSES.install()
         heap.PAUSES.mark()
@@ -154,7 +153,7 @@ async def measure(gw: Gateway, rate: float, duration_s: float) -> dict[str, Any]
             "samples": samples,
         }
     finally:
-        gc.unfreeze()
+        heap.release()
 
 
 def main() -> None:
