@@ -199,14 +199,23 @@ def test_overlapped_decode_and_long_chunks_give_the_serial_audio() -> None:
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-4, err_msg=f"{n} frames")
 
 
-def test_fused_step_matches_the_unfused_layers_in_bf16() -> None:
+@pytest.mark.parametrize("cublas", [False, True], ids=["fused-linears", "norm+cublas-linears"])
+def test_fused_step_matches_the_unfused_layers_in_bf16(cublas: bool) -> None:
     """The served decode path (fused Triton kernels) against the unfused layers on the same weights and
     state, 1.7B shapes in bf16: talker hidden state and codebook-0 logits within bf16 noise, and the
     code predictor's greedy codes from the same hidden state nearly all equal (bf16 near-ties may
-    flip a few)."""
-    from voicewire.engine.qwen3 import ServeOptions
+    flip a few). Both ways of running the linears: the fused kernels (few rows), and norm + cuBLAS with
+    o and down adding the residual in cuBLAS's epilogue in place (what steps past 128 rows take)."""
+    from voicewire.engine.qwen3 import ExperimentalOptions, FusedSettings, ServeOptions
 
-    opts = ServeOptions(max_slots=4, max_batch_size=4, max_seq_len=64, cuda_graphs=False)
+    fused_settings = FusedSettings(cublas_rows=0, residual_cublas_rows=0) if cublas else FusedSettings()
+    opts = ServeOptions(
+        max_slots=4,
+        max_batch_size=4,
+        max_seq_len=64,
+        cuda_graphs=False,
+        experimental=ExperimentalOptions(fused=fused_settings),
+    )
     model = load_qwen3(None, "1.7b", device="cuda", dtype="bf16", seed=0, options=opts)
     step = model.step
     assert step.fused is not None
