@@ -131,4 +131,8 @@ class EngineConfig:
     # collector (heap.py): a full collection otherwise walks all of it, 100-125 ms with the GIL held,
     # every several seconds under load, and the streams in their first 100 ms of audio run dry
     freeze_heap: bool = True
+    # with it, the oldest generation collected at the moments no stream is in flight (heap.py's
+    # QuietCollections), not every few seconds under load; busy without a break for this long, the
+    # collector's own rule until the next quiet moment. None: the collector's own rule throughout
+    full_collection_busy_max_s: float | None = 60.0
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

@@ -151,7 +151,7 @@ class Engine:
         self.stats = EngineStats()  # nor are the warm load's streams
         # what warm-up and the warm load made goes into the frozen heap (heap.py), and the GC's
         # pauses since ready count from here
-        self._heap.start(freeze=self.config.freeze_heap)
+        self._heap.start(self.config.freeze_heap, self.config.full_collection_busy_max_s)
         self._warm = True
         return self
 
@@ -214,6 +214,7 @@ class Engine:
     def _loop_until_stopped(self) -> None:
         while not self._stopping:
             try:
+                self._heap.streams(self._admission.count)
                 self._expire_queued()
                 ready = self._ready()
                 busy = bool(ready or self._stepping or self._decoding) or self._decode_pending()

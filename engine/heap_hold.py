@@ -1,5 +1,6 @@
-"""One engine's part in the process's heap handling (heap.py): the freeze it holds while it runs,
-and the collections the process has had since it started, copied into its stats."""
+"""One engine's part in the process's heap handling (heap.py): the freeze it holds while it runs, its
+streams in flight as the process's quiet moments see them, and the collections the process has had
+since it started, copied into its stats."""
 
 from __future__ import annotations
 
@@ -10,20 +11,43 @@ from .stats import EngineStats
 class HeapHold:
     def __init__(self) -> None:
         self._frozen = False
+        self._quiet_held = False
+        self._busy = False
         self._base = (0, 0.0)  # the process's collections and their seconds before this engine started
 
-    def start(self, freeze: bool) -> None:
+    def start(self, freeze: bool, busy_max_s: float | None) -> None:
         heap.PAUSES.install()
         if freeze and not self._frozen:
             heap.freeze()
             self._frozen = True
+            # a quiet collection walks what is alive then: with the start-up heap frozen, a few ms
+            if busy_max_s is not None:
+                heap.QUIET.hold(busy_max_s)
+                self._quiet_held = True
         self._base = (sum(heap.PAUSES.count), sum(heap.PAUSES.seconds))
         heap.PAUSES.mark()  # the pauses a listener can meet count from here, after the freeze's collect
 
     def release(self) -> None:
+        self.streams(0)
+        if self._quiet_held:
+            heap.QUIET.release()
+            self._quiet_held = False
         if self._frozen:
             heap.release()
             self._frozen = False
+
+    def streams(self, in_flight: int) -> None:
+        """The engine's streams in flight now (its worker, every pass): the process's quiet moments."""
+        if not self._quiet_held:
+            return
+        if (in_flight > 0) != self._busy:
+            self._busy = in_flight > 0
+            if self._busy:
+                heap.QUIET.busy()
+            else:
+                heap.QUIET.quiet()
+        elif self._busy:
+            heap.QUIET.check()
 
     def record(self, stats: EngineStats) -> None:
         pauses = heap.PAUSES

@@ -9,7 +9,7 @@ import textwrap
 import time
 
 from voicewire.engine import Engine, EngineConfig
-from voicewire.engine.heap import PAUSES
+from voicewire.engine.heap import HELD_THRESHOLD, PAUSES
 
 # In a process of its own: this one's session engine (tests/conftest.py) keeps its heap frozen.
 _FREEZE_UNTIL_CLOSE = textwrap.dedent(
@@ -76,3 +76,67 @@ def test_the_pauses_since_ready_leave_out_the_ones_before() -> None:
         assert 0 < PAUSES.max_since_mark_s <= PAUSES.max_s
     finally:
         engine.close()
+
+
+# In a process of its own, as above: a stream in flight (text pushed, not ended) while cyclic garbage
+# sits in the oldest generation with as many young collections behind it as a full one waits for.
+_QUIET_COLLECTION = textwrap.dedent(
+    """
+    import asyncio, gc, weakref
+    from voicewire.engine import Engine, EngineConfig
+    from voicewire.engine.heap import QUIET
+
+    class Node:
+        def __init__(self):
+            self.me = self
+
+    async def main():
+        engine = Engine(EngineConfig(full_collection_busy_max_s={busy_max_s})).start()
+        own = gc.get_threshold()
+        stream = engine.open_stream()
+        stream.push_text("Hello there.")
+        await asyncio.sleep({busy_s})
+        threshold_while_busy = gc.get_threshold()[2]
+        nodes = [Node() for _ in range(100)]
+        dropped = weakref.ref(nodes[0])
+        gc.collect(1)  # alive: promoted to the oldest generation
+        del nodes
+        for _ in range(own[2]):
+            gc.collect(1)
+        stream.end()
+        async for _ in stream:
+            pass
+        while engine.active_streams():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the worker's next pass sees none in flight
+        print(threshold_while_busy, dropped() is None, gc.get_threshold() == own, QUIET.collections, QUIET.overruns)
+        engine.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+def _quiet_run(busy_max_s: float | None, busy_s: float) -> list[str]:
+    code = _QUIET_COLLECTION.format(busy_max_s=busy_max_s, busy_s=busy_s)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.split()
+
+
+def test_the_oldest_generation_waits_for_the_last_stream_to_end() -> None:
+    held, collected, own_rule_back, quiet_collections, overruns = _quiet_run(busy_max_s=60.0, busy_s=0.2)
+    assert int(held) == HELD_THRESHOLD
+    assert collected == "True" and own_rule_back == "True"
+    assert (quiet_collections, overruns) == ("1", "0")
+
+
+def test_busy_past_its_bound_the_collector_has_its_own_rule_back() -> None:
+    held, collected, own_rule_back, _, overruns = _quiet_run(busy_max_s=0.3, busy_s=1.2)
+    assert int(held) == gc.get_threshold()[2] != HELD_THRESHOLD and overruns == "1"
+    assert collected == "True" and own_rule_back == "True"
+
+
+def test_without_the_bound_the_collector_keeps_its_own_rule() -> None:
+    held, collected, own_rule_back, quiet_collections, _ = _quiet_run(busy_max_s=None, busy_s=0.2)
+    assert int(held) != HELD_THRESHOLD and own_rule_back == "True"
+    assert quiet_collections == "0" and collected == "False"  # left for the collector's own counts
