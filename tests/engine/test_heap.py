@@ -1,4 +1,5 @@
-"""The startup heap out of the collector's walks (heap.py), and the pauses it times."""
+"""The startup heap out of the collector's walks (heap.py), the oldest generation held to the moments no stream
+is in flight, and the pauses it times."""
 
 from __future__ import annotations
 
@@ -35,20 +36,19 @@ _FREEZE_UNTIL_CLOSE = textwrap.dedent(
 )
 
 
-def _run(freeze: bool) -> list[str]:
-    code = _FREEZE_UNTIL_CLOSE.format(freeze=freeze)
+def _run(code: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     return out.stdout.split()
 
 
 def test_a_warm_engine_takes_the_heap_out_of_collections_until_it_closes() -> None:
-    frozen, kept, after_close, kept_after_close = _run(freeze=True)
+    frozen, kept, after_close, kept_after_close = _run(_FREEZE_UNTIL_CLOSE.format(freeze=True))
     assert int(frozen) >= 1_000 and kept == "True"
     assert after_close == "0" and kept_after_close == "False"  # handed back, and collected
 
 
 def test_without_freeze_heap_nothing_is_frozen() -> None:
-    assert _run(freeze=False) == ["0", "False", "0", "False"]
+    assert _run(_FREEZE_UNTIL_CLOSE.format(freeze=False)) == ["0", "False", "0", "False"]
 
 
 def test_every_collection_is_timed() -> None:
@@ -118,9 +118,7 @@ _QUIET_COLLECTION = textwrap.dedent(
 
 
 def _quiet_run(busy_max_s: float | None, busy_s: float) -> list[str]:
-    code = _QUIET_COLLECTION.format(busy_max_s=busy_max_s, busy_s=busy_s)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    return out.stdout.split()
+    return _run(_QUIET_COLLECTION.format(busy_max_s=busy_max_s, busy_s=busy_s))
 
 
 def test_the_oldest_generation_waits_for_the_last_stream_to_end() -> None:
