@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 GENERATIONS = 3
-HELD_THRESHOLD = 1 << 30  # young collections before the collector would start a full one: never
+HELD_THRESHOLD = 1 << 30  # middle-generation collections before the collector starts a full one: never
 KEPT_PAUSE_S = 0.001  # pauses kept in ``Pauses.recent``: young collections are thousands a second under load
 
 

@@ -1,5 +1,5 @@
-"""The startup heap out of the collector's walks (heap.py), the oldest generation held to the moments no stream
-is in flight, and the pauses it times."""
+"""The startup heap out of the collector's walks (heap.py), the oldest generation held to the moments no
+stream is in flight, and the pauses it times."""
 
 from __future__ import annotations
 
@@ -109,7 +109,8 @@ _QUIET_COLLECTION = textwrap.dedent(
         while engine.active_streams():
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)  # the worker's next pass sees none in flight
-        print(threshold_while_busy, dropped() is None, gc.get_threshold() == own, QUIET.collections, QUIET.overruns)
+        own_back = gc.get_threshold() == own
+        print(threshold_while_busy, dropped() is None, own_back, QUIET.collections, QUIET.overruns)
         engine.close()
 
     asyncio.run(main())
