@@ -114,14 +114,15 @@ class QuietCollections:
     and collected when the last one ends.
 
     A stream's objects (~45 tracked ones in a core: the engine's, its forwarder's task) live as long
-    as its audio plays, long enough to reach the oldest generation, and the collector starts a full
-    collection each time those promoted pass a quarter of what the last one kept: under steady load
-    every few seconds, each walking every open stream's objects (1,600 streams at 400 turns/s on a GPU
-    host: 10-28 ms with the interpreter's lock held, every stream's next step behind it). A finished
-    stream leaves no cyclic garbage (what refcounts do not free), so those walks find nothing to free;
-    once no stream is in flight the same collection walks only what is alive then. Quiet, the process
-    has the collector's own rule; busy without a break for ``busy_max_s``, too, until its next quiet
-    moment, so whatever cyclic garbage it does make is bounded.
+    as it generates, a second or more under load, long enough to reach the oldest generation, and the
+    collector starts a full collection each time those promoted pass a quarter of what the last one
+    kept: under steady load every few seconds, each walking everything alive outside the frozen heap
+    with the interpreter's lock held, every stream's next step behind it (7-28 ms in a GPU host's core
+    at 400 turns/s). A finished stream leaves no cyclic garbage (what refcounts do not free), so
+    those walks find little to free; once no stream is in flight the same collection walks only what
+    is alive then. Quiet, the process has the collector's own rule; busy without a break for
+    ``busy_max_s``, too, until its next quiet moment, so whatever cyclic garbage it does make is
+    bounded.
 
     Engines say ``busy()`` / ``quiet()`` on their transitions and ``check()`` as they step; each of
     ``hold()`` needs a ``release()``. Any thread may call; the collection runs on ``quiet()``'s."""
