@@ -13,6 +13,8 @@ a different row per batch row, so no stream stops early (forced lengths, no EOS)
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -25,7 +27,11 @@ from voicewire.engine.qwen3.model import Qwen3TTSModel
 KV_BLOCKS_PER_SLOT = 4
 
 
-def null_device_qwen3(max_slots: int, max_batch: int, max_seq_len: int = 1536, seed: int = 0) -> Qwen3TTSModel:
+def null_device_qwen3(
+    max_slots: int, max_batch: int, max_seq_len: int = 1536, seed: int = 0, step_s: float = 0.0
+) -> Qwen3TTSModel:
+    """``step_s``: a frame step's device time, waited without the interpreter's lock (as a CUDA sync
+    waits) inside the step, so streams live as long as a GPU's steps make them; 0: none."""
     opts = ServeOptions(
         max_slots=max_slots,
         max_batch_size=max_batch,
@@ -36,13 +42,13 @@ def null_device_qwen3(max_slots: int, max_batch: int, max_seq_len: int = 1536, s
     )
     torch.manual_seed(seed)
     model = load_qwen3(None, "tiny", options=opts, seed=seed)
-    short_circuit(model, seed)
+    short_circuit(model, seed, step_s)
     # as the engine drives the CUDA model (model.py: steps_in_flight 2 on CUDA, the codec overlapped)
     model.steps_in_flight, model.decode_overlaps, model.urgent_decode = 2, True, True
     return model
 
 
-def short_circuit(model: Qwen3TTSModel, seed: int) -> None:
+def short_circuit(model: Qwen3TTSModel, seed: int, step_s: float = 0.0) -> None:
     """Every graph body and eager device path of ``model`` returns a static output: no compute."""
     rng = np.random.default_rng(seed)
     q = model.cfg.talker.num_code_groups
@@ -59,6 +65,8 @@ def short_circuit(model: Qwen3TTSModel, seed: int) -> None:
         return outputs[shape]
 
     def decode_body(slots: Tensor) -> Tensor:
+        if step_s:
+            time.sleep(step_s)
         return static((slots.shape[0], q))
 
     def prefill_body(rows: Tensor) -> Tensor:
