@@ -32,7 +32,7 @@ from voicewire.engine.stats import EngineStats
 
 MODEL = "qwen3_null_device:null_device_qwen3"
 SLOTS = 1024
-LENGTH_SCALE = 0.74  # the committed mix scaled to the front door's replies (3.4-s mean), as gpu.sh's engine-only half
+LENGTH_SCALE = 0.74  # the committed mix scaled to the front door's replies (3.4-s mean), as gpu.sh does
 VARIANTS = {"held": 60.0, "collector": None}  # EngineConfig.full_collection_busy_max_s
 
 
@@ -63,7 +63,8 @@ async def one_run(busy_max_s: float | None, args: argparse.Namespace, seed: int)
 
         watcher = asyncio.create_task(watch())
         t0 = time.perf_counter()
-        load = await open_loop(core, args.rate, args.duration_s, Lengths(LENGTH_SCALE), seed)  # type: ignore[arg-type]
+        lengths = Lengths(LENGTH_SCALE)
+        load = await open_loop(core, args.rate, args.duration_s, lengths, seed)  # type: ignore[arg-type]
         done.set()
         await watcher
         return {
@@ -86,7 +87,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             runs.append(run)
     return {
         "what": "an engine core (null-device Qwen3 model) under an open loop of whole turns: its collections "
-        "while turns were in flight, oldest generation held to quiet moments against the collector's own rule",
+        "while turns were in flight, oldest generation held to quiet moments against the collector's "
+        "own rule",
         "rate": args.rate,
         "duration_s": args.duration_s,
         "step_ms": args.step_ms,
