@@ -33,7 +33,7 @@ from voicewire.engine.stats import EngineStats
 MODEL = "qwen3_null_device:null_device_qwen3"
 SLOTS = 1024
 LENGTH_SCALE = 0.74  # the committed mix scaled to the front door's replies (3.4-s mean), as gpu.sh does
-VARIANTS = {"held": 60.0, "collector": None}  # EngineConfig.full_collection_busy_max_s
+VARIANTS = {"held": None, "collector": 0.0}  # full_collection_busy_max_s (None: a core's default)
 
 
 def core_gc(stats: EngineStats) -> dict[str, float]:

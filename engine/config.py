@@ -133,6 +133,9 @@ class EngineConfig:
     freeze_heap: bool = True
     # with it, the oldest generation collected at the moments no stream is in flight (heap.py's
     # QuietCollections), not every few seconds under load; busy without a break for this long, the
-    # collector's own rule until the next quiet moment. None: the collector's own rule throughout
-    full_collection_busy_max_s: float | None = 60.0
+    # collector's own rule until the next quiet moment. 0: the collector's own rule throughout. None:
+    # where the engine runs decides: an engine core holds (core/process.py), an engine in a gateway's
+    # process does not (the gateway paces a turn's audio for seconds after the engine is done with it,
+    # and a collection at the engine's quiet moment would stall every packet behind it)
+    full_collection_busy_max_s: float | None = None
     max_batch: int | None = None  # streams per generate step, at most the model's; None: the model's

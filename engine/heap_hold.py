@@ -21,7 +21,7 @@ class HeapHold:
             heap.freeze()
             self._frozen = True
             # a quiet collection walks what is alive then: with the start-up heap frozen, a few ms
-            if busy_max_s is not None:
+            if busy_max_s:
                 heap.QUIET.hold(busy_max_s)
                 self._quiet_held = True
         self._base = (sum(heap.PAUSES.count), sum(heap.PAUSES.seconds))

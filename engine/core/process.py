@@ -25,7 +25,7 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import zmq
@@ -66,6 +66,7 @@ log = logging.getLogger("voicewire.engine.core")
 
 STATS_INTERVAL_S = 0.5  # counters (and the heartbeat) this often
 PARENT_CHECK_S = 1.0  # how often the core looks for the process that started it
+CORE_FULL_COLLECTION_BUSY_MAX_S = 60.0  # EngineConfig.full_collection_busy_max_s where a config leaves it
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,10 @@ async def _serve(spec: CoreSpec) -> None:
     async def to_starter(msg: FromCore) -> None:
         await from_core.send_multipart(encode_from_core(msg), copy=False)
 
-    engine = Engine(spec.engine)
+    config = spec.engine
+    if config.full_collection_busy_max_s is None:  # nothing else in this process paces audio
+        config = replace(config, full_collection_busy_max_s=CORE_FULL_COLLECTION_BUSY_MAX_S)
+    engine = Engine(config)
     core = _Core(engine, to_starter if gateways is None else gateways.send)
     tasks: list[asyncio.Task[None]] = []
     if gateways is not None:

@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from voicewire.engine import Engine, EngineConfig
 from voicewire.engine.heap import HELD_THRESHOLD, PAUSES
 
@@ -135,7 +137,8 @@ def test_busy_past_its_bound_the_collector_has_its_own_rule_back() -> None:
     assert collected == "True" and own_rule_back == "True"
 
 
-def test_without_the_bound_the_collector_keeps_its_own_rule() -> None:
-    held, collected, own_rule_back, quiet_collections, _ = _quiet_run(busy_max_s=None, busy_s=0.2)
+@pytest.mark.parametrize("busy_max_s", [0.0, None], ids=["off", "in-process-default"])
+def test_off_or_in_a_gateways_process_the_collector_keeps_its_own_rule(busy_max_s: float | None) -> None:
+    held, collected, own_rule_back, quiet_collections, _ = _quiet_run(busy_max_s=busy_max_s, busy_s=0.2)
     assert int(held) != HELD_THRESHOLD and own_rule_back == "True"
     assert quiet_collections == "0" and collected == "False"  # left for the collector's own counts
