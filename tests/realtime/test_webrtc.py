@@ -116,11 +116,12 @@ async def test_two_turns_are_intelligible_paced_and_fast(engine: Engine) -> None
         assert p99_s <= MAX_P99_INTER_ARRIVAL_S, (
             f"p99 inter-arrival {p99_s * 1000:.1f} ms: a burst or a stall"
         )
-        # paced on the wall clock: the audio took as long to arrive as it lasts
+        # paced on the wall clock: the audio took as long to arrive as it lasts (each end's arrivals
+        # against the RTP clock, a median of 10: one packet the 2 shared cores held up is not a drift)
         audible = [p for p in pkts if p.level_dbfs > ONSET_THRESHOLD_DBFS]
-        span_s = audible[-1].t_arrival_s - audible[0].t_arrival_s
-        media_s = (audible[-1].pts - audible[0].pts) / 48_000
-        assert span_s == pytest.approx(media_s, abs=0.03)
+        behind_s = [p.t_arrival_s - p.pts / 48_000 for p in audible]
+        assert len(behind_s) > 100
+        assert np.median(behind_s[-10:]) == pytest.approx(np.median(behind_s[:10]), abs=0.03)
         # turn.done follows the audio, and reports what was paced out
         assert turn.t_done_s is not None and turn.t_done_s >= audible[-1].t_arrival_s
         assert done.played_ms == pytest.approx(done.audio_ms, abs=1.0)
