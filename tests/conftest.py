@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,7 +19,19 @@ if TYPE_CHECKING:  # the GPU machine runs the engine tests without the transport
     from voicewire.realtime.client import ProtocolClient, Turn, TurnAudio, TurnId
 
 
+# The folders whose tests time audio, sessions and their neighbours over the network: ./scripts/test
+# runs them one at a time (-m timed) and the rest two at a time (-m "not timed"), as a busy neighbour
+# would make a timed test's figure. A module in them that times nothing says so with
+# ``pytestmark = pytest.mark.shared_cores`` and runs beside the others.
+TIMED_DIRS = ("gateway", "realtime", "adapters", "deploy", "ray")
+TESTS = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        if folder in TIMED_DIRS and item.get_closest_marker("shared_cores") is None:
+            item.add_marker(pytest.mark.timed)
     try:
         import torch
 

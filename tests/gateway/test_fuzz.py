@@ -18,6 +18,7 @@ from tests.conftest import running_gateway
 from voicewire.engine import Engine
 from voicewire.realtime.protocol import ProtocolError, parse_client_message
 
+pytestmark = pytest.mark.shared_cores  # generated input, checked for codes and leaks: nothing timed
 TYPES = ["session.update", "text.delta", "text.flush", "text.end", "turn.cancel", "speak", "", "text.delta "]
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=40)

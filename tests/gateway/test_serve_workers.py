@@ -30,6 +30,7 @@ from tests.conftest import free_port, speak_turn
 from voicewire.realtime.client import VoicewireClient, VoicewireError
 from voicewire.realtime.serve_workers import workers_for
 
+pytestmark = pytest.mark.shared_cores  # processes started, killed and reconnected: nothing timed to the ms
 SERVE = [sys.executable, "-m", "voicewire.realtime.cli", "serve"]
 
 

@@ -41,6 +41,7 @@ from voicewire.realtime.client import VoicewireClient
 from voicewire.realtime.gateway import GATEWAY
 from voicewire.realtime.reference_audio import ReferenceLimits
 
+pytestmark = pytest.mark.shared_cores  # refusals, slots and limits of uploads: nothing timed to the ms
 SEGFAULT = (
     sys.executable,
     "-c",

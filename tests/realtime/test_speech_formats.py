@@ -13,6 +13,7 @@ from tests.asr import transcribe, wer
 from tests.realtime.test_http import SENTENCES, _speech
 from voicewire.realtime.http_api import parse_speech
 
+pytestmark = pytest.mark.shared_cores  # formats and what Whisper hears: nothing timed
 TEXT = " ".join(SENTENCES)
 ENGINE_RATE_HZ = 24_000
 
