@@ -40,6 +40,7 @@ from voicewire.engine.config import ChunkSchedule
 from voicewire.engine.engine import Engine
 from voicewire.engine.model import Queued
 from voicewire.engine.qwen3 import ExperimentalOptions, Qwen3TTSModel
+from voicewire.engine.qwen3.host_staging import PinnedBlocks, Staging
 
 # the served frame step's rows on CUDA (realtime/engine_flags.py CUDA_MAX_BATCH: that module needs the
 # gateway's packages, which the device has only where they are carried)
@@ -167,7 +168,7 @@ def contention(model: Qwen3TTSModel, decode_rows: int, shapes: list[tuple[int, i
     graphs, dev, q = model.graphs, model.device, model.cfg.talker.num_code_groups
     if dev.type != "cuda" or not graphs.has(("decode", decode_rows)):
         return {}
-    staged: list[torch.Tensor] = []
+    staging = Staging(PinnedBlocks(), dev)
     dec_rows = np.full(decode_rows, model.pad_slot, np.int64)
     main = torch.cuda.current_stream(dev)
     least, greatest = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
@@ -178,7 +179,7 @@ def contention(model: Qwen3TTSModel, decode_rows: int, shapes: list[tuple[int, i
     }
 
     def decode() -> None:
-        graphs.run(("decode", decode_rows), dec_rows, staged)
+        graphs.run(("decode", decode_rows), dec_rows, staging)
 
     out: dict[str, Any] = {"decode_rows": decode_rows, "decode_alone_ms": gpu_ms(decode, dev, 10)}
     rng = np.random.default_rng(0)
@@ -187,7 +188,7 @@ def contention(model: Qwen3TTSModel, decode_rows: int, shapes: list[tuple[int, i
             continue
         rows = rng.integers(0, 2048, (b, q * t + 2)).astype(np.int64)
         rows[:, -2], rows[:, -1] = t, np.arange(b)
-        codec = lambda rows=rows, b=b, t=t: graphs.run(("codec", b, t), rows, staged)  # noqa: E731
+        codec = lambda rows=rows, b=b, t=t: graphs.run(("codec", b, t), rows, staging)  # noqa: E731
         with torch.cuda.stream(streams["codec_stream"]):
             alone = gpu_ms(codec, dev, 5)
         row: dict[str, Any] = {"codec_alone_ms": alone}
@@ -210,7 +211,7 @@ def contention(model: Qwen3TTSModel, decode_rows: int, shapes: list[tuple[int, i
                 "wall_ms": max(origin.elapsed_time(s[-1][1]) for s in spans.values()),
                 "serial_ms": calls * alone + n_decode * out["decode_alone_ms"],
             }
-        staged.clear()
+        staging.release()  # after the synchronize: every copy from it done
         out[f"B{b}_T{t}"] = row
     return out
 
@@ -257,13 +258,13 @@ class Tracer:
 
         run = graphs.run
 
-        def graph_run(key: Any, rows: np.ndarray, staged: Any = None) -> Any:
+        def graph_run(key: Any, rows: np.ndarray, staging: Any = None) -> Any:
             if not self.on:
-                return run(key, rows, staged)
+                return run(key, rows, staging)
             s = torch.cuda.current_stream() if torch.cuda.is_available() else None
             e0, e1 = _event(), _event()
             e0.record(s)
-            out = run(key, rows, staged)
+            out = run(key, rows, staging)
             e1.record(s)
             self.spans.append((key[0], key[1:], e0, e1))
             self.tick.setdefault("graphs", []).append(key)

@@ -8,6 +8,8 @@ where Triton is not installed (this module needs torch only).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -79,4 +81,66 @@ def snake_reference(
     return y if prefix is None else torch.cat((prefix, y), dim=1)
 
 
-__all__ = ["decode_attention_ref", "paged_tokens", "snake_reference", "softmax_attention"]
+# One opened slot's row in the packed step writes (kernels/slot_writes.py has the whole layout):
+# slot | top_k x2 | seed | greedy x2 | eos_masked | whole_text | text_len | then the bits of the
+# float32 temperature x2, top_p x2 and repetition penalty, each sign-extended from int32
+OPEN_COLUMNS = 14
+
+
+class SlotRows(NamedTuple):
+    """The device rows the host writes between steps: per slot (N rows; V = the talker's vocabulary,
+    W = the text queue's length) and the KV cache's block table, flat."""
+
+    top_k: torch.Tensor  # (N, 2) int64
+    seed: torch.Tensor  # (N,) int64
+    greedy: torch.Tensor  # (N, 2) bool
+    eos_masked: torch.Tensor  # (N,) bool
+    whole_text: torch.Tensor  # (N,) bool
+    temperature: torch.Tensor  # (N, 2) float32
+    top_p: torch.Tensor  # (N, 2) float32
+    penalty: torch.Tensor  # (N,) float32
+    seen: torch.Tensor  # (N, V) bool, zeroed at an open
+    first_feed_pending: torch.Tensor  # (N,) bool, zeroed at an open
+    position: torch.Tensor  # (N,) int64, zeroed at an open
+    frames: torch.Tensor  # (N,) int64, zeroed at an open
+    text_len: torch.Tensor  # (N,) int64
+    text: torch.Tensor  # (N, W) int64
+    table: torch.Tensor  # (S * max_blocks,) int32
+
+
+def slot_writes_reference(
+    packed: torch.Tensor, opens: int, text: int, lens: int, table: int, rows: SlotRows
+) -> None:
+    """``slot_writes`` in torch ops (the path off CUDA), the same packed layout."""
+    row = packed[: OPEN_COLUMNS * opens].view(opens, OPEN_COLUMNS)
+    at = row[:, 0]
+    flags = row[:, 4:8].bool()
+    floats = row[:, 9:14].to(torch.int32).view(torch.float32)
+    rows.top_k.index_copy_(0, at, row[:, 1:3])
+    rows.seed.index_copy_(0, at, row[:, 3])
+    rows.greedy.index_copy_(0, at, flags[:, 0:2])
+    rows.eos_masked.index_copy_(0, at, flags[:, 2])
+    rows.whole_text.index_copy_(0, at, flags[:, 3])
+    rows.text_len.index_copy_(0, at, row[:, 8])
+    rows.temperature.index_copy_(0, at, floats[:, 0:2])
+    rows.top_p.index_copy_(0, at, floats[:, 2:4])
+    rows.penalty.index_copy_(0, at, floats[:, 4])
+    for t in (rows.seen, rows.first_feed_pending, rows.position, rows.frames):
+        t.index_fill_(0, at, 0)
+    rest = packed[OPEN_COLUMNS * opens :]
+    rows.text.view(-1).index_copy_(0, rest[:text], rest[text : 2 * text])
+    rest = rest[2 * text :]
+    rows.text_len.index_copy_(0, rest[:lens], rest[lens : 2 * lens])
+    rest = rest[2 * lens :]
+    rows.table.index_copy_(0, rest[:table], rest[table : 2 * table].to(rows.table.dtype))
+
+
+__all__ = [
+    "OPEN_COLUMNS",
+    "SlotRows",
+    "decode_attention_ref",
+    "paged_tokens",
+    "slot_writes_reference",
+    "snake_reference",
+    "softmax_attention",
+]

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from .config import Qwen3TTSConfig
 from .frame_step import FrameStep
+from .host_staging import to_device
 from .prompt import Prompt, build_icl_prompt, build_prompt, icl_fed_ids, icl_prompt_ready
-from .slot_state import to_device
 from .voice_clone import VoiceProfile
 
 

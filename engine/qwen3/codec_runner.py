@@ -33,8 +33,8 @@ from .codec_decoder import CodecDecoder
 from .codec_plan import padded_frames, plan_codec_calls
 from .codec_state import CodecStatePool
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
+from .host_staging import PinnedBlocks, Staging, to_device
 from .options import ServeOptions
-from .slot_state import to_device
 
 # The urgent lane's graphs (decode_start): its chunks are a new stream's 1 frame and the 2 and 4
 # after it, a few a tick; an urgent piece with more rows or frames runs with the bulk work
@@ -88,6 +88,8 @@ class CodecRunner:
             if self.stream is not None and options.codec_mode == "stateful"
             else None
         )
+        # the calls' inputs, through pinned blocks reused (host_staging.py)
+        self._pinned = PinnedBlocks() if self.stream is not None else None
         self.bulk = _Lane("codec", self.buckets, self.frames, pad_slot)
         self.urgent = _Lane(
             "codec_urgent",
@@ -249,14 +251,15 @@ class CodecRunner:
             return Queued.finished(fill(hosts_now))
         stream = self.urgent_stream if lane is self.urgent else self.stream
         assert stream is not None
-        staged: list[Tensor] = []  # pinned inputs, alive until the copy back is waited for
+        staging = Staging(self._pinned, self.device)  # the calls' inputs, until the copy back is waited for
         with torch.cuda.stream(stream):
             if stream is self.stream and self._urgent_last is not None:
                 stream.wait_event(self._urgent_last)
                 self._urgent_last = None
             pcms, hosts = [], []
             for group in groups:  # each call's PCM copied out before the next call can replay its graph
-                on_device = self._run([work[i] for i in group], lane, staged)
+                on_device = self._run([work[i] for i in group], lane, staging)
+                # PCM blocks of their own, not reused: the chunks handed out are views of them
                 host = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
                 host.copy_(on_device, non_blocking=True)
                 pcms.append(on_device)
@@ -271,7 +274,7 @@ class CodecRunner:
             t0 = time.perf_counter()
             done.synchronize()
             self.wait_s += time.perf_counter() - t0
-            staged.clear()
+            staging.release()
             pcms.clear()
             return fill([h.numpy() for h in hosts])
 
@@ -292,7 +295,7 @@ class CodecRunner:
                 del self._bulk_last[work[i].slot]
         return True
 
-    def _run(self, chunks: list[DecodeWork], lane: _Lane, staged: list[Tensor] | None = None) -> Tensor:
+    def _run(self, chunks: list[DecodeWork], lane: _Lane, staging: Staging | None = None) -> Tensor:
         """One codec call on ``lane``: the chunks padded to a common frame count T -> pcm
         (len(chunks), T * 1920) on the device, row r's audio in its first n_frames * 1920 samples:
         a view of the graph's static output, which the next replay of that graph overwrites (queued
@@ -309,13 +312,10 @@ class CodecRunner:
         rows[:n, -2] = n_frames
         rows[:n, -1] = [w.slot for w in chunks]
         if self.graphs.has((lane.kind, b, t)):
-            pcm = self.graphs.run((lane.kind, b, t), rows, staged)
+            pcm = self.graphs.run((lane.kind, b, t), rows, staging)
         else:  # a chunk longer than the graphed frame counts: eager, exact shape
-            x = torch.from_numpy(rows)
-            if staged is not None and self.device.type == "cuda":
-                x = x.pin_memory()
-                staged.append(x)
-            pcm = self.body(x.to(self.device, non_blocking=True))
+            x = torch.from_numpy(rows).to(self.device) if staging is None else staging.put(rows, torch.int64)
+            pcm = self.body(x)
         return pcm[:n]
 
     def _decode_windowed(self, w: DecodeWork) -> np.ndarray:

@@ -6,8 +6,8 @@ the padding slot) that returns one output tensor, reading and writing only devic
     static input (fixed shape)  --copy-->  captured body  -->  static output (fixed shape)
 
 ``run`` takes the host's rows, checks their shape against the key's buffer (a mismatch is a bug and
-raises), copies them in (through pinned memory without waiting, where the caller keeps the pinned
-buffers until it synchronizes), replays, and returns the static output; the caller copies what it
+raises), copies them in (through the caller's pinned staging without waiting, host_staging.py),
+replays, and returns the static output; the caller copies what it
 needs before the next replay of the same key.
 
 Graphs of one pool share its memory and are captured largest first, so a pool is sized by its largest
@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from torch import Tensor
+
+from .host_staging import Staging
 
 Body = Callable[[Tensor], Tensor]
 T = TypeVar("T")
@@ -286,12 +288,12 @@ class CudaGraphs:
     def has(self, key: Hashable) -> bool:
         return key in self._entries
 
-    def run(self, key: Hashable, rows: np.ndarray, staged: list[Tensor] | None = None) -> Tensor:
+    def run(self, key: Hashable, rows: np.ndarray, staging: Staging | None = None) -> Tensor:
         """rows: the full static input of ``key`` (padding included), int64 -> the static output.
 
-        ``staged``: copy the rows through pinned memory without waiting, and keep the pinned buffer
-        there until the caller has synchronized (a pageable copy first waits for the stream's earlier
-        work, which would hold the host while an earlier call of an overlapped stream runs)."""
+        ``staging``: copy the rows through its pinned memory without waiting (a pageable copy first
+        waits for the stream's earlier work, which would hold the host while an earlier call of an
+        overlapped stream runs); the caller releases it once it has synchronized."""
         e = self._entries.get(key)
         if e is None:
             raise KeyError(f"no graph {key!r}; registered: {sorted(map(str, self._entries))}")
@@ -299,12 +301,10 @@ class CudaGraphs:
             raise ValueError(
                 f"graph {key!r} takes int64 {tuple(e.input.shape)}, got {rows.dtype} {rows.shape}"
             )
-        # without ``staged``, a plain (pageable) copy: torch waits for the stream to finish it, so the
+        # without ``staging``, a plain (pageable) copy: torch waits for the stream to finish it, so the
         # host also waits for everything queued before it (fine for warm-up and one-off calls)
-        if staged is not None and self.device.type == "cuda":
-            pinned = torch.from_numpy(rows).pin_memory()
-            e.input.copy_(pinned, non_blocking=True)
-            staged.append(pinned)
+        if staging is not None:
+            staging.copy_into(e.input, rows)
         else:
             e.input.copy_(torch.from_numpy(rows))
         if e.graph is not None:

@@ -6,8 +6,8 @@
 
 Which blocks a slot owns is decided on the host (``KVPool``, kv_pool.py: a free list, blocks taken as
 a stream grows, all returned when it closes); the host mirror's changes reach the device table in one
-copy per step (``flush``). Nothing is allocated per request, so opening and closing streams cannot
-leak, and a reused block needs no clearing: the attention mask only admits positions a stream has
+copy per step, with the step's other writes (``SlotState.flush``). Nothing is allocated per request,
+so opening and closing streams cannot leak, and a reused block needs no clearing: the attention mask only admits positions a stream has
 written itself (``key <= position``), and every position is written before it is read. Entries no
 block is assigned to point at the scratch block 0: the graphs' padding slot (whose whole row is
 scratch) and right-padded prefill positions write there, and nothing reads it.
@@ -39,7 +39,6 @@ from torch import Tensor
 from ..model import KVRoom
 from .kv_pool import NEW_STREAM_POSITIONS, PAGE, KVPool, blocks_for
 from .layers import SelfAttendingKV
-from .slot_state import to_device
 
 log = logging.getLogger("voicewire.qwen3")
 
@@ -73,7 +72,6 @@ class PagedKVCache:
         self.prefix_k = torch.zeros(kept, dtype=dtype, device=device)
         self.prefix_v = torch.zeros(kept, dtype=dtype, device=device)
         self.block_table = torch.from_numpy(self.pool.table.copy()).to(device)  # all scratch
-        self._table_flat = self.block_table.view(-1)  # the table's entries, as flush scatters them
         self.max_blocks = self.pool.max_blocks_per_slot
         self.max_len = self.max_blocks * page  # positions a table row addresses (>= the stream cap)
         self._kv_heads = torch.arange(kv_heads, device=device)
@@ -92,22 +90,11 @@ class PagedKVCache:
         """Device bytes of one block, K and V of every layer."""
         return 2 * self.k[:, 0].numel() * self.k.element_size()
 
-    def flush(self) -> None:
-        """The pool's table changes since the last flush onto the device: one pinned host block, one
-        non-blocking copy and one scatter, however many slots grew or closed (queued in stream order,
-        so steps begun before read the table they were begun with)."""
-        writes = self.pool.take_writes()
-        if writes is None:
-            return
-        at, blocks = writes
-        packed = to_device([*at.tolist(), *blocks.tolist()], torch.int32, self.block_table.device)
-        n = len(at)
-        self._table_flat.index_copy_(0, packed[:n].long(), packed[n:])
-
     def grow(self, positions: dict[int, int]) -> dict[int, str]:
-        """Blocks for each slot's first ``positions[slot]`` positions (what a step is about to write),
-        then one flush. Returns the slots the pool could not grow, each with its error: the caller
-        ends those streams (their blocks stay theirs until close) and steps the others."""
+        """Blocks for each slot's first ``positions[slot]`` positions (what a step is about to write;
+        the table's changes go up with the step's other writes, ``SlotState.flush``). Returns the
+        slots the pool could not grow, each with its error: the caller ends those streams (their
+        blocks stay theirs until close) and steps the others."""
         ensure = self.pool.ensure
         full = {
             s: f"KV cache full: no free block for position {n - 1} ({self.pool.usable_blocks} blocks of "
@@ -115,7 +102,6 @@ class PagedKVCache:
             for s, n in positions.items()
             if not ensure(s, n)
         }
-        self.flush()
         return full
 
     def open(self, slot: int) -> None:

@@ -11,7 +11,7 @@ nothing reads it. A block handed to a new owner needs no clearing: attention adm
 positions <= the query's (``key <= position``), and each of those the owner wrote itself first.
 
 Changes to the table collect as dirty entries and go to the device in one copy per step
-(``take_writes``, then ``PagedKVCache.flush``), the way SlotState.flush uploads text.
+(``take_writes``, then ``SlotState.flush`` with the step's other writes).
 """
 
 from __future__ import annotations

@@ -67,6 +67,7 @@ from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
 from .guards import GuardLimits, RepetitionDetector
 from .host_slot import FrameLimits, HostSlot, invalid_rows
+from .host_staging import PinnedBlocks, Staging
 from .kv_cache import PagedKVCache
 from .layers import DecoderLayer
 from .options import ServeOptions, default_decode_buckets
@@ -134,8 +135,16 @@ class Qwen3TTSModel(Model):
         shape = (t.num_layers, options.pool_blocks, n, t.num_kv_heads, options.max_seq_len, t.head_dim)
         self.kv = PagedKVCache(*shape, self.dtype, dev, page=options.kv_page, prefixes=options.prefix_cache)
         self.state = SlotState(
-            n, t.num_code_groups, t.vocab_size, options.max_seq_len, t.hidden_size, self.dtype, dev
+            n,
+            t.num_code_groups,
+            t.vocab_size,
+            options.max_seq_len,
+            t.hidden_size,
+            self.dtype,
+            dev,
+            self.kv.block_table.view(-1),
         )
+        self._pinned = PinnedBlocks() if dev.type == "cuda" else None  # the steps' uploads (host_staging.py)
         for layer in (*self.talker.layers, *self.code_predictor.layers):
             cast(DecoderLayer, layer).fuse()  # q|k|v and gate|up: 3 fewer GEMM launches per layer
         fused_on = dev.type == "cuda" if experimental.fused_kernels is None else experimental.fused_kernels
@@ -286,14 +295,16 @@ class Qwen3TTSModel(Model):
         if full:
             running = [s for s in running if s not in results]
         new = [s for s in prompts if s not in results]
-        self.state.flush()  # the rows and text the step's feeds read (open_slot and add_text queue them)
-        staged: list[Tensor] = []  # pinned graph inputs, alive until the step's codes are waited for
+        # the step's uploads, released once its codes are waited for (then every copy of them is done)
+        staging = Staging(self._pinned, self.device)
+        # the rows, text and KV blocks the step reads (open_slot, add_text and grow queue them)
+        self.state.flush(staging, self.kv.pool.take_writes())
         attached = self.prefixes.split(new, prompts, hosts)  # their prompt's head is kept: no prefill
         fresh = [s for s in new if s not in attached]
         per_call = self.prefill_batches[-1]
         for group in (fresh[i : i + per_call] for i in range(0, len(fresh), per_call)):
-            self._run_prefill(group, [prompts[s] for s in group], staged)
-        self.prefixes.attach(attached, prompts, staged)  # before learn may give their entries away
+            self._run_prefill(group, [prompts[s] for s in group], staging)
+        self.prefixes.attach(attached, prompts, staging)  # before learn may give their entries away
         self.prefixes.learn(fresh, prompts, hosts)
         for s in new:
             hosts[s].prefilled, hosts[s].position = True, len(prompts[s]) - 1
@@ -303,15 +314,15 @@ class Qwen3TTSModel(Model):
         for i in range(0, len(batch), size):
             if parts:  # the next call may replay the same graph, overwriting the static output
                 parts[-1] = parts[-1].clone()
-            parts.append(self._run_decode(batch[i : i + size], staged))
-        if not batch:
+            parts.append(self._run_decode(batch[i : i + size], staging))
+        if not batch:  # staging dropped unreleased: its copies may still be queued (host_staging.py)
             return Queued.finished([results[s] for s in slots])
         codes = self.codes_to_host.start(parts[0] if len(parts) == 1 else torch.cat(parts))
         self.codec_runner.reset_opened(early=True)  # on the codec's lane while the step runs, not in a first chunk's begin
 
         def finish() -> list[GenerateResult]:
             host = codes()  # (B, 16), the caller's own: each row becomes its slot's frame
-            staged.clear()
+            staging.release()
             bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
             self.invalid_code_rows += int(np.count_nonzero(bad))
             looped = self.repetition.push(np.asarray(batch), host[:, 0])
@@ -321,11 +332,11 @@ class Qwen3TTSModel(Model):
 
         return Queued(finish, codes.done)
 
-    def _run_decode(self, group: list[int], staged: list[Tensor]) -> Tensor:
+    def _run_decode(self, group: list[int], staging: Staging) -> Tensor:
         b = bucket_for(len(group), self.decode_buckets)
         rows = np.full(b, self.pad_slot, np.int64)
         rows[: len(group)] = group
-        codes = self.graphs.run(("decode", b), rows, staged)
+        codes = self.graphs.run(("decode", b), rows, staging)
         hosts = self._slots
         for s in group:
             st = hosts[s]
@@ -334,7 +345,7 @@ class Qwen3TTSModel(Model):
         # a view of the static output: the copy to the host is queued before the next step's replay
         return codes[: len(group)]
 
-    def _run_prefill(self, group: list[int], prompts: list[Prompt], staged: list[Tensor]) -> None:
+    def _run_prefill(self, group: list[int], prompts: list[Prompt], staging: Staging) -> None:
         """The group's prompts but their last positions into the KV cache; those wait as first feeds
         for this step's decode call (frame_step.py)."""
         voices = [self._slots[s].voice for s in group]
@@ -354,18 +365,9 @@ class Qwen3TTSModel(Model):
                 dtype=np.int64,
             )
             if self.graphs.has(("prefill", b, t)):
-                self.graphs.run(("prefill", b, t), rows, staged)
+                self.graphs.run(("prefill", b, t), rows, staging)
             else:  # prompts longer than every length bucket (whole text), or of one position: eager
-                self.step.prefill(self._device_rows(rows[: len(group)], staged))
-
-    def _device_rows(self, rows: np.ndarray, staged: list[Tensor]) -> Tensor:
-        """Rows onto the device without waiting for its queued work (as ``CudaGraphs.run`` stages them)."""
-        x = torch.from_numpy(rows)
-        if self.device.type != "cuda":
-            return x
-        x = x.pin_memory()
-        staged.append(x)
-        return x.to(self.device, non_blocking=True)
+                self.step.prefill(staging.put(rows[: len(group)], torch.int64))
 
     def _register_graphs(self) -> None:
         """Every bucket's body with padding-slot example rows (captured in ``warmup``)."""

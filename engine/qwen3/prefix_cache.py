@@ -24,11 +24,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from .cuda_graphs import CudaGraphs, bucket_for
 from .frame_step import FrameStep
 from .host_slot import HostSlot
+from .host_staging import Staging
 from .kv_cache import PagedKVCache
 from .prompt import Prompt
 
@@ -59,7 +59,7 @@ class PrefixCache:
                 found[s] = self._entries[head]
         return found
 
-    def attach(self, entries: dict[int, int], prompts: dict[int, Prompt], staged: list[Tensor]) -> None:
+    def attach(self, entries: dict[int, int], prompts: dict[int, Prompt], staging: Staging) -> None:
         """Each slot's kept head (``split``'s entries) into its first block, its last position its
         first feed."""
         group = list(entries)
@@ -68,7 +68,7 @@ class PrefixCache:
             b = bucket_for(len(part), self.batches)
             rows = [[prompts[s].text_ids[-1], prompts[s].codec_ids[-1], len(prompts[s]) - 1, s, entries[s]] for s in part]
             packed = np.array(rows + [self._padding()] * (b - len(part)), dtype=np.int64)
-            self.graphs.run(("attach", b), packed, staged)
+            self.graphs.run(("attach", b), packed, staging)
             self.hits += len(part)
 
     def learn(self, group: list[int], prompts: dict[int, Prompt], hosts: dict[int, HostSlot]) -> None:

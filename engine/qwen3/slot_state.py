@@ -18,7 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from voicewire.kernels.reference import OPEN_COLUMNS, SlotRows, slot_writes_reference
+
+from .host_staging import Staging
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,9 @@ class SlotState:
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        table: torch.Tensor,
     ) -> None:
+        """``table``: the KV cache's block table, flat (its changes go up with each flush)."""
         n, dev = max_slots + 1, device
         self.pad_slot = max_slots
         self.max_text_tokens = max_text_tokens
@@ -72,6 +79,29 @@ class SlotState:
         self.penalty = torch.ones(n, dtype=torch.float32, device=dev)
         self.seed = torch.zeros(n, dtype=torch.int64, device=dev)
         self.eos_masked = torch.zeros(n, dtype=torch.bool, device=dev)
+        self.rows = SlotRows(
+            self.top_k,
+            self.seed,
+            self.greedy,
+            self.eos_masked,
+            self.whole_text,
+            self.temperature,
+            self.top_p,
+            self.penalty,
+            self.seen,
+            self.first_feed_pending,
+            self.position,
+            self.frames,
+            self.text_len,
+            self.text,
+            table,
+        )
+        self._apply = slot_writes_reference
+        if dev.type == "cuda":
+            from voicewire.kernels.slot_writes import check_slot_rows, slot_writes
+
+            check_slot_rows(self.rows)
+            self._apply = slot_writes
         # what the host wrote since the last step, uploaded together before the next one (flush):
         # the rows of the slots opened, and per slot its new text (its first new position and the
         # ids from there)
@@ -80,7 +110,7 @@ class SlotState:
 
     def open(self, slot: int, row: SamplingRow, whole_text: bool) -> None:
         """Reset a slot's row for a new stream, with the next ``flush``: every slot opened since the
-        last step in a few copies and scatters, not a dozen small writes of each (hundreds of opens
+        last step in one copy and one launch, not a dozen small writes of each (hundreds of opens
         a second at load)."""
         self._opens[slot] = (row, whole_text)
         self._text_writes.pop(slot, None)  # a closed stream's text, never stepped
@@ -95,84 +125,47 @@ class SlotState:
             raise ValueError(f"slot {slot}: text from position {start}, expected {first + len(queued)}")
         queued.extend(ids)
 
-    def flush(self) -> None:
-        """The opens and the text since the last flush onto the device (before a step, whose feeds
-        read them): queued through pinned memory, never waited for (``t[slot] = value`` on a CUDA
-        tensor is a pageable copy of one element, which waits for everything queued on the
-        stream: the frame steps in flight)."""
-        self._flush_opens()
-        self._flush_text()
-
-    def _flush_opens(self) -> None:
-        """Each opened slot's sampling row and flags, its counters zeroed: one copy of the integers,
-        one of the floats, then a scatter (or fill) per row tensor, however many slots opened."""
-        if not self._opens:
+    def flush(self, staging: Staging, table: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """The opens and the text since the last flush, and the KV cache's block table changes
+        (``table``: flat indices and blocks, ``KVPool.take_writes``), onto the device before a step
+        (whose feeds read them): one copy queued through pinned memory, never waited for (``t[slot]
+        = value`` on a CUDA tensor is a pageable copy of one element, which waits for everything
+        queued on the stream: the frame steps in flight), and on CUDA one launch applying it all
+        (kernels/slot_writes.py: a scatter or fill per row tensor was ~25 launches)."""
+        if not self._opens and not self._text_writes and table is None:
             return
-        slots, rows = list(self._opens), list(self._opens.values())
-        self._opens = {}
-        dev = self.text.device
-        ints = to_device(  # (8, m): slot | top_k x2 | seed | greedy x2, eos_masked, whole_text as 0/1
-            [
-                slots,
-                *zip(*(r.top_k for r, _ in rows), strict=True),
-                [r.seed for r, _ in rows],
-                *zip(*(r.greedy for r, _ in rows), strict=True),
-                [r.eos_always_masked for r, _ in rows],
-                [whole for _, whole in rows],
-            ],
-            torch.int64,
-            dev,
-        )
-        floats = to_device(  # (5, m): temperature x2 | top_p x2 | repetition penalty
-            [
-                *zip(*(r.temperature for r, _ in rows), strict=True),
-                *zip(*(r.top_p for r, _ in rows), strict=True),
-                [r.repetition_penalty for r, _ in rows],
-            ],
-            torch.float32,
-            dev,
-        )
-        at, flags = ints[0], ints[4:].bool()
-        self.top_k.index_copy_(0, at, ints[1:3].T)
-        self.seed.index_copy_(0, at, ints[3])
-        self.greedy.index_copy_(0, at, flags[0:2].T)
-        self.eos_masked.index_copy_(0, at, flags[2])
-        self.whole_text.index_copy_(0, at, flags[3])
-        self.temperature.index_copy_(0, at, floats[0:2].T)
-        self.top_p.index_copy_(0, at, floats[2:4].T)
-        self.penalty.index_copy_(0, at, floats[4])
-        for t in (self.seen, self.first_feed_pending, self.position, self.frames, self.text_len):
-            t.index_fill_(0, at, 0)
-
-    def _flush_text(self) -> None:
-        """The text appended since the last flush, all slots in one copy and two scatters: text
-        streamed a word at a time comes as a push per word, thousands a second at load, and a write
-        of its own for each (a pinned block, a copy and a fill) is worker time per word rather than
-        per step."""
-        if not self._text_writes:
-            return
+        opens, texts = self._opens, self._text_writes
+        self._opens, self._text_writes = {}, {}
         width = self.max_text_tokens
-        at = [s * width + first + i for s, (first, ids) in self._text_writes.items() for i in range(len(ids))]
-        values = [v for _, ids in self._text_writes.values() for v in ids]
-        slots = list(self._text_writes)
-        ends = [first + len(ids) for first, ids in self._text_writes.values()]
-        self._text_writes = {}
-        n, m = len(at), len(slots)
-        packed = to_device(at + values + slots + ends, torch.int64, self.text.device)
-        self.text.view(-1).index_copy_(0, packed[:n], packed[n : 2 * n])
-        self.text_len.index_copy_(0, packed[2 * n : 2 * n + m], packed[2 * n + m :])
+        ends = {s: first + len(ids) for s, (first, ids) in texts.items()}
+        ints = np.array(
+            [
+                (s, *r.top_k, r.seed, *r.greedy, r.eos_always_masked, whole, ends.get(s, 0))
+                for s, (r, whole) in opens.items()
+            ],
+            np.int64,
+        ).reshape(len(opens), OPEN_COLUMNS - 5)
+        floats = np.array(
+            [(*r.temperature, *r.top_p, r.repetition_penalty) for r, _ in opens.values()], np.float32
+        ).reshape(len(opens), 5)
+        text_at = [s * width + first + i for s, (first, ids) in texts.items() for i in range(len(ids))]
+        lens = [s for s in texts if s not in opens]
+        at, blocks = table if table is not None else (np.empty(0, np.int64),) * 2
+        packed = np.concatenate(
+            [
+                np.concatenate([ints, floats.view(np.int32).astype(np.int64)], axis=1).reshape(-1),
+                np.array(text_at, np.int64),
+                np.array([v for _, ids in texts.values() for v in ids], np.int64),
+                np.array(lens, np.int64),
+                np.array([ends[s] for s in lens], np.int64),
+                at.astype(np.int64),
+                blocks.astype(np.int64),
+            ]
+        )
+        counts = (len(opens), len(text_at), len(lens), len(at))
+        self._apply(staging.put(packed, torch.int64), *counts, self.rows)
 
     def rezero_padding(self) -> None:
         """Keep the padding slot's counters at 0 (called inside the step: graph-capturable)."""
         self.position[self.pad_slot].zero_()
         self.frames[self.pad_slot].zero_()
-
-
-def to_device(values: Sequence[object], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list as a tensor on ``device``, queued through pinned memory without blocking the
-    host (``torch.tensor(values, device=cuda)`` copies from pageable memory: it waits for the
-    stream's queued work, as ``SlotState.flush`` says)."""
-    src = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return src
-    return src.pin_memory().to(device, non_blocking=True)

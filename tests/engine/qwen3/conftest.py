@@ -16,6 +16,7 @@ import torch
 from voicewire.engine.model import StreamParams
 from voicewire.engine.qwen3 import Qwen3TTSModel, load_qwen3
 from voicewire.engine.qwen3.clone_prefill import embed_prompt
+from voicewire.engine.qwen3.host_staging import Staging
 
 from .oracle import ORACLE_DIR, SETUP, OracleRun, oracle_ready, run_oracle
 
@@ -98,6 +99,11 @@ def run_joining(
     return {s: np.concatenate(f) for s, f in got.items()}
 
 
+def flush(model: Qwen3TTSModel) -> None:
+    """The rows, text and KV blocks queued since the last step onto the device, as a step does."""
+    model.state.flush(Staging(None, model.device), model.kv.pool.take_writes())
+
+
 def prefill_reference(model: Qwen3TTSModel, slot: int, text: str, params: StreamParams) -> np.ndarray:
     """A stream's codes the straightforward way (test_frame_step.py): open the slot, prefill all n
     prompt positions and sample the first frame from the last one's hidden state, then one decode
@@ -105,8 +111,8 @@ def prefill_reference(model: Qwen3TTSModel, slot: int, text: str, params: Stream
     assert params.forced_frames is not None
     model.open_slot(slot, params)
     model.add_text(slot, [text], True)
-    model.state.flush()  # as generate_start does: the decode steps below read the device rows and text
     assert not model.kv.grow({slot: model.options.max_seq_len})  # KV blocks, as generate_start takes them
+    flush(model)  # as generate_start does: the decode steps below read the device rows, text and blocks
     prompt = model._prompt(model._slots[slot])
     step, dev, n = model.step, model.device, len(prompt)
     x = embed_prompt(step, prompt, model._slots[slot].voice)[None]  # (1, n, H)

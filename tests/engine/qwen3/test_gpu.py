@@ -350,3 +350,33 @@ def test_paged_cache_graphs_equal_eager_and_reused_blocks_equal_fresh(size: str,
                 np.testing.assert_array_equal(
                     got[slot], eager[0][slot], err_msg=f"{name} wave {wave} slot {slot}"
                 )
+
+
+def test_pinned_staging_is_reused_only_once_released() -> None:
+    """A step's uploads share a pinned block taken back only when its owner has waited: a second
+    staging meanwhile gets a block of its own, so the first's copies, queued behind a long kernel,
+    still read what was put."""
+    from voicewire.engine.qwen3.host_staging import PinnedBlocks, Staging
+
+    dev, blocks = torch.device("cuda"), PinnedBlocks()
+    torch.cuda._sleep(200_000_000)  # the copies below wait behind ~0.1 s of device time
+    first = Staging(blocks, dev)
+    a = first.put(list(range(1000)), torch.int64)
+    b = first.put(np.arange(7, dtype=np.float32), torch.float32)
+    into = torch.zeros(3, 5, dtype=torch.int64, device=dev)
+    first.copy_into(into, np.arange(15, dtype=np.int64).reshape(3, 5))
+    second = Staging(blocks, dev)
+    c = second.put([-1] * 1000, torch.int64)
+    torch.cuda.synchronize()
+    assert a.tolist() == list(range(1000)) and b.tolist() == list(range(7))
+    assert into.flatten().tolist() == list(range(15)) and c.tolist() == [-1] * 1000
+    held = {blk.data_ptr() for s in (first, second) for blk in s._held}
+    assert len(held) == 2  # one block each: everything of the first fitted in one
+    first.release()
+    second.release()
+    third = Staging(blocks, dev)
+    d = third.put(list(range(5)), torch.int32)
+    e = third.put(np.ones(1 << 15, np.int64), torch.int64)  # 256 KiB: a larger block of its own
+    torch.cuda.synchronize()
+    assert d.tolist() == list(range(5)) and int(e.sum()) == 1 << 15
+    assert third._held[0].data_ptr() in held and third._held[1].numel() == 1 << 18

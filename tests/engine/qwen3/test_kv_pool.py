@@ -1,6 +1,6 @@
 """The KV block allocator (kv_pool.py, no torch) and its device table (kv_cache.py): blocks taken as a
 slot grows, all returned at release, never handed out twice, the scratch block never handed out, and
-the table's changes flushed to the device in one copy per step."""
+the table's changes going to the device in the step's one copy."""
 
 from __future__ import annotations
 
@@ -81,26 +81,33 @@ def test_writes_collect_until_taken_and_past_the_row_is_a_bug() -> None:
         pool.ensure(0, 2 * PAGE + 1)
 
 
-def test_flush_is_one_copy_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_tables_changes_go_up_in_the_steps_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    from voicewire.engine.qwen3 import kv_cache
+    from voicewire.engine.qwen3.host_staging import Staging
+    from voicewire.engine.qwen3.kv_cache import PagedKVCache
+    from voicewire.engine.qwen3.slot_state import SlotState
 
+    cpu = torch.device("cpu")
+    cache = PagedKVCache(2, 8, 4, 2, 3 * PAGE, 16, torch.float32, cpu)
+    state = SlotState(4, 16, 32, 3 * PAGE, 8, torch.float32, cpu, cache.block_table.view(-1))
     copies: list[int] = []
-    real = kv_cache.to_device
+    put = Staging.put
+    monkeypatch.setattr(Staging, "put", lambda self, v, *a: copies.append(len(v)) or put(self, v, *a))
 
-    def counted(values, dtype, device):  # type: ignore[no-untyped-def]
-        copies.append(len(values))
-        return real(values, dtype, device)
+    def step() -> None:
+        state.flush(Staging(None, cpu), cache.pool.take_writes())
 
-    monkeypatch.setattr(kv_cache, "to_device", counted)
-    cache = kv_cache.PagedKVCache(2, 8, 4, 2, 3 * PAGE, 16, torch.float32, torch.device("cpu"))
     assert not cache.grow({0: 1, 1: 2 * PAGE + 1, 3: PAGE})  # three slots, five blocks: one copy
+    step()
     assert copies == [10]
     cache.pool.release(1)
     cache.grow({2: 1})
+    step()
     assert copies == [10, 8]  # three entries back to scratch, one new
     assert torch.equal(cache.block_table, torch.from_numpy(cache.pool.table))
-    assert not cache.grow({0: 1}) and copies == [10, 8]  # nothing changed: no copy
+    assert not cache.grow({0: 1})
+    step()
+    assert copies == [10, 8]  # nothing changed: no copy
     full = cache.grow({3: 3 * PAGE, 0: 3 * PAGE, 2: 3 * PAGE})  # 7 usable, 3 held: room for two
     assert list(full) == [2] and "KV cache full" in full[2] and cache.pool.owned(2) == 1
     room = cache.room()

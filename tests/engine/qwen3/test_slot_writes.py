@@ -3,9 +3,9 @@
 ``t[i] = value`` on a CUDA tensor copies one element from pageable memory, which waits for all the
 work queued on the stream: the frame steps in flight. The worker opens streams between steps, so
 every open would hold it until the device ran dry (on the H200 at 240 req/s the commands took 4.45
-ms of an 11-ms tick). A slot's open and its codec state reset therefore write scalars by ``fill_``
-and lists through pinned memory, and its text waits on the host for the next step, which copies
-every slot's at once. Checked on the CPU, where the same code runs, by the pattern; on CUDA
+ms of an 11-ms tick). A slot's open, its text and its KV blocks therefore wait on the host for the next step,
+which uploads every slot's at once through pinned memory, and its codec state reset goes through
+pinned memory too. Checked on the CPU, where the same code runs, by the pattern; on CUDA
 (``VOICEWIRE_TEST_DEVICE=cuda``) also by torch's sync debug mode.
 """
 
@@ -19,9 +19,11 @@ import pytest
 import torch
 
 from voicewire.engine.model import StreamParams
-from voicewire.engine.qwen3 import slot_state
+from voicewire.engine.qwen3.host_staging import Staging
 from voicewire.engine.qwen3.model import Qwen3TTSModel
 from voicewire.engine.qwen3.slot_request import parse_request
+
+from .conftest import flush
 
 
 @contextmanager
@@ -38,6 +40,14 @@ def _element_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     with monkeypatch.context() as m:
         m.setattr(torch.Tensor, "__setitem__", record)
         yield seen
+
+
+def _count_uploads(m: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the values each ``Staging.put`` uploads from now on (in ``m``'s context)."""
+    uploads: list[int] = []
+    put = Staging.put
+    m.setattr(Staging, "put", lambda self, v, *a: uploads.append(len(v)) or put(self, v, *a))
+    return uploads
 
 
 def test_opening_a_slot_and_giving_it_text_wait_for_no_queued_work(
@@ -75,18 +85,16 @@ def test_streamed_text_reaches_the_device_with_the_next_step_all_slots_in_one_co
     try:
         for s in slots:
             tiny.open_slot(s, StreamParams(seed=s, forced_frames=8))
-        tiny.state.flush()  # the opened rows: uploaded with the next step too (test below)
+        flush(tiny)  # the opened rows: uploaded with the next step too (test below)
         with monkeypatch.context() as m:
             m.setattr(torch.Tensor, "copy_", record)
             for word in ("Hello ", "there, ", "my ", "good "):
                 for s in slots:
                     tiny.add_text(s, [word], False)
             assert copies == []
-            uploads: list[int] = []
-            upload = slot_state.to_device
-            m.setattr(slot_state, "to_device", lambda v, *a: uploads.append(len(v)) or upload(v, *a))
+            uploads = _count_uploads(m)
             tiny.generate_start(list(slots))()
-            assert len(uploads) == 1  # every slot's ids, positions and lengths
+            assert len(uploads) == 1  # every slot's ids, positions and lengths (the graphs' rows aside)
         for s in slots:
             ids = tiny._slot(s).fed_ids()
             assert int(tiny.state.text_len[s]) == len(ids)
@@ -105,7 +113,7 @@ def test_opened_rows_reach_the_device_with_the_next_step_every_slot_at_once(
     tiny: Qwen3TTSModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each open's sampling row and flags wait on the host; the flush before a step writes every
-    opened slot's at once (two uploads), and zeroes the counters its previous owner left."""
+    opened slot's at once (one upload), and zeroes the counters its previous owner left."""
     params = {
         1: StreamParams(seed=11, extra={"temperature": 0.7, "top_k": 5, "subtalker_top_p": 0.5}),
         3: StreamParams(seed=12, greedy=True, forced_frames=4, extra={"repetition_penalty": 1.3}),
@@ -119,14 +127,12 @@ def test_opened_rows_reach_the_device_with_the_next_step_every_slot_at_once(
             t[s] = 7
     try:
         with monkeypatch.context() as m:
-            uploads: list[int] = []
-            upload = slot_state.to_device
-            m.setattr(slot_state, "to_device", lambda v, *a: uploads.append(len(v)) or upload(v, *a))
+            uploads = _count_uploads(m)
             for s, p in params.items():
                 tiny.open_slot(s, p)
             assert uploads == []
-            st.flush()
-            assert len(uploads) == 2  # the integers and the floats of all three
+            flush(tiny)
+            assert len(uploads) == 1  # the integers and the floats' bits of all three
         for s, p in params.items():
             want = parse_request(tiny.cfg, tiny.tokenizer, tiny.info.voices, s, p, tiny.random_weights).sampling
             assert st.greedy[s].tolist() == list(want.greedy)
