@@ -6,9 +6,9 @@ block from torch's caching host allocator each time, ~35 us on the device's host
 and a new turn's first step made eight of them. Here a step's uploads are packed into one block
 kept from earlier steps, each a numpy write and a view; the block goes back to the pool when its
 owner has waited for the work that reads it (a step's codes, a codec call's PCM), so no copy can
-still be reading it when it is written again. A staging that is dropped unreleased (a step that
-failed to begin) leaves its blocks to torch's allocator, which frees them only after the copies it
-saw queued from them are done.
+still be reading it when it is written again. A staging dropped unreleased (a step that failed to
+begin, or had no row to decode) leaves its blocks to torch's allocator, which frees them only after
+the copies it saw queued from them are done.
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ from torch import Tensor
 BLOCK_BYTES = 1 << 16  # a step's uploads at 512 rows (its rows, opens, text and table) fit in one
 ALIGN_BYTES = 64
 KEPT_PER_SIZE = 8  # free blocks kept per size: one per step or codec call in flight, and some spare
+NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {
+    torch.int64: np.dtype(np.int64),
+    torch.int32: np.dtype(np.int32),
+    torch.float32: np.dtype(np.float32),
+}
+TORCH_DTYPES = {v: k for k, v in NUMPY_DTYPES.items()}
 
 
 class PinnedBlocks:
@@ -55,7 +61,7 @@ class Staging:
 
     def put(self, values: np.ndarray | Sequence[object], dtype: torch.dtype) -> Tensor:
         """``values`` on the device, its copy queued (not waited for)."""
-        array = np.asarray(values, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+        array = np.asarray(values, dtype=NUMPY_DTYPES[dtype])
         if self._blocks is None:
             return torch.from_numpy(array).to(self.device)
         return self.pinned(array).to(self.device, non_blocking=True)
@@ -77,8 +83,7 @@ class Staging:
             self._view, start = self._block.numpy(), 0
         self._used = start + n
         self._view[start : start + n] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        dtype = torch.from_numpy(array[:0]).dtype
-        return self._block[start : start + n].view(dtype).view(array.shape)
+        return self._block[start : start + n].view(TORCH_DTYPES[array.dtype]).view(array.shape)
 
     def release(self) -> None:
         if self._blocks is not None:
