@@ -111,28 +111,33 @@ class SlotRows(NamedTuple):
 def slot_writes_reference(
     packed: torch.Tensor, opens: int, text: int, lens: int, table: int, rows: SlotRows
 ) -> None:
-    """``slot_writes`` in torch ops (the path off CUDA), the same packed layout."""
-    row = packed[: OPEN_COLUMNS * opens].view(opens, OPEN_COLUMNS)
-    at = row[:, 0]
-    flags = row[:, 4:8].bool()
-    floats = row[:, 9:14].to(torch.int32).view(torch.float32)
-    rows.top_k.index_copy_(0, at, row[:, 1:3])
-    rows.seed.index_copy_(0, at, row[:, 3])
-    rows.greedy.index_copy_(0, at, flags[:, 0:2])
-    rows.eos_masked.index_copy_(0, at, flags[:, 2])
-    rows.whole_text.index_copy_(0, at, flags[:, 3])
-    rows.text_len.index_copy_(0, at, row[:, 8])
-    rows.temperature.index_copy_(0, at, floats[:, 0:2])
-    rows.top_p.index_copy_(0, at, floats[:, 2:4])
-    rows.penalty.index_copy_(0, at, floats[:, 4])
-    for t in (rows.seen, rows.first_feed_pending, rows.position, rows.frames):
-        t.index_fill_(0, at, 0)
+    """``slot_writes`` in torch ops (the path off CUDA), the same packed layout. An empty section
+    runs none of its ops: most steps open no stream, and each op is host time a step."""
+    if opens:
+        row = packed[: OPEN_COLUMNS * opens].view(opens, OPEN_COLUMNS)
+        at = row[:, 0]
+        flags = row[:, 4:8].bool()
+        floats = row[:, 9:14].to(torch.int32).view(torch.float32)
+        rows.top_k.index_copy_(0, at, row[:, 1:3])
+        rows.seed.index_copy_(0, at, row[:, 3])
+        rows.greedy.index_copy_(0, at, flags[:, 0:2])
+        rows.eos_masked.index_copy_(0, at, flags[:, 2])
+        rows.whole_text.index_copy_(0, at, flags[:, 3])
+        rows.text_len.index_copy_(0, at, row[:, 8])
+        rows.temperature.index_copy_(0, at, floats[:, 0:2])
+        rows.top_p.index_copy_(0, at, floats[:, 2:4])
+        rows.penalty.index_copy_(0, at, floats[:, 4])
+        for t in (rows.seen, rows.first_feed_pending, rows.position, rows.frames):
+            t.index_fill_(0, at, 0)
     rest = packed[OPEN_COLUMNS * opens :]
-    rows.text.view(-1).index_copy_(0, rest[:text], rest[text : 2 * text])
+    if text:
+        rows.text.view(-1).index_copy_(0, rest[:text], rest[text : 2 * text])
     rest = rest[2 * text :]
-    rows.text_len.index_copy_(0, rest[:lens], rest[lens : 2 * lens])
+    if lens:
+        rows.text_len.index_copy_(0, rest[:lens], rest[lens : 2 * lens])
     rest = rest[2 * lens :]
-    rows.table.index_copy_(0, rest[:table], rest[table : 2 * table].to(rows.table.dtype))
+    if table:
+        rows.table.index_copy_(0, rest[:table], rest[table : 2 * table].to(rows.table.dtype))
 
 
 __all__ = [
