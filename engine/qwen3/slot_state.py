@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from voicewire.kernels.reference import OPEN_COLUMNS, SlotRows, slot_writes_reference
+from voicewire.kernels.reference import SlotRows, slot_writes_reference
 
 from .host_staging import Staging
 
@@ -138,30 +138,27 @@ class SlotState:
         self._opens, self._text_writes = {}, {}
         width = self.max_text_tokens
         ends = {s: first + len(ids) for s, (first, ids) in texts.items()}
-        ints = np.array(
-            [
-                (s, *r.top_k, r.seed, *r.greedy, r.eos_always_masked, whole, ends.get(s, 0))
-                for s, (r, whole) in opens.items()
-            ],
-            np.int64,
-        ).reshape(len(opens), OPEN_COLUMNS - 5)
-        floats = np.array(
-            [(*r.temperature, *r.top_p, r.repetition_penalty) for r, _ in opens.values()], np.float32
-        ).reshape(len(opens), 5)
+        parts = []  # the layout's sections (kernels/slot_writes.py); most steps have text alone
+        if opens:
+            ints = np.array(
+                [
+                    (s, *r.top_k, r.seed, *r.greedy, r.eos_always_masked, whole, ends.get(s, 0))
+                    for s, (r, whole) in opens.items()
+                ],
+                np.int64,
+            )
+            floats = np.array(
+                [(*r.temperature, *r.top_p, r.repetition_penalty) for r, _ in opens.values()], np.float32
+            )
+            parts.append(np.concatenate([ints, floats.view(np.int32).astype(np.int64)], axis=1).reshape(-1))
         text_at = [s * width + first + i for s, (first, ids) in texts.items() for i in range(len(ids))]
         lens = [s for s in texts if s not in opens]
+        text_ids = [v for _, ids in texts.values() for v in ids]
+        parts.append(np.array(text_at + text_ids + lens + [ends[s] for s in lens], np.int64))
         at, blocks = table if table is not None else (np.empty(0, np.int64),) * 2
-        packed = np.concatenate(
-            [
-                np.concatenate([ints, floats.view(np.int32).astype(np.int64)], axis=1).reshape(-1),
-                np.array(text_at, np.int64),
-                np.array([v for _, ids in texts.values() for v in ids], np.int64),
-                np.array(lens, np.int64),
-                np.array([ends[s] for s in lens], np.int64),
-                at.astype(np.int64),
-                blocks.astype(np.int64),
-            ]
-        )
+        if len(at):
+            parts += (at.astype(np.int64), blocks.astype(np.int64))
+        packed = parts[0] if len(parts) == 1 else np.concatenate(parts)
         counts = (len(opens), len(text_at), len(lens), len(at))
         self._apply(staging.put(packed, torch.int64), *counts, self.rows)
 
