@@ -3,7 +3,7 @@
 An upload must come from pinned memory to be queued without waiting (from pageable memory torch
 first waits for the stream's queued work: the frame steps in flight). ``tensor.pin_memory()`` takes a
 block from torch's caching host allocator each time, ~35 us on the device's host for a few bytes,
-and a new turn's first step made eight of them. Here a step's uploads are packed into one block
+and a new turn's first step would take eight. Here a step's uploads are packed into one block
 kept from earlier steps, each a numpy write and a view; the block goes back to the pool when its
 owner has waited for the work that reads it (a step's codes, a codec call's PCM), so no copy can
 still be reading it when it is written again. A staging dropped unreleased (a step that failed to

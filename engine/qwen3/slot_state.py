@@ -131,7 +131,7 @@ class SlotState:
         (whose feeds read them): one copy queued through pinned memory, never waited for (``t[slot]
         = value`` on a CUDA tensor is a pageable copy of one element, which waits for everything
         queued on the stream: the frame steps in flight), and on CUDA one launch applying it all
-        (kernels/slot_writes.py: a scatter or fill per row tensor was ~25 launches)."""
+        (kernels/slot_writes.py: a scatter or fill per row tensor would be ~25 launches)."""
         if not self._opens and not self._text_writes and table is None:
             return
         opens, texts = self._opens, self._text_writes
