@@ -137,7 +137,7 @@ def test_chunks_on_both_codec_lanes_stream_like_the_offline_decode() -> None:
     assert runner.urgent_stream is not None and model.graphs.has(("codec_urgent", 4, 4))
     ran: list[object] = []
     run = model.graphs.run
-    model.graphs.run = lambda key, rows, staged=None: (ran.append(key[0]), run(key, rows, staged))[1]  # type: ignore[method-assign]
+    model.graphs.run = lambda key, rows, staging=None: (ran.append(key[0]), run(key, rows, staging))[1]  # type: ignore[method-assign]
     rng = np.random.default_rng(1)
     # the first stream queues all its calls before waiting (a bulk call follows urgent work still
     # running); the second, on the reopened slots, waits for each (an urgent call follows bulk ones)
