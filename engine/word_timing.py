@@ -19,11 +19,13 @@ token per frame, so the frame that reads a word's first token is where the word 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class WordTiming:
+class WordTiming(NamedTuple):
+    """A tuple, not a dataclass: made and shifted a few times for each word, on the worker's thread
+    every step, where a frozen dataclass's constructor costs twice a tuple's."""
+
     word: str  # the word as the model speaks it (the text it was given, whitespace-delimited)
     start: int  # first frame or sample (see the module docstring for the unit)
     end: int  # one past its last
@@ -37,9 +39,11 @@ def shifted(words: Sequence[WordTiming], by: int, scale: int = 1) -> list[WordTi
     if by == 0 and scale == 1 and all(0 <= w.start <= w.end for w in words):
         return list(words)  # nothing moves (a chunk after the lead-in trim): the same words
     out = []
-    for w in words:  # the constructor, not dataclasses.replace: a few words a row, every step
-        start = max(0, w.start * scale + by)
-        out.append(WordTiming(w.word, start, max(start, w.end * scale + by)))
+    for word, start, end in words:
+        start, end = start * scale + by, end * scale + by
+        if start < 0:
+            start = 0
+        out.append(WordTiming(word, start, end if end > start else start))
     return out
 
 

@@ -28,10 +28,9 @@ def invalid_rows(host: np.ndarray, codebook_size: int, eos_id: int) -> np.ndarra
     """(B, 16) codes -> (B,) bool: a code the codec cannot decode (and not the EOS that stops a
     stream). Never expected; checked on the host copy the step makes anyway, so a device-side
     fault fails one stream with an error instead of asserting inside the codec for all."""
-    code0 = host[:, 0]
-    ok0 = ((code0 >= 0) & (code0 < codebook_size)) | (code0 == eos_id)
-    ok_rest = ((host[:, 1:] >= 0) & (host[:, 1:] < codebook_size)).all(axis=1)
-    return np.asarray(~(ok0 & ok_rest))
+    bad = (host < 0) | (host >= codebook_size)
+    bad[:, 0] &= host[:, 0] != eos_id
+    return np.asarray(bad.any(axis=1))
 
 
 @dataclass(frozen=True)
@@ -107,29 +106,29 @@ class HostSlot:
         return None
 
     def record(
-        self, slot: int, codes: np.ndarray, looped: bool, limits: FrameLimits, invalid: bool = False
+        self, slot: int, frame: np.ndarray, code0: int, looped: bool, limits: FrameLimits, invalid: bool = False
     ) -> GenerateResult:
-        """One frame of this slot, (16,) codes, which the result keeps as they are (the caller's to
-        hand over: a row of the step's own copy); ``looped``: its codebook 0 repeats (guards.py);
-        ``invalid``: a code the codec cannot decode (``invalid_rows``), which ends the stream with an
-        error. A frame of a step begun before an earlier one ended the stream is dropped."""
+        """One frame of this slot, (1, 16) codes, which the result keeps as they are (the caller's to
+        hand over: a row of the step's own copy), ``code0`` its codebook-0 code; ``looped``: that
+        code repeats (guards.py); ``invalid``: a code the codec cannot decode (``invalid_rows``),
+        which ends the stream with an error. A frame of a step begun before an earlier one ended the
+        stream is dropped."""
         self.begun -= 1
         if invalid:
-            log.error("slot %d: invalid codes %s (frame %d)", slot, codes.tolist(), self.frames)
+            log.error("slot %d: invalid codes %s (frame %d)", slot, frame.tolist(), self.frames)
             self.done = True
             return GenerateResult(slot, None, 0, True, error="the model produced invalid codes")
         if self.done:
             return GenerateResult(slot, None, 0, True)
-        if int(codes[0]) == limits.eos_id:
+        if code0 == limits.eos_id:
             self.done = True
             return GenerateResult(slot, None, 0, True)
         self.frames += 1
-        forced = self.forced(limits)
-        frames = codes[None]
         words = self.words_read()
+        forced = self.forced(limits)
         if forced is not None and self.frames >= forced:
             self.done = True
-            return GenerateResult(slot, frames, 1, True, words=words)
+            return GenerateResult(slot, frame, 1, True, words=words)
         guard = self.guard
         self.done = (
             self.frames >= limits.max_new_tokens
@@ -137,7 +136,7 @@ class HostSlot:
             or (guard is not None and looped)
             or (guard is not None and self.text.final and self.frames >= guard.frame_budget(len(self.text.ids)))
         )
-        return GenerateResult(slot, frames, 1, self.done, stop_reason="length" if self.done else None, words=words)
+        return GenerateResult(slot, frame, 1, self.done, stop_reason="length" if self.done else None, words=words)
 
     def words_read(self) -> tuple[WordTiming, ...]:
         """Words whose first text token the frame just made was fed with (frame k reads token k of

@@ -325,9 +325,12 @@ class Qwen3TTSModel(Model):
             staging.release()
             bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
             self.invalid_code_rows += int(np.count_nonzero(bad))
-            looped = self.repetition.push(np.asarray(batch), host[:, 0])
-            for s, row, loops, invalid in zip(batch, host, looped.tolist(), bad.tolist(), strict=True):
-                results[s] = hosts[s].record(s, row, loops, limits, invalid)
+            code0 = host[:, 0]
+            looped = self.repetition.push(np.asarray(batch), code0)
+            # each row as a (1, 16) view of the copy: its slot's frame, kept by the result
+            rows = zip(batch, host[:, None], code0.tolist(), looped.tolist(), bad.tolist(), strict=True)
+            for s, frame, c0, loops, invalid in rows:
+                results[s] = hosts[s].record(s, frame, c0, loops, limits, invalid)
             return [results[s] for s in slots]
 
         return Queued(finish, codes.done)

@@ -153,10 +153,10 @@ def test_a_frame_begun_after_the_step_that_ended_the_stream_is_dropped(tiny: Qwe
     st = HostSlot(TextStream(tiny.tokenizer), None, None, [], None, (True, True), False, None)
     st.text.push(["Two words"], False)
     st.prefilled, st.begun = True, 2
-    eos = np.full(16, 0, np.int64)
-    eos[0] = limits.eos_id
-    first = st.record(0, eos, False, limits)
-    second = st.record(0, np.ones(16, np.int64), False, limits)
+    eos = np.full((1, 16), 0, np.int64)
+    eos[0, 0] = limits.eos_id
+    first = st.record(0, eos, limits.eos_id, False, limits)
+    second = st.record(0, np.ones((1, 16), np.int64), 1, False, limits)
     assert (first.n_frames, first.finished) == (0, True)
     assert (second.n_frames, second.finished, second.frames) == (0, True, None)
     assert st.frames == 0 and st.begun == 0 and not st.ready(limits)
