@@ -62,10 +62,13 @@ class ExperimentalOptions:
     # the codec's convs of k > 1 on kernels/conv1d.py (one compiled kernel for every length, kept in
     # the compile cache) instead of cuDNN's algorithms, which torch times per graph shape at every
     # start (most of a start's graph warm-up): None = on CUDA. Codec calls of fewer rows x frames than
-    # codec_conv_kernel_min_frames keep cuDNN: timing those shapes is quick, and its algorithms run
-    # them 10-18% faster than the kernel (a one-frame first chunk among them)
+    # codec_conv_kernel_min_frames keep cuDNN: a lone stream's one- and two-frame first chunks, which
+    # its timed algorithms run up to 18% faster than the kernel (1 x 1). Not more: on a slow host its
+    # timing took 4-7 s of warm-up for each of the slowest graphs (8-24 rows x frames), the kernel's
+    # about 1 s, and such calls run within 10% on either (startup_1.7b_tip7_h100.json,
+    # codec_conv_kernel_h100.json)
     codec_conv_kernel: bool | None = None
-    codec_conv_kernel_min_frames: int = 32
+    codec_conv_kernel_min_frames: int = 4
     # positions per KV block; 0 = kv_pool.PAGE. ServeOptions.max_seq_len is the slot-contiguous layout
     # (one page per stream), the reference the paged cache is tested against
     kv_page: int = 0
