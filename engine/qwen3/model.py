@@ -419,9 +419,10 @@ class Qwen3TTSModel(Model):
         (before any stream is open)."""
         if self._slots:
             return
-        # the captured codec graphs keep the conv algorithms cuDNN times for their shapes (1.5-1.9x
-        # faster codec calls at 16-64 rows x 2-12 frames than its heuristics: docs/performance-history.md);
-        # the flag is restored after, so a rare eager call of another length pays no timing run
+        # the captured codec graphs keep the conv algorithms cuDNN times for the calls it still runs
+        # (under ExperimentalOptions.codec_conv_kernel_min_frames; its heuristics' were 1.5-1.9x slower
+        # where it ran them all: docs/performance-history.md); the flag is restored after, so a rare
+        # eager call of another length pays no timing run
         cudnn = torch.backends.cudnn
         before = cudnn.benchmark, cudnn.benchmark_limit
         cudnn.benchmark = before[0] or self.options.codec_cudnn_benchmark
