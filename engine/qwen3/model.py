@@ -419,10 +419,9 @@ class Qwen3TTSModel(Model):
         (before any stream is open)."""
         if self._slots:
             return
-        # the captured codec graphs keep the conv algorithms cuDNN times for the calls it still runs
-        # (under ExperimentalOptions.codec_conv_kernel_min_frames; timed, they ran 1.5-1.9x faster than
-        # its heuristics' when cuDNN ran every call: docs/performance-history.md); the flag is restored
-        # after, so a rare eager call of another length pays no timing run
+        # the codec graphs keep the conv algorithms cuDNN times for the calls it still runs (1.5-1.9x
+        # faster than its heuristics' when it ran all: docs/performance-history.md); the flag is
+        # restored after, so a rare eager call of another length pays no timing run
         cudnn = torch.backends.cudnn
         before = cudnn.benchmark, cudnn.benchmark_limit
         cudnn.benchmark = before[0] or self.options.codec_cudnn_benchmark
