@@ -13,9 +13,9 @@
 As torch ops a step's writes are ~25 launches (a scatter or fill per row tensor, three copies, the
 casts between): ~0.5-1 ms of host time in a new turn's first step, while a quiet device waits for
 it (kernels/reference.py runs them so off CUDA). Here they are one copy (the caller's) and one
-launch. Program p < o writes opened slot p's
-row; the programs after it take BLOCK entries of one section each. No two programs write one
-place: a slot opened in this flush gets its text length in its row, not in the lengths section.
+launch. Program p < o writes opened slot p's row; the programs after it take BLOCK entries of one
+section each. No two programs write one place: a slot opened in this flush gets its text length in
+its row, not in the lengths section.
 """
 
 from __future__ import annotations
