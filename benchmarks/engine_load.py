@@ -220,7 +220,6 @@ def engine_delta(engine: Engine, before: dict[str, Any]) -> dict[str, Any]:
         "commands_s": commands_s,
         "us_per_command": commands_s / commands * 1e6 if commands else None,
         "batch_hist": {str(k): v for k, v in sorted(hist.items()) if v},
-        "frames": st.frames_generated - before["frames"],  # a row of a step may make two (two_frame_rows)
     }
 
 
@@ -234,7 +233,6 @@ def engine_snapshot(engine: Engine) -> dict[str, Any]:
         "commands": st.commands,
         "commands_s": st.commands_s,
         "hist": dict(st.batch_sizes),
-        "frames": st.frames_generated,
     }
 
 

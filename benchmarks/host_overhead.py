@@ -216,12 +216,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = sum(k * v for k, v in hist.items())
     steps = sum(hist.values())
     wall = res["load"]["wall_s"]
-    frames = eng.get("frames", rows)
-    res["frames_per_s"] = frames / wall
+    res["frames_per_s"] = rows / wall
     res["rows_per_step"] = rows / max(1, steps)
     res["host_ms_per_step"] = eng.get("host_ms_per_step")
     res["host_us_per_row"] = 1e6 * eng["generate_s"] / max(1, rows) if rows else None
-    res["host_us_per_frame"] = 1e6 * eng["generate_s"] / max(1, frames) if frames else None
     res["us_per_command"] = eng.get("us_per_command")
     res["worker_busy_ms_per_tick"] = 1e3 * prof.busy_s / max(1, prof.ticks)
     res["step_ms_by_rows"] = prof.by_rows()

@@ -41,20 +41,18 @@ def record_rows(
     limits: FrameLimits,
     repetition: RepetitionDetector,
     bad: np.ndarray,
-    second: bool = False,
 ) -> None:
-    """A step's codes (len(rows), 16), row i its slot ``rows[i]``'s next frame, into ``results``;
-    ``second``: each is its slot's second frame of the step (model.py), joined to its first's result."""
+    """A step's codes (len(rows), 16), row i its slot ``rows[i]``'s next frame, into ``results``:
+    a slot's second frame of the step (a second replay, model.py) joins its first's result."""
     code0 = host[:, 0]
     looped = repetition.push(np.asarray(rows), code0)
     # each row as a (1, 16) view of the copy: its slot's frame, kept by the result
-    rows_of = zip(rows, host[:, None], code0.tolist(), looped.tolist(), bad.tolist(), strict=True)
-    if second:
-        for s, frame, c0, loops, invalid in rows_of:
-            results[s] = joined(results[s], hosts[s].record(s, frame, c0, loops, limits, invalid))
-    else:
-        for s, frame, c0, loops, invalid in rows_of:
-            results[s] = hosts[s].record(s, frame, c0, loops, limits, invalid)
+    for s, frame, c0, loops, invalid in zip(
+        rows, host[:, None], code0.tolist(), looped.tolist(), bad.tolist(), strict=True
+    ):
+        res = hosts[s].record(s, frame, c0, loops, limits, invalid)
+        first = results.get(s)
+        results[s] = res if first is None else joined(first, res)
 
 
 def joined(first: GenerateResult, second: GenerateResult) -> GenerateResult:
@@ -63,11 +61,14 @@ def joined(first: GenerateResult, second: GenerateResult) -> GenerateResult:
         return first
     if not second.n_frames:
         return replace(first, finished=True, error=second.error, stop_reason=second.stop_reason)
-    words = first.words
-    if second.words:  # most frames start no word
-        words = (*words, *shifted(second.words, first.n_frames))
-    frames: np.ndarray = np.concatenate((first.frames, second.frames))  # type: ignore[arg-type]
-    return GenerateResult(first.slot, frames, 2, second.finished, stop_reason=second.stop_reason, words=words)
+    return GenerateResult(
+        first.slot,
+        np.concatenate((first.frames, second.frames)),  # type: ignore[arg-type]
+        first.n_frames + 1,
+        second.finished,
+        stop_reason=second.stop_reason,
+        words=(*first.words, *shifted(second.words, first.n_frames)),
+    )
 
 
 @dataclass(frozen=True)

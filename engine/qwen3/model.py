@@ -178,7 +178,7 @@ class Qwen3TTSModel(Model):
         )
         self.repetition = RepetitionDetector(options.max_slots)
         self.invalid_code_rows = 0  # rows of sampled codes rejected by invalid_rows (expected: 0)
-        self.codes_to_host = CodesToHost(2 * options.max_batch_size, t.num_code_groups)  # two frames a row at most
+        self.codes_to_host = CodesToHost(options.max_batch_size, t.num_code_groups)
         self._text_tokenizer = MemoTokenizer(tokenizer)  # streamed text's splits and ids, remembered
 
     # --- slot life ---------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ class Qwen3TTSModel(Model):
             n = len(batch)
             record_rows(hosts, results, batch, host[:n], limits, self.repetition, bad[:n])
             if again:  # after the first frames: a slot's second joins its first
-                record_rows(hosts, results, again, host[n:], limits, self.repetition, bad[n:], second=True)
+                record_rows(hosts, results, again, host[n:], limits, self.repetition, bad[n:])
             return [results[s] for s in slots]
 
         return Queued(finish, codes.done)
