@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..model import GenerateResult
-from ..word_timing import TokenWords, WordTiming, shifted
+from ..word_timing import TokenWords, WordTiming
 from .clone_prefill import SlotVoice
 from .config import Qwen3TTSConfig
-from .guards import GuardLimits, RepetitionDetector
+from .guards import GuardLimits
 from .prompt import Prompt, build_prompt
 from .tokenizer import TextStream
 
@@ -31,44 +31,6 @@ def invalid_rows(host: np.ndarray, codebook_size: int, eos_id: int) -> np.ndarra
     bad = (host < 0) | (host >= codebook_size)
     bad[:, 0] &= host[:, 0] != eos_id
     return np.asarray(bad.any(axis=1))
-
-
-def record_rows(
-    hosts: dict[int, HostSlot],
-    results: dict[int, GenerateResult],
-    rows: Sequence[int],
-    host: np.ndarray,
-    limits: FrameLimits,
-    repetition: RepetitionDetector,
-    bad: np.ndarray,
-) -> None:
-    """A step's codes (len(rows), 16), row i its slot ``rows[i]``'s next frame, into ``results``:
-    a slot's second frame of the step (a second replay, model.py) joins its first's result."""
-    code0 = host[:, 0]
-    looped = repetition.push(np.asarray(rows), code0)
-    # each row as a (1, 16) view of the copy: its slot's frame, kept by the result
-    for s, frame, c0, loops, invalid in zip(
-        rows, host[:, None], code0.tolist(), looped.tolist(), bad.tolist(), strict=True
-    ):
-        res = hosts[s].record(s, frame, c0, loops, limits, invalid)
-        first = results.get(s)
-        results[s] = res if first is None else joined(first, res)
-
-
-def joined(first: GenerateResult, second: GenerateResult) -> GenerateResult:
-    """One slot's two frames of a step as one result: both frames' codes and words, the second's end."""
-    if not first.n_frames:  # the first ended the stream: the second was dropped
-        return first
-    if not second.n_frames:
-        return replace(first, finished=True, error=second.error, stop_reason=second.stop_reason)
-    return GenerateResult(
-        first.slot,
-        np.concatenate((first.frames, second.frames)),  # type: ignore[arg-type]
-        first.n_frames + 1,
-        second.finished,
-        stop_reason=second.stop_reason,
-        words=(*first.words, *shifted(second.words, first.n_frames)),
-    )
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,11 @@ Life of a slot (host side: ``HostSlot``, host_slot.py; device side: rows of tens
 Before each step the slots it writes get the KV blocks for their next positions (kv_cache.py
 ``grow``: one table copy per step); a slot the pool cannot grow ends with a "KV cache full" error.
 
-One generate() call makes a frame per slot, a new slot's first included (its prefill and first feed
-run in the same call), and a second for each slot ready for one when it has ``two_frame_rows`` rows
-or more: the decode graph replayed behind itself, so the host's O(batch) work a step buys two
-frames. The sampling tail runs once per replay for all its rows (its 15 code-predictor passes cost
-about as much for 8 rows as for 256). The host never waits on the device but for the one copy of
-the sampled codes (graph inputs go through pinned memory).
+One generate() call produces at most one frame per slot, a new slot's first frame included: its
+prefill and its first feed run in the same call. The sampling tail runs once per call for all its
+slots: its 15 code-predictor passes are a latency chain that costs about the same for 8 rows as
+for 256. Per-step host work is O(batch) bookkeeping; the host never waits on the
+device except for the one copy of the sampled codes (graph inputs go through pinned memory).
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ from .config import Qwen3TTSConfig
 from .cuda_graphs import CudaGraphs, bucket_for, frame_ladder, powers_of_two
 from .frame_step import NO_CODEC, FrameStep, pack_prefill_row
 from .guards import GuardLimits, RepetitionDetector
-from .host_slot import FrameLimits, HostSlot, invalid_rows, record_rows
+from .host_slot import FrameLimits, HostSlot, invalid_rows
 from .host_staging import PinnedBlocks, Staging
 from .kv_cache import PagedKVCache
 from .layers import DecoderLayer
@@ -136,7 +135,13 @@ class Qwen3TTSModel(Model):
         shape = (t.num_layers, options.pool_blocks, n, t.num_kv_heads, options.max_seq_len, t.head_dim)
         self.kv = PagedKVCache(*shape, self.dtype, dev, page=options.kv_page, prefixes=options.prefix_cache)
         self.state = SlotState(
-            n, t.num_code_groups, t.vocab_size, options.max_seq_len, t.hidden_size, self.dtype, dev,
+            n,
+            t.num_code_groups,
+            t.vocab_size,
+            options.max_seq_len,
+            t.hidden_size,
+            self.dtype,
+            dev,
             self.kv.block_table.view(-1),
         )
         self._pinned = PinnedBlocks() if dev.type == "cuda" else None  # the steps' uploads (host_staging.py)
@@ -144,7 +149,11 @@ class Qwen3TTSModel(Model):
             cast(DecoderLayer, layer).fuse()  # q|k|v and gate|up: 3 fewer GEMM launches per layer
         fused_on = dev.type == "cuda" if experimental.fused_kernels is None else experimental.fused_kernels
         self.step = FrameStep(
-            cfg, self.talker, self.code_predictor, self.kv, self.state,
+            cfg,
+            self.talker,
+            self.code_predictor,
+            self.kv,
+            self.state,
             use_attention_kernel=experimental.attention_kernel and dev.type == "cuda",
             fused=experimental.fused if fused_on else None,
         )
@@ -300,10 +309,12 @@ class Qwen3TTSModel(Model):
         for s in new:
             hosts[s].prefilled, hosts[s].position = True, len(prompts[s]) - 1
         batch = running + new  # new slots make their first frame in the same decode call
+        size = self.decode_buckets[-1]
         parts: list[Tensor] = []
-        self._run_decode(batch, staging, parts)
-        again = self._second_frames(batch, staging) if len(batch) >= self.options.two_frame_rows > 0 else []
-        self._run_decode(again, staging, parts)
+        for i in range(0, len(batch), size):
+            if parts:  # the next call may replay the same graph, overwriting the static output
+                parts[-1] = parts[-1].clone()
+            parts.append(self._run_decode(batch[i : i + size], staging))
         if not batch:  # staging dropped unreleased: its copies may still be queued (host_staging.py)
             return Queued.finished([results[s] for s in slots])
         codes = self.codes_to_host.start(parts[0] if len(parts) == 1 else torch.cat(parts))
@@ -314,37 +325,28 @@ class Qwen3TTSModel(Model):
             staging.release()
             bad = invalid_rows(host, self.cfg.codec.codebook_size, self.cfg.talker.codec_eos_id)
             self.invalid_code_rows += int(np.count_nonzero(bad))
-            n = len(batch)
-            record_rows(hosts, results, batch, host[:n], limits, self.repetition, bad[:n])
-            if again:  # after the first frames: a slot's second joins its first
-                record_rows(hosts, results, again, host[n:], limits, self.repetition, bad[n:])
+            code0 = host[:, 0]
+            looped = self.repetition.push(np.asarray(batch), code0)
+            # each row as a (1, 16) view of the copy: its slot's frame, kept by the result
+            rows = zip(batch, host[:, None], code0.tolist(), looped.tolist(), bad.tolist(), strict=True)
+            for s, frame, c0, loops, invalid in rows:
+                results[s] = hosts[s].record(s, frame, c0, loops, limits, invalid)
             return [results[s] for s in slots]
 
         return Queued(finish, codes.done)
 
-    def _second_frames(self, batch: list[int], staging: Staging) -> list[int]:
-        """The rows of ``batch`` (begun) ready for another frame behind it, with KV blocks for it."""
-        hosts, limits = self._slots, self.limits
-        again = [s for s in batch if hosts[s].ready(limits)]
-        full = self.kv.grow({s: hosts[s].position + 1 for s in again})  # those end at their next step
-        self.state.flush(staging, self.kv.pool.take_writes())
-        return [s for s in again if s not in full] if full else again
-
-    def _run_decode(self, slots: list[int], staging: Staging, parts: list[Tensor]) -> None:
-        """A frame for each of ``slots``, a bucket's worth a graph call, each call's codes onto ``parts``:
-        views of the static outputs, copied to the host before the next step's replay."""
-        hosts, size = self._slots, self.decode_buckets[-1]
-        for group in (slots[i : i + size] for i in range(0, len(slots), size)):
-            if parts:  # this call may replay the same graph, overwriting the static output
-                parts[-1] = parts[-1].clone()
-            b = bucket_for(len(group), self.decode_buckets)
-            rows = np.full(b, self.pad_slot, np.int64)
-            rows[: len(group)] = group
-            parts.append(self.graphs.run(("decode", b), rows, staging)[: len(group)])
-            for s in group:
-                st = hosts[s]
-                st.position += 1
-                st.begun += 1
+    def _run_decode(self, group: list[int], staging: Staging) -> Tensor:
+        b = bucket_for(len(group), self.decode_buckets)
+        rows = np.full(b, self.pad_slot, np.int64)
+        rows[: len(group)] = group
+        codes = self.graphs.run(("decode", b), rows, staging)
+        hosts = self._slots
+        for s in group:
+            st = hosts[s]
+            st.position += 1
+            st.begun += 1
+        # a view of the static output: the copy to the host is queued before the next step's replay
+        return codes[: len(group)]
 
     def _run_prefill(self, group: list[int], prompts: list[Prompt], staging: Staging) -> None:
         """The group's prompts but their last positions into the KV cache; those wait as first feeds

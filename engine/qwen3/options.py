@@ -99,10 +99,6 @@ class ServeOptions:
     # prompt heads (voice, language, instruction) whose KV is kept on the device, so a stream of one
     # of them starts without a prefill (prefix_cache.py); 0: every stream prefills
     prefix_cache: int = 32
-    # a step of this many rows or more makes a second frame for each of its rows ready for one, a
-    # second replay of the decode graph behind the first: the host's work a row a step (readiness,
-    # planning, KV growth, recording) then buys two frames; 0: one frame a step
-    two_frame_rows: int = 0
     codec_batch_buckets: tuple[int, ...] = ()  # () = powers of 2 up to max_batch_size
     # codec graphs for 1, 2, 4, 8 ... up to this many frames; a tick's chunks are padded to the
     # smallest that fits the longest; a longer chunk runs eagerly at its own length
