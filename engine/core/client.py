@@ -66,9 +66,10 @@ from .messages import (
     Stats,
     ToCore,
     VoiceCloned,
-    decode_from_core,
+    decode_all_from_core,
     encode_to_core,
 )
+from .outgoing import Outgoing
 from .process import CoreSpec
 
 log = logging.getLogger("voicewire.engine.core")
@@ -111,6 +112,7 @@ class CoreClient:
         self._clones: dict[int, asyncio.Future[ClonedVoice]] = {}  # clone requests the core has not answered
         self._ctx: zmq.asyncio.Context | None = None
         self._to_core: zmq.Socket[bytes] | None = None  # plain socket: sends never wait
+        self._outgoing = Outgoing(self._send_frames)  # a loop pass's commands as one message
         self._from_core: zmq.asyncio.Socket | None = None
         self._ipc_dir: str | None = None
         self._process: asyncio.subprocess.Process | None = None
@@ -254,6 +256,7 @@ class CoreClient:
         self._closing = True
         if process is not None and process.returncode is None:
             self._send(Shutdown())
+            self._outgoing.flush()
             assert self._exited is not None
             try:
                 await asyncio.wait_for(asyncio.shield(self._exited), SHUTDOWN_TIMEOUT_S)
@@ -315,7 +318,9 @@ class CoreClient:
         self._send(cmd)
 
     def _send(self, msg: ToCore) -> None:
-        frames = encode_to_core(msg)
+        self._outgoing.put(encode_to_core(msg))  # ValueError here, before anything is sent
+
+    def _send_frames(self, frames: list[bytes]) -> None:
         if self._to_core is None:
             return
         try:
@@ -338,9 +343,15 @@ class CoreClient:
             frames = await self._from_core.recv_multipart()
             self._t_heard = time.monotonic()
             try:
-                self._dispatch(decode_from_core(frames))
-            except Exception:  # one bad message must not stop audio for every stream
-                log.exception("%s: a message from the core could not be handled", self.name)
+                messages = decode_all_from_core(frames)
+            except Exception:  # one bad batch must not stop audio for every stream
+                log.exception("%s: a message from the core could not be read", self.name)
+                continue
+            for msg in messages:
+                try:
+                    self._dispatch(msg)
+                except Exception:  # one bad message must not stop audio for every stream
+                    log.exception("%s: a message from the core could not be handled", self.name)
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, Audio):

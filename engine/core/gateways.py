@@ -9,7 +9,8 @@ the one gateway whose DEALER has the id's tag as its routing id (``messages.TAG_
 ``Ready`` and ``Stats`` go to every attached gateway, and ``Ready`` to each one that attaches later.
 A gateway attaches about once a second (``Attach`` on its DEALER); one silent for
 ``GATEWAY_SILENT_S`` is gone, and the core cancels its streams, so a gateway killed mid-turn leaves
-no stream holding a slot. Audio goes from the core's loop to the gateway's socket with no process or
+no stream holding a slot. The messages of one pass of the core's loop go to a gateway as one
+multipart message (outgoing.py). Audio goes from the core's loop to the gateway's socket with no process or
 thread between them: Ray (ray_actor.py) places and restarts the core, but carries none of this.
 """
 
@@ -36,6 +37,7 @@ from .messages import (
     id_tag,
     peek,
 )
+from .outgoing import Outgoing, sender
 
 log = logging.getLogger("voicewire.engine.core")
 
@@ -53,6 +55,7 @@ class Gateways:
     def __init__(self, ctx: zmq.asyncio.Context, host: str) -> None:
         self.commands = _bound(ctx.socket(zmq.PULL), host)
         self._events = _bound(ctx.socket(zmq.ROUTER), host, handover=True)
+        self._outgoing = Outgoing(sender(self._events))
         self._heard: dict[bytes, float] = {}  # attached gateway -> when it last attached
         self._ready: list[bytes] | None = None
 
@@ -62,17 +65,17 @@ class Gateways:
             self._events.getsockopt_string(zmq.LAST_ENDPOINT),
         )
 
-    async def send(self, msg: FromCore) -> None:
+    def send(self, msg: FromCore) -> None:
         frames = encode_from_core(msg)
         if isinstance(msg, Audio | Failed | Closed | VoiceCloned | CloneFailed):
             own = msg.request_id if isinstance(msg, VoiceCloned | CloneFailed) else msg.stream_id
             # dropped by the socket when that gateway is gone
-            await self._events.send_multipart([routing_id(id_tag(own)), *frames], copy=False)
+            self._outgoing.put(frames, routing_id(id_tag(own)))
             return
         if isinstance(msg, Ready):
             self._ready = frames
-        for ident in list(self._heard):  # Ready, Stats, StartFailed
-            await self._events.send_multipart([ident, *frames], copy=False)
+        for ident in self._heard:  # Ready, Stats, StartFailed
+            self._outgoing.put(frames, ident)
 
     async def keep(self, cancel_tag: Callable[[int], None]) -> None:
         """Take attaches (answering a new gateway with ``Ready``) and drop silent gateways,
@@ -90,7 +93,7 @@ class Gateways:
                     new = ident not in self._heard
                     self._heard[ident] = time.monotonic()
                     if new and self._ready is not None:
-                        await self._events.send_multipart([ident, *self._ready], copy=False)
+                        self._outgoing.put(self._ready, ident)
             now = time.monotonic()
             for ident, heard in list(self._heard.items()):
                 if now - heard > GATEWAY_SILENT_S:
@@ -98,6 +101,7 @@ class Gateways:
                     cancel_tag(int.from_bytes(ident, "big"))
 
     def close(self) -> None:
+        self._outgoing.flush()
         self.commands.close(linger=0)
         self._events.close(linger=0)
 

@@ -1,6 +1,7 @@
 """The wire format between the gateway (``CoreClient``) and an engine core (``process.py``).
 
-Every message is one ZeroMQ multipart message: frame 0 is a msgpack array
+Every message is one or two frames of a ZeroMQ multipart message (a multipart message carries the
+messages put in one pass of the sender's loop, outgoing.py): the first a msgpack array
 ``[kind, field, field, ...]`` (fields in the order of the dataclass below); an ``Audio`` message
 has a second frame with the chunk's PCM as raw little-endian float32 bytes, so audio crosses as
 one buffer copy and is never pickled (its words ride the header as ``[word, start, end]``).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any, TypeAlias
 
@@ -204,7 +206,8 @@ FromCore: TypeAlias = (
 )
 
 _STREAM_COMMANDS: dict[type, Kind] = {Flush: Kind.FLUSH, End: Kind.END, Cancel: Kind.CANCEL}
-_STREAM_COMMAND_TYPES = {kind: cls for cls, kind in _STREAM_COMMANDS.items()}
+_STREAM_COMMAND_TYPES: dict[int, type] = {kind: cls for cls, kind in _STREAM_COMMANDS.items()}
+_WITH_PCM = (Kind.AUDIO, Kind.CLONE)  # the kinds whose PCM follows the header as a frame of its own
 
 
 def _pack(*items: Any) -> bytes:
@@ -260,7 +263,15 @@ def encode_to_core(msg: ToCore) -> list[bytes]:
 
 
 def decode_to_core(frames: list[bytes]) -> ToCore:
-    kind, *rest = _unpack(frames[0])
+    return _to_core(*next(_messages(frames)))
+
+
+def decode_all_to_core(frames: list[bytes]) -> list[ToCore]:
+    """Every message of a batch (outgoing.py), in the order they were put."""
+    return [_to_core(*m) for m in _messages(frames)]
+
+
+def _to_core(kind: int, rest: list[Any], data: bytes) -> ToCore:
     if kind == Kind.TEXT:
         return PushText(rest[0], rest[1])
     if kind in _STREAM_COMMAND_TYPES:
@@ -268,7 +279,7 @@ def decode_to_core(frames: list[bytes]) -> ToCore:
     if kind == Kind.CONSUMED:
         return Consumed(rest[0], rest[1])
     if kind == Kind.CLONE:
-        return CloneVoice(rest[0], np.frombuffer(frames[1], PCM_DTYPE), rest[1], rest[2])
+        return CloneVoice(rest[0], np.frombuffer(data, PCM_DTYPE), rest[1], rest[2])
     if kind == Kind.OPEN:
         return OpenStream(rest[0], StreamParams(*rest[1]))
     if kind == Kind.SHUTDOWN:
@@ -308,11 +319,32 @@ def encode_from_core(msg: FromCore) -> list[bytes]:
 
 
 def decode_from_core(frames: list[bytes]) -> FromCore:
-    kind, *rest = _unpack(frames[0])
+    return _from_core(*next(_messages(frames)))
+
+
+def decode_all_from_core(frames: list[bytes]) -> list[FromCore]:
+    """Every message of a batch (outgoing.py), in the order they were put."""
+    return [_from_core(*m) for m in _messages(frames)]
+
+
+def _messages(frames: list[bytes]) -> Iterator[tuple[int, list[Any], bytes]]:
+    """Each message's kind, header fields and PCM frame (b"" for the kinds that have none)."""
+    i = 0
+    while i < len(frames):
+        kind, *rest = _unpack(frames[i])
+        if kind in _WITH_PCM:
+            yield kind, rest, frames[i + 1]
+            i += 2
+        else:
+            yield kind, rest, b""
+            i += 1
+
+
+def _from_core(kind: int, rest: list[Any], data: bytes) -> FromCore:
     if kind == Kind.AUDIO:
         sid, rate_hz, offset, final, text, trimmed, stop_reason, words = rest
         # A read-only view of the received buffer: no copy on this side either.
-        pcm = np.frombuffer(frames[1], PCM_DTYPE)
+        pcm = np.frombuffer(data, PCM_DTYPE)
         chunk = AudioChunk(
             pcm, rate_hz, offset, final=final, text=text, stop_reason=stop_reason,
             words=tuple(WordTiming(w, start, end) for w, start, end in words),

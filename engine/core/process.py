@@ -57,10 +57,11 @@ from .messages import (
     StartFailed,
     Stats,
     VoiceCloned,
-    decode_to_core,
+    decode_all_to_core,
     encode_from_core,
     id_tag,
 )
+from .outgoing import Outgoing, sender
 
 log = logging.getLogger("voicewire.engine.core")
 
@@ -118,8 +119,10 @@ async def _serve(spec: CoreSpec) -> None:
     from_core.connect(spec.from_core_address)
     gateways = Gateways(ctx, spec.gateways_host) if spec.gateways_host else None
 
-    async def to_starter(msg: FromCore) -> None:
-        await from_core.send_multipart(encode_from_core(msg), copy=False)
+    starter = Outgoing(sender(from_core))
+
+    def to_starter(msg: FromCore) -> None:
+        starter.put(encode_from_core(msg))
 
     config = spec.engine
     if config.full_collection_busy_max_s is None:  # nothing else in this process paces audio
@@ -128,7 +131,7 @@ async def _serve(spec: CoreSpec) -> None:
     core = _Core(engine, to_starter if gateways is None else gateways.send)
     tasks: list[asyncio.Task[None]] = []
     if gateways is not None:
-        await to_starter(gateways.listening())  # before the model loads: gateways attach meanwhile
+        to_starter(gateways.listening())  # before the model loads: gateways attach meanwhile
         tasks.append(asyncio.create_task(gateways.keep(core.cancel_tagged)))
     try:
         try:
@@ -140,14 +143,14 @@ async def _serve(spec: CoreSpec) -> None:
             log.error("the engine failed to start: %s", message)
             log.debug("the engine failed to start", exc_info=True)
             if gateways is not None:
-                await gateways.send(StartFailed(message))
-            await to_starter(StartFailed(message))
+                gateways.send(StartFailed(message))
+            to_starter(StartFailed(message))
             return
         max_streams = min(engine.config.max_streams, engine.info.max_slots)
         ready = Ready(engine.info, max_streams, os.getpid())
-        await core.send(ready)
+        core.send(ready)
         if gateways is not None:
-            await to_starter(ready)
+            to_starter(ready)
         log.info("engine core ready (pid %d, %d streams)", os.getpid(), max_streams)
         # A shared core's starter hears the heartbeat too: a core that hangs alive is killed by it.
         heartbeat = (to_starter,) if gateways is not None else ()
@@ -163,6 +166,8 @@ async def _serve(spec: CoreSpec) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
+        await asyncio.sleep(0)  # the forwarders' last messages (streams ended by the close)
+        starter.flush()
         to_core.close(linger=0)
         from_core.close()
         if gateways is not None:
@@ -179,7 +184,7 @@ async def _watch_parent(parent_pid: int) -> None:
 class _Core:
     """Streams of one core, keyed by the client's stream ids."""
 
-    def __init__(self, engine: Engine, send: Callable[[FromCore], Coroutine[Any, Any, None]]) -> None:
+    def __init__(self, engine: Engine, send: Callable[[FromCore], None]) -> None:
         self.engine = engine
         self.send = send
         self._streams: dict[int, Stream] = {}
@@ -192,22 +197,22 @@ class _Core:
         while True:
             frames = await sock.recv_multipart()
             try:
-                msg = decode_to_core(frames)
-            except Exception:  # one bad message must not stop the streams of every client
+                messages = decode_all_to_core(frames)
+            except Exception:  # one bad batch must not stop the streams of every client
                 log.exception("a message to the core could not be read")
                 continue
-            if isinstance(msg, Shutdown):
-                if shutdown:
-                    return
-                continue
-            if isinstance(msg, OpenStream):
-                self._open(msg)
-            elif isinstance(msg, Consumed):
-                self._consume(msg)
-            elif isinstance(msg, CloneVoice):
-                self._spawn(self._clone(msg))
-            else:
-                self._command(msg)
+            for msg in messages:
+                if isinstance(msg, Shutdown):
+                    if shutdown:
+                        return
+                elif isinstance(msg, OpenStream):
+                    self._open(msg)
+                elif isinstance(msg, Consumed):
+                    self._consume(msg)
+                elif isinstance(msg, CloneVoice):
+                    self._spawn(self._clone(msg))
+                else:
+                    self._command(msg)
 
     async def _clone(self, msg: CloneVoice) -> None:
         """On the engine's clone thread: commands and audio keep flowing meanwhile."""
@@ -215,16 +220,16 @@ class _Core:
         try:
             voice = await self.engine.clone_voice(msg.pcm, msg.sample_rate_hz, msg.ref_text)
         except CloningNotSupported as err:
-            await self.send(CloneFailed(rid, "cloning_not_supported", str(err)))
+            self.send(CloneFailed(rid, "cloning_not_supported", str(err)))
         except ValueError as err:
-            await self.send(CloneFailed(rid, "bad_audio", str(err)))
+            self.send(CloneFailed(rid, "bad_audio", str(err)))
         except EngineNotReady as err:
-            await self.send(CloneFailed(rid, "not_ready", str(err)))
+            self.send(CloneFailed(rid, "not_ready", str(err)))
         except Exception as err:  # the model failed: this request, not the core
             log.exception("cloning a voice failed")
-            await self.send(CloneFailed(rid, "model_error", f"{type(err).__name__}: {err}"))
+            self.send(CloneFailed(rid, "model_error", f"{type(err).__name__}: {err}"))
         else:
-            await self.send(VoiceCloned(rid, voice))
+            self.send(VoiceCloned(rid, voice))
 
     def _open(self, msg: OpenStream) -> None:
         # An open past the engine's limit waits in the engine's own queue (EngineConfig.max_queued_streams);
@@ -240,7 +245,7 @@ class _Core:
                 if isinstance(err, ValueError)
                 else "not_ready"
             )
-            self._spawn(self.send(Failed(sid, code, str(err))))
+            self.send(Failed(sid, code, str(err)))
             return
         self._streams[sid] = stream
         self._spawn(self._forward(sid, stream))
@@ -287,19 +292,19 @@ class _Core:
                 # The local iterator counts what it forwarded as consumed; what bounds generation
                 # is what the remote caller consumed.
                 stream.consumed_samples = self._consumed.get(sid, 0)
-                await self.send(Audio(sid, chunk, stream.metrics.trimmed_samples))
+                self.send(Audio(sid, chunk, stream.metrics.trimmed_samples))
             if stream.cancelled:
-                await self.send(Closed(sid))
+                self.send(Closed(sid))
         except StreamError as err:
-            await self.send(Failed(sid, err.code, str(err)))
+            self.send(Failed(sid, err.code, str(err)))
         finally:
             self._streams.pop(sid, None)
             self._consumed.pop(sid, None)
 
-    async def report_stats(self, *also: Callable[[FromCore], Coroutine[Any, Any, None]]) -> None:
+    async def report_stats(self, *also: Callable[[FromCore], None]) -> None:
         """The counters every ``STATS_INTERVAL_S`` to the clients, and to ``also``."""
         while True:
             stats = Stats(self.engine.stats, self.engine.active_streams())
             for send in (self.send, *also):
-                await send(stats)
+                send(stats)
             await asyncio.sleep(STATS_INTERVAL_S)

@@ -35,7 +35,7 @@ import zmq
 from voicewire.engine import EngineConfig
 
 from .group import HANG_TIMEOUT_S
-from .messages import Listening, Ready, Shutdown, StartFailed, decode_from_core, encode_to_core
+from .messages import Listening, Ready, Shutdown, StartFailed, decode_all_from_core, encode_to_core
 from .process import CoreSpec
 
 log = logging.getLogger("voicewire.engine.core")
@@ -173,14 +173,15 @@ class SharedCore:
     def _drain(self) -> None:
         while True:
             try:
-                msg = decode_from_core(self._from_core.recv_multipart(zmq.NOBLOCK))
+                messages = decode_all_from_core(self._from_core.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
             self._heard_at = time.monotonic()
-            if isinstance(msg, Listening):
-                self._listening = msg
-                self._heard.set()
-            elif isinstance(msg, Ready):
-                self.ready.set()
-            elif isinstance(msg, StartFailed):
-                self.failure = msg.message
+            for msg in messages:
+                if isinstance(msg, Listening):
+                    self._listening = msg
+                    self._heard.set()
+                elif isinstance(msg, Ready):
+                    self.ready.set()
+                elif isinstance(msg, StartFailed):
+                    self.failure = msg.message

@@ -34,14 +34,20 @@ from voicewire.engine.commands import Cancel, PushText
 from voicewire.engine.core import CoreClient, CoreState
 from voicewire.engine.core.messages import (
     Audio,
+    CloneVoice,
+    Closed,
+    Failed,
     OpenStream,
     Ready,
     Stats,
+    decode_all_from_core,
+    decode_all_to_core,
     decode_from_core,
     decode_to_core,
     encode_from_core,
     encode_to_core,
 )
+from voicewire.engine.core.outgoing import Outgoing
 
 module_loop = pytest.mark.asyncio(loop_scope="module")  # the loop the module's core lives on
 
@@ -189,3 +195,28 @@ def test_the_wire_format_keeps_every_field_and_the_pcm_bytes() -> None:
     with pytest.raises(ValueError, match="cannot receive"):
         encode_to_core(OpenStream(1, StreamParams(extra={"profile": object()})))
 
+
+
+async def test_one_loop_pass_goes_as_one_batch_a_destination_and_decodes_in_order() -> None:
+    sent: list[list[bytes]] = []
+    out = Outgoing(sent.append)
+    chunk = AudioChunk(np.ones(960, np.float32), RATE_HZ, 0, text="hi")
+    batch = [Audio(1, chunk, 0), Closed(2), Failed(3, "model_error", "x"), Audio(4, chunk, 7)]
+    for msg in batch:
+        out.put(encode_from_core(msg), b"\x40\0\0\1")
+    out.put(encode_from_core(Closed(9)))  # another peer: a batch of its own, no routing id
+    assert sent == []  # nothing before the pass ends
+    await asyncio.sleep(0)
+    assert [frames[0] for frames in sent] == [b"\x40\0\0\1", encode_from_core(Closed(9))[0]]
+    got = decode_all_from_core(sent[0][1:])
+    assert [type(m) for m in got] == [Audio, Closed, Failed, Audio]
+    assert got[1:3] == batch[1:3] and isinstance(got[3], Audio) and got[3].trimmed_samples == 7
+    assert all(np.array_equal(m.chunk.pcm, chunk.pcm) for m in got if isinstance(m, Audio))
+    out.put(encode_from_core(Closed(5)))
+    out.flush()  # at once, before a socket closes
+    assert decode_all_from_core(sent[2]) == [Closed(5)]
+    commands = [PushText(1, "a"), CloneVoice(2, np.zeros(4, np.float32), RATE_HZ, "ref"), Cancel(1)]
+    frames = [f for cmd in commands for f in encode_to_core(cmd)]
+    first, clone, last = decode_all_to_core(frames)
+    assert (first, last) == (commands[0], commands[2])
+    assert isinstance(clone, CloneVoice) and clone.ref_text == "ref" and clone.pcm.size == 4
