@@ -10,8 +10,9 @@ the one gateway whose DEALER has the id's tag as its routing id (``messages.TAG_
 A gateway attaches about once a second (``Attach`` on its DEALER); one silent for
 ``GATEWAY_SILENT_S`` is gone, and the core cancels its streams, so a gateway killed mid-turn leaves
 no stream holding a slot. The messages of one pass of the core's loop go to a gateway as one
-multipart message (outgoing.py). Audio goes from the core's loop to the gateway's socket with no process or
-thread between them: Ray (ray_actor.py) places and restarts the core, but carries none of this.
+multipart message (outgoing.py). Audio goes from the core's loop to the gateway's socket with no
+process or thread between them: Ray (ray_actor.py) places and restarts the core, but carries none
+of this.
 """
 
 from __future__ import annotations

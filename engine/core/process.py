@@ -189,7 +189,7 @@ class _Core:
         self.send = send
         self._streams: dict[int, Stream] = {}
         self._consumed: dict[int, int] = {}  # client stream id -> samples its caller took
-        self._tasks: set[asyncio.Task[None]] = set()  # forwarders and sends not awaited by anyone
+        self._tasks: set[asyncio.Task[None]] = set()  # forwarders and clones not awaited by anyone
 
     async def receive(self, sock: zmq.asyncio.Socket, shutdown: bool = True) -> None:
         """Until ``Shutdown`` (``shutdown``: from this socket; a shared core's gateways cannot stop
