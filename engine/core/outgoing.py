@@ -5,9 +5,8 @@ Under load a core forwards a chunk for tens of streams each time a piece of code
 gateway sends a command for every word of every streamed turn: each as its own message costs a
 socket call (a release of the interpreter's lock, a wake-up of ZeroMQ's I/O thread) on the sending
 side and a receive on the other, on the same threads that pace audio and step the model. Put
-together, the messages of one pass cost one send and one receive. Nothing waits longer for it: the
-pass's own callbacks run first either way, and the send follows them in the same loop iteration's
-wake-up (``loop.call_soon``).
+together, the messages of one pass cost one send and one receive. The send is a callback the loop
+runs right after those already queued, with no wait for I/O in between (``loop.call_soon``).
 
 A batch is the messages' frames one after another (messages.py says how many frames each kind
 has); a message for a ROUTER's peer carries the peer's routing id once, in front.

@@ -166,8 +166,7 @@ async def _serve(spec: CoreSpec) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
-        await asyncio.sleep(0)  # the forwarders' last messages (streams ended by the close)
-        starter.flush()
+        starter.flush()  # what the loop put before the close
         to_core.close(linger=0)
         from_core.close()
         if gateways is not None:
