@@ -91,13 +91,27 @@ class Scheduler:
         keyed = [(r.deadline(), r) for r in self.requests.values() if r.stream_id in ready and not r.generation_done]
         keyed.sort(key=_FIRST)
         now = time.perf_counter()
-        candidates = [r for _, r in keyed]
+        candidates = keyed
         ahead = [_ahead_by(d, r, now) for d, r in keyed]
         if any(ahead):
             due = {r.tenant for r in self.requests.values() if not r.generation_done and not self._ahead(r, now)}
-            # an ahead stream stays when no other tenant has a stream that is not ahead
-            candidates = [r for r, a in zip(candidates, ahead, strict=True) if not a or due <= {r.tenant}]
-        chosen = candidates if len(candidates) <= self._max_batch else self._fair(candidates)
+            # An ahead stream stays when no other tenant has a stream that is not ahead, and ahead
+            # streams fill all rows but one: one stays free for a turn that comes in, which would
+            # otherwise wait for a row's work to end (nothing on a batch of hundreds; on the CPU
+            # voice's two workers, one of its two calls of up to a few hundred ms).
+            spare = max(1, self._max_batch - 1)
+            kept = []
+            for c, a in zip(candidates, ahead, strict=True):
+                if a:
+                    if not spare or not due <= {c[1].tenant}:
+                        continue
+                    spare -= 1
+                kept.append(c)
+            candidates = kept
+        if len(candidates) <= self._max_batch:
+            chosen = [r for _, r in candidates]
+        else:
+            chosen = self._fair(candidates, now)
         for r in chosen:
             r.stepped = True
         return StepPlan([r.slot for r in chosen], [r.stream_id for r in chosen])
@@ -126,26 +140,27 @@ class Scheduler:
                 return False
         return True
 
-    def _fair(self, candidates: list[Request]) -> list[Request]:
-        """A full batch from deadline-ordered ``candidates``: a round of each tenant's most
-        urgent stream, cheapest tenant first, then a round of each one's next, .... One tenant
-        alone: the ``max_batch`` most urgent, as without tenants."""
-        tenant = candidates[0].tenant
-        if all(r.tenant == tenant for r in candidates):
-            return candidates[: self._max_batch]  # one tenant: its rounds are the deadline order
-        now = time.perf_counter()
+    def _fair(self, candidates: list[tuple[float, Request]], now: float) -> list[Request]:
+        """A full batch from deadline-ordered (deadline, request) ``candidates``: a round of each
+        tenant's most urgent stream, then a round of each one's next, ...; within a round those due
+        now (a new turn, a listener running dry) before those with audio in hand, and the tenant
+        that used the least model time first among each. One tenant alone: the ``max_batch`` most
+        urgent, as without tenants."""
+        tenant = candidates[0][1].tenant
+        if all(r.tenant == tenant for _, r in candidates):
+            return [r for _, r in candidates[: self._max_batch]]  # one tenant: its rounds are the deadline order
         rounds: dict[str, int] = {}
         cost: dict[str, float] = {}  # each tenant's, once
         ranked = []
-        for i, r in enumerate(candidates):
+        for i, (deadline, r) in enumerate(candidates):
             n = rounds.get(r.tenant, 0)
             rounds[r.tenant] = n + 1
             c = cost.get(r.tenant)
             if c is None:
                 c = cost[r.tenant] = self._tenant_cost(r.tenant, now)
-            ranked.append((n, c, i, r))
-        ranked.sort(key=operator.itemgetter(0, 1, 2))
-        return [x[3] for x in ranked[: self._max_batch]]
+            ranked.append((n, deadline > now, c, i, r))
+        ranked.sort(key=operator.itemgetter(0, 1, 2, 3))
+        return [x[4] for x in ranked[: self._max_batch]]
 
     @staticmethod
     def _ahead(r: Request, now: float) -> bool:

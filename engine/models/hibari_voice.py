@@ -66,7 +66,10 @@ DEFAULT_VOICE = "heart"
 MAX_PHONEMIZE_CHARS = 300  # of clause text per phonemizer call: the clause feeder's own limit
 MAX_RUN_CHARS = 24  # a longer run with no space is split: 24 chars of "a/a/..." phonemize in 5 ms
 MAX_NUMBER_DIGITS = 15  # longer digit runs are read in groups of three (hibari names up to 36)
-MAX_PHONEMES_PER_CALL = 200  # per network call: ~60 ms on one core, the longest a waiting turn waits for a worker; an English sentence of ~15 s
+MAX_PHONEMES_PER_CALL = 200  # per network call: an English sentence of ~11 s, 290 ms on one core of a 2-core EPYC
+# A turn's first call: a sentence's first ~3 s (~100 ms there). Its first audio waits for all of
+# it, and so does every turn that comes in while the two workers run such calls.
+FIRST_CALL_PHONEMES = 64
 STEP_WAIT_S = 0.02  # generate() returns after this long even if a slot's clause work is still running
 # Symbols outside letters, digits, punctuation and currency that hibari's normalizer reads aloud.
 _READ_SYMBOLS = frozenset("°§¶±×÷™®©•→←")
@@ -256,7 +259,7 @@ class HibariModel(Model):
             clause = s.clauses.popleft()
             text = speakable(clause)
             if text:
-                s.utterances.extend(self._utterances(clause, text))
+                s.utterances.extend(self._utterances(clause, text, first=not s.spoke_any))
                 break  # at most one phonemizer call per job, even when it yields nothing
         if not s.utterances:
             s.finished = s.text_final and not s.clauses
@@ -279,7 +282,7 @@ class HibariModel(Model):
         n_frames = frames[0].parts[0].shape[1]
         return GenerateResult(slot, frames, n_frames, finished=s.finished, text_spoken=u.text)
 
-    def _utterances(self, clause: str, text: str) -> list[_Utterance]:
+    def _utterances(self, clause: str, text: str, first: bool = False) -> list[_Utterance]:
         """``clause`` (made ``speakable`` as ``text``) as network calls of bounded length, each
         with the plan of its words' times."""
         parts: list[tuple[str, list[WordPlan]]] = []
@@ -287,7 +290,10 @@ class HibariModel(Model):
             for sentence in self._tts.split_sentences(text):
                 phonemes, spans = self._phonemize_words(sentence)
                 if phonemes:
-                    parts += plan_calls(phonemes, spans, sentence.split(), self._tts.vocab, MAX_PHONEMES_PER_CALL)
+                    first_max = FIRST_CALL_PHONEMES if first and not parts else None
+                    parts += plan_calls(
+                        phonemes, spans, sentence.split(), self._tts.vocab, MAX_PHONEMES_PER_CALL, first_max
+                    )
         except Exception:  # the word plan must never cost the audio: hibari's own path, untimed
             log.warning("word timing failed for a clause of %d characters; speaking it untimed", len(text),
                         exc_info=True)  # fmt: skip

@@ -73,13 +73,16 @@ def plan_calls(
     clause_words: list[str],
     vocab: dict[str, int],
     max_phonemes: int,
+    first_max: int | None = None,
 ) -> list[tuple[str, list[WordPlan]]]:
-    """One sentence's phonemes in network calls of at most ``max_phonemes``, cut between G2P
-    words, each with the plans of the clause words whose sound starts in it."""
+    """One sentence's phonemes in network calls of at most ``max_phonemes`` (the first of at most
+    ``first_max``), cut between G2P words, each with the plans of the clause words whose sound
+    starts in it."""
     groups: list[list[int]] = []  # G2P word indices per call
     begin = 0
+    first_max = first_max or max_phonemes
     for j, (_, a, b) in enumerate(spans):
-        if not groups or b - begin > max_phonemes:
+        if not groups or b - begin > (first_max if len(groups) == 1 else max_phonemes):
             groups.append([])
             begin = a
         groups[-1].append(j)
@@ -90,7 +93,7 @@ def plan_calls(
     for g, group in enumerate(groups):
         raw = phonemes[spans[group[0]][1] : spans[group[-1]][2]]
         lead = len(raw) - len(raw.lstrip())
-        pieces = cut_to_length(raw, max_phonemes) or [""]  # more than one: one huge G2P word
+        pieces = cut_to_length(raw, first_max if g == 0 else max_phonemes) or [""]  # more than one: one huge G2P word
         texts.append(pieces)
         id_of = np.cumsum([1] + [ch in vocab for ch in pieces[0]])  # id of each character: [0, ...vocab chars, 0]
         base = spans[group[0]][1] + lead

@@ -118,6 +118,37 @@ def test_a_stream_far_ahead_waits_while_another_tenants_is_due() -> None:
     assert s.plan_generate({1, 3}).generate_streams == [3]  # the caller's, though not ready, still counts
 
 
+def test_streams_far_ahead_leave_a_row_for_a_turn_that_comes_in() -> None:
+    s = Scheduler(ChunkSchedule(), max_batch_size=3)
+    for sid in range(4):
+        reader = Request(stream_id=sid, slot=sid, t_arrival=0.0, tenant="reader")
+        reader.t_first_emit, reader.samples_emitted = time.perf_counter(), 24_000 * (20 + sid)  # 20+ s in hand
+        s.add(reader)
+    assert s.plan_generate({0, 1, 2, 3}).generate_streams == [0, 1]  # two of three rows
+    s.add(Request(stream_id=9, slot=9, t_arrival=time.perf_counter(), tenant="reader"))
+    assert s.plan_generate({0, 1, 9}).generate_streams == [9, 0, 1]  # the new turn takes the row left
+    one = Scheduler(ChunkSchedule(), max_batch_size=1)
+    one.add(s.requests[0])
+    assert one.plan_generate({0}).generate_streams == [0]  # a batch of one still runs
+
+
+def test_within_a_round_a_due_stream_goes_before_one_with_audio_in_hand() -> None:
+    s = Scheduler(ChunkSchedule(), max_batch_size=1)
+    talker = Request(stream_id=1, slot=1, t_arrival=0.0, tenant="talker")
+    s.add(talker)
+    s.record(s.plan_generate({1}), [GenerateResult(1, "f", 1, False, compute_s=0.5)])  # the costly tenant
+    playing = Request(stream_id=2, slot=2, t_arrival=0.0, tenant="cheap")
+    playing.t_first_emit, playing.samples_emitted = time.perf_counter(), 24_000 * 2  # 2 s in hand
+    s.add(playing)
+    s.remove(1)
+    s.add(Request(stream_id=3, slot=3, t_arrival=time.perf_counter(), tenant="talker"))  # its next turn
+    assert s.plan_generate({2, 3}).generate_streams == [3]  # due now, though its tenant cost more
+    late = Request(stream_id=4, slot=4, t_arrival=0.0, tenant="cheap")
+    late.t_first_emit = time.perf_counter() - 1.0  # its listener ran dry a second ago
+    s.add(late)
+    assert s.plan_generate({3, 4}).generate_streams == [4]  # both due: the cheaper tenant's
+
+
 def test_least_frames_is_the_chunk_at_no_slack_and_never_more_than_any_slack_asks() -> None:
     sched = ChunkSchedule(slack_frames=((0.0, 3), (2.0, 24), (6.0, 48)))
     for i in range(8):

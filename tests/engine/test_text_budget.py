@@ -18,11 +18,11 @@ class _SlowSilentFrontEnd(HibariModel):
     """Clauses with the word "slow" take SLOW_CLAUSE_S to phonemize and make no sound: the shape of
     a front end's worst case on text the voice cannot read."""
 
-    def _utterances(self, clause: str, text: str) -> list[_Utterance]:
+    def _utterances(self, clause: str, text: str, first: bool = False) -> list[_Utterance]:
         if "slow" in clause:
             time.sleep(SLOW_CLAUSE_S)
             return []
-        return super()._utterances(clause, text)
+        return super()._utterances(clause, text, first)
 
 
 async def _collect(s: Stream) -> list[AudioChunk]:

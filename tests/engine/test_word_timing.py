@@ -9,7 +9,7 @@ import pytest
 from tests.engine.word_accuracy import measure
 from voicewire.engine import Engine
 from voicewire.engine.models.hibari_graph import DURATION_TENSOR, with_durations
-from voicewire.engine.models.hibari_voice import HibariModel, speakable
+from voicewire.engine.models.hibari_voice import FIRST_CALL_PHONEMES, HibariModel, speakable
 from voicewire.engine.models.hibari_words import match_words
 from voicewire.engine.qwen3.tokenizer import StandInTokenizer
 from voicewire.engine.word_timing import TokenWords, WordTiming, shifted
@@ -52,6 +52,18 @@ def test_the_voice_speaks_the_phonemes_hibari_makes_and_times_every_word(model: 
     for u in utterances:
         n_ids = len(model._tts.ids(u.phonemes))
         assert all(0 < p.first_id <= p.end_id < n_ids for p in u.words)  # never the padding ids
+
+
+def test_a_turns_first_call_is_short_and_every_word_still_timed_once(model: HibariModel) -> None:
+    text = "The weather in the mountains will be cold this weekend so bring a warm jacket and good boots."
+    clean = speakable(text)
+    first, later = model._utterances(text, clean, first=True), model._utterances(text, clean)
+    assert len(later) == 1 and len(first) == 2  # one call, or a short one and the rest
+    assert len(first[0].phonemes) <= FIRST_CALL_PHONEMES < len(later[0].phonemes)
+    assert " ".join(u.phonemes for u in first) == later[0].phonemes  # cut between words: the same phonemes
+    assert [p.word for u in first for p in u.words] == clean.split()
+    short = "Sure, I can help you with that booking today."
+    assert len(model._utterances(short, speakable(short), first=True)) == 1  # a usual first clause is whole
 
 
 def test_words_the_normalizer_rewrote_share_their_run() -> None:
