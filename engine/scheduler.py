@@ -5,13 +5,14 @@ started when its first audio left the engine (a stream with no audio yet is due 
 text arrived, so new turns go first, oldest first). Generate batches are filled in deadline
 order up to the model's batch size. A stream more than ``AHEAD_S`` ahead of its listener waits
 while another tenant has a stream that is not (it has that much audio in hand; the other's next
-audio is due sooner). When more are ready than fit, the batch is shared out across tenants (the
-gateway's clients): each tenant's most urgent stream first, the tenants that used the least
-model time lately
-(``GenerateResult.compute_s``, decayed over ``TENANT_COST_S``) first among those; so a tenant
-with many streams, or with text that costs much to speak, cannot push another tenant's new turn
-out of every batch. A stream's frames are handed to the decoder
-when its chunk schedule says the next chunk is complete, or when it has finished.
+audio is due sooner), and such streams never fill the last row of a batch: it stays for a turn
+that comes in. When more are ready than fit, the batch is shared out across tenants (the
+gateway's clients): each tenant's most urgent stream first, those due now before those with audio
+in hand, and the tenants that used the least model time lately (``GenerateResult.compute_s``,
+decayed over ``TENANT_COST_S``) first among each; so a tenant with many streams, or with text that
+costs much to speak, cannot push another tenant's new turn out of every batch. A stream's frames
+are handed to the decoder when its chunk schedule says the next chunk is complete, or when it has
+finished.
 """
 
 from __future__ import annotations
