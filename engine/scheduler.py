@@ -149,7 +149,7 @@ class Scheduler:
         urgent, as without tenants."""
         tenant = candidates[0][1].tenant
         if all(r.tenant == tenant for _, r in candidates):
-            return [r for _, r in candidates[: self._max_batch]]  # one tenant: its rounds are the deadline order
+            return [r for _, r in candidates[: self._max_batch]]  # one tenant: its rounds are deadline order
         rounds: dict[str, int] = {}
         cost: dict[str, float] = {}  # each tenant's, once
         ranked = []

@@ -66,7 +66,8 @@ DEFAULT_VOICE = "heart"
 MAX_PHONEMIZE_CHARS = 300  # of clause text per phonemizer call: the clause feeder's own limit
 MAX_RUN_CHARS = 24  # a longer run with no space is split: 24 chars of "a/a/..." phonemize in 5 ms
 MAX_NUMBER_DIGITS = 15  # longer digit runs are read in groups of three (hibari names up to 36)
-MAX_PHONEMES_PER_CALL = 200  # per network call: an English sentence of ~11 s, 290 ms on one core of a 2-core EPYC
+# Per network call: an English sentence of ~11 s, 290 ms on one core of a 2-core EPYC.
+MAX_PHONEMES_PER_CALL = 200
 # A turn's first call: a sentence's first ~3 s (~100 ms there). Its first audio waits for all of
 # it, and so does every turn that comes in while the two workers run such calls.
 FIRST_CALL_PHONEMES = 64

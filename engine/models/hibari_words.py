@@ -93,7 +93,8 @@ def plan_calls(
     for g, group in enumerate(groups):
         raw = phonemes[spans[group[0]][1] : spans[group[-1]][2]]
         lead = len(raw) - len(raw.lstrip())
-        pieces = cut_to_length(raw, first_max if g == 0 else max_phonemes) or [""]  # more than one: one huge G2P word
+        # more than one piece: one huge G2P word
+        pieces = cut_to_length(raw, first_max if g == 0 else max_phonemes) or [""]
         texts.append(pieces)
         id_of = np.cumsum([1] + [ch in vocab for ch in pieces[0]])  # id of each character: [0, ...vocab chars, 0]
         base = spans[group[0]][1] + lead

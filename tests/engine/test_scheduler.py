@@ -122,7 +122,8 @@ def test_streams_far_ahead_leave_a_row_for_a_turn_that_comes_in() -> None:
     s = Scheduler(ChunkSchedule(), max_batch_size=3)
     for sid in range(4):
         reader = Request(stream_id=sid, slot=sid, t_arrival=0.0, tenant="reader")
-        reader.t_first_emit, reader.samples_emitted = time.perf_counter(), 24_000 * (20 + sid)  # 20+ s in hand
+        # 20+ s in hand
+        reader.t_first_emit, reader.samples_emitted = time.perf_counter(), 24_000 * (20 + sid)
         s.add(reader)
     assert s.plan_generate({0, 1, 2, 3}).generate_streams == [0, 1]  # two of three rows
     s.add(Request(stream_id=9, slot=9, t_arrival=time.perf_counter(), tenant="reader"))
