@@ -12,6 +12,8 @@ import pytest
 from voicewire.realtime.cli import _ice_servers, build_parser
 from voicewire.realtime.config import IceServer
 
+pytestmark = pytest.mark.shared_cores  # the recipe's files: nothing timed
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = (REPO / "docs" / "deployment.md").read_text()
 

@@ -30,6 +30,8 @@ from voicewire.realtime.proxy import resolve
 from voicewire.realtime.server import create_app, make_runner, tls_context
 from voicewire.realtime.webrtc import rtc_configuration
 
+pytestmark = pytest.mark.shared_cores  # flags, paths and headers: nothing timed
+
 REPO = Path(__file__).resolve().parents[2]
 STUN = "stun:stun.example.invalid:3478"
 TURN_UDP = "turn:turn.example.invalid:3478?transport=udp"

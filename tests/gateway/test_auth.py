@@ -16,6 +16,8 @@ from voicewire.engine import Engine
 from voicewire.realtime.auth import AuthConfig
 from voicewire.realtime.gateway import GATEWAY
 
+pytestmark = pytest.mark.shared_cores  # refusals and their codes: nothing timed
+
 KEY = "test-key-0123456789abcdef"
 ORIGIN = "http://app.example.test"
 

@@ -17,6 +17,8 @@ from voicewire.engine.model import ModelError
 from voicewire.engine.models.hibari_voice import HibariModel
 from voicewire.realtime.client.webrtc import WebRtcClient
 
+pytestmark = pytest.mark.shared_cores  # codes and messages: nothing timed
+
 MAX_MESSAGE_CHARS = 450  # an engine's message quoting the input, and the list of what it takes
 
 

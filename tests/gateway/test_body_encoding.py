@@ -18,6 +18,8 @@ from tests.conftest import running_gateway
 from voicewire.engine import Engine
 from voicewire.realtime.auth import AuthConfig
 
+pytestmark = pytest.mark.shared_cores  # codes of broken bodies: nothing timed
+
 KEY = "encoding-key-0123456789"
 SPEECH = json.dumps({"input": "Hello."}).encode()
 MULTIPART = (

@@ -7,7 +7,11 @@ import multiprocessing
 import os
 from pathlib import Path
 
+import pytest
+
 from voicewire.realtime.peer_holds import PeerHolds, forget
+
+pytestmark = pytest.mark.shared_cores  # counts over processes: nothing timed
 
 
 def _take(peers_dir: str, start: multiprocessing.synchronize.Event, out: multiprocessing.Queue[int]) -> None:

@@ -12,6 +12,8 @@ from voicewire.realtime.protocol import (
     parse_client_message,
 )
 
+pytestmark = pytest.mark.shared_cores  # the messages' schema: nothing timed
+
 
 def test_parses_every_client_message() -> None:
     assert parse_client_message('{"type":"text.delta","turn_id":"a","text":"hi"}') == TextDelta("a", "hi")

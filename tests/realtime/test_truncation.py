@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from voicewire.realtime.truncation import (
     SpokenRecord,
@@ -13,6 +14,8 @@ from voicewire.realtime.truncation import (
     spoken_text,
     spoken_words,
 )
+
+pytestmark = pytest.mark.shared_cores  # the estimate's arithmetic: nothing timed
 
 RATE_HZ = 24_000
 

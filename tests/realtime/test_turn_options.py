@@ -11,6 +11,8 @@ import websockets
 from voicewire.realtime.client import VoicewireClient, VoicewireError
 from voicewire.realtime.protocol import ProtocolError, TextDelta, TurnOptions, parse_client_message
 
+pytestmark = pytest.mark.shared_cores  # audio lengths, not wall time: nothing timed
+
 TEXT = "A turn may choose its own pace."
 
 

@@ -14,6 +14,8 @@ from tests.conftest import running_gateway
 from voicewire.engine import Engine
 from voicewire.realtime.voice_names import UnknownVoice, resolve_voice
 
+pytestmark = pytest.mark.shared_cores  # name rules: nothing timed
+
 SPEAKERS = ("ryan", "vivian")  # a CustomVoice checkpoint's own
 ACCEPTED = ["", "heart", "HEART", "alloy", "Nova", "Ryan", "uncle_fu"]  # on the embedded voice
 

@@ -15,6 +15,8 @@ from voicewire.engine import ClonedVoice, ModelInfo, TextGranularity
 from voicewire.realtime.reference_audio import ReferenceAudio, ReferenceLimits
 from voicewire.realtime.voices import VoiceError, VoiceStore, check_name
 
+pytestmark = pytest.mark.shared_cores  # the voice store: nothing timed
+
 ENCODER = "test-encoder"
 INFO = ModelInfo("test", RATE_HZ, 1920, TextGranularity.WORD, 1, 1, ("default",), voice_encoder=ENCODER)
 

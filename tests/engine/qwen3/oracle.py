@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -219,3 +220,27 @@ def run_oracle(
     with np.load(out_path) as z:
         ref = {k: z[k] for k in z.files}
     return OracleRun(checkpoints, ref)
+
+
+def shared_run(folder: Path, device: str = "cpu") -> OracleRun:
+    """One run for every process that asks for ``folder``: the first runs it under a lock, the others
+    wait for it and read what it wrote (pytest-xdist's workers, and scripts/test's run ahead of them)."""
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        done = folder / "run.pickle"
+        if done.exists():
+            run: OracleRun = pickle.loads(done.read_bytes())
+            return run
+        run = run_oracle(folder, device=device)
+        done.write_bytes(pickle.dumps(run))
+        return run
+
+
+if __name__ == "__main__":
+    # scripts/test: the CPU run into $VOICEWIRE_ORACLE_RUN/oracle-cpu while the type check runs. Through
+    # the module's own name, so the pickle names tests.engine.qwen3.oracle.OracleRun, not __main__'s.
+    from tests.engine.qwen3.oracle import shared_run as run_shared
+
+    run_shared(Path(sys.argv[1]) / "oracle-cpu")
