@@ -32,8 +32,6 @@ from voicewire.realtime.config import GatewayConfig
 from voicewire.realtime.gateway import GATEWAY, Gateway
 from voicewire.realtime.server import create_app, make_runner
 
-pytestmark = pytest.mark.shared_cores  # placement, kills and restarts: nothing timed
-
 SURVIVOR_TEXT = (
     "The other replica keeps talking while its neighbour is killed, and every word of this "
     "sentence should still reach the listener in one clear piece."

@@ -26,8 +26,7 @@ from voicewire.realtime.client import Turn, VoicewireClient, VoicewireError
 
 from .conftest import BIN, Stack, doc_commands, ray
 
-# one cluster at a time, on one worker: each module starts its own and times nothing
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.shared_cores, pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 SURVIVOR_TEXT = (
     "The other core keeps talking while its neighbour is killed, and every word of this "

@@ -21,8 +21,7 @@ from voicewire.realtime.client import VoicewireClient
 from .conftest import BIN, psutil, ray
 from .test_across_hosts import readyz, say, until
 
-# one cluster at a time, on one worker: each module starts its own and times nothing
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.shared_cores, pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 async def test_serve_with_a_local_cluster_serves_and_leaves_no_process(tmp_path: Path) -> None:

@@ -29,8 +29,6 @@ from voicewire.engine import Engine, EngineConfig
 from voicewire.realtime.client import VoicewireClient
 from voicewire.realtime.reference_audio import ReferenceLimits
 
-pytestmark = pytest.mark.shared_cores  # uploads, restarts and refusals: nothing timed
-
 REPO = Path(__file__).resolve().parents[2]
 KEY = "test-key-0123456789"
 module_loop = pytest.mark.asyncio(loop_scope="module")
