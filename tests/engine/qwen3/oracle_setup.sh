@@ -8,6 +8,8 @@
 # below is exactly what the package imports; pip's resolver would pull a CUDA torch.
 #
 #   tests/engine/qwen3/oracle_setup.sh            # into .oracle/ (git-ignored), idempotent
+#   tests/engine/qwen3/oracle_setup.sh --packages # only the downloads (scripts/test: beside the venv's own
+#                                                 # installs; the check, run after, imports the venv's numpy)
 #   VOICEWIRE_ORACLE_DIR=/x PYTHON=python3 tests/engine/qwen3/oracle_setup.sh
 set -euo pipefail
 
@@ -31,9 +33,17 @@ if [ -f "$STAMP" ]; then
   exit 0
 fi
 
-rm -rf "$DIR"
-mkdir -p "$DIR/site"
-"$PY" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile --target "$DIR/site" "${PKGS[@]}"
+PACKAGES="$DIR/PACKAGES-$(printf '%s\n' "${PKGS[@]}" | sha1sum | cut -c1-12)"
+if [ ! -f "$PACKAGES" ]; then
+  rm -rf "$DIR"
+  mkdir -p "$DIR/site"
+  "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile --target "$DIR/site" "${PKGS[@]}"
+  touch "$PACKAGES"
+fi
+if [ "${1:-}" = --packages ]; then
+  echo "oracle packages installed: $DIR"
+  exit 0
+fi
 
 # torch 2.13.0+cpu has no torchaudio build; qwen-tts imports torchaudio.compliance.kaldi only for
 # the 25 Hz tokenizer, so an empty stub satisfies the import. The test puts it on PYTHONPATH only
