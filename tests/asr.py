@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -31,16 +33,34 @@ def to_16k(pcm: np.ndarray, rate_hz: int) -> np.ndarray:
     return out.astype(np.float32)
 
 
+@contextlib.contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """CTranslate2 sets the process's OpenMP threads to its ``cpu_threads``, which torch's intra-op
+    pool shares: a test process that transcribed once would compute with other threads, and so
+    other last bits, than an engine core beside it (tests/engine/test_core_voices.py)."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def transcribe(pcm: np.ndarray, rate_hz: int) -> str:
-    segments, _ = _model().transcribe(
-        to_16k(pcm, rate_hz),
-        language="en",
-        beam_size=1,
-        temperature=0.0,
-        vad_filter=True,
-        condition_on_previous_text=False,
-    )
-    return " ".join(s.text.strip() for s in segments).strip()
+    with _torch_threads_kept():
+        segments, _ = _model().transcribe(
+            to_16k(pcm, rate_hz),
+            language="en",
+            beam_size=1,
+            temperature=0.0,
+            vad_filter=True,
+            condition_on_previous_text=False,
+        )
+        return " ".join(s.text.strip() for s in segments).strip()
 
 
 @functools.lru_cache(maxsize=1)

@@ -10,13 +10,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-import pytest
 
 from tests.asr import transcribe, wer
 from tests.realtime.test_telephony import g711_decode
 from voicewire.realtime.client.adapters.twilio import MARK_EVERY_MS, TwilioSpeaker
-
-pytestmark = pytest.mark.shared_cores  # the marks a fake call echoes: nothing timed
 
 REPLY = (
     "Thanks for calling, I can help with that. Your order shipped this morning and should arrive by Thursday."

@@ -20,8 +20,6 @@ from voicewire.engine import Engine
 from voicewire.realtime.auth import AuthConfig
 from voicewire.realtime.http_api import parse_speech, resolve_voice
 
-pytestmark = pytest.mark.shared_cores  # formats and fields: nothing timed
-
 KEY = "k" * 24
 TEXT = "The quick brown fox jumps over the lazy dog."
 

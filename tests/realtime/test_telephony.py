@@ -17,8 +17,6 @@ from voicewire.realtime.client import VoicewireClient
 from voicewire.realtime.protocol import ProtocolError, SessionUpdate, parse_client_message
 from voicewire.realtime.telephony import G711Codec
 
-pytestmark = pytest.mark.shared_cores  # frame sizes, codecs and what Whisper hears: nothing timed
-
 RATE_HZ = 8_000
 FRAME_BYTES = 160  # 20 ms at 8000 Hz, a byte a sample
 
